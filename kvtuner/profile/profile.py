@@ -1,0 +1,174 @@
+"""Profile schema v1: per-layer K/V quant specs for one model, plus provenance and quality.
+
+The runtime-relevant part (schema version, model fingerprint, layer specs) is what
+:attr:`Profile.hash` covers; budget, calibration, metrics and timestamps are provenance.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from ..errors import KVTunerError
+from ..quant.spec import QuantSpec
+from .fingerprint import ModelFingerprint
+
+SCHEMA_VERSION = 1
+PRODUCER_NAME = "kvtuner"
+
+
+def _producer_version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """Key and value storage of one decoder layer."""
+
+    layer: int
+    k: QuantSpec
+    v: QuantSpec
+
+    def __post_init__(self) -> None:
+        if isinstance(self.layer, bool) or not isinstance(self.layer, int) or self.layer < 0:
+            raise KVTunerError(f"layer index must be a non-negative int, got {self.layer!r}")
+
+    def bytes_per_token(self, num_kv_heads: int, head_dim: int) -> float:
+        """K plus V bytes this layer stores per token (all KV heads, metadata included)."""
+        per_head = self.k.bytes_per_token(head_dim) + self.v.bytes_per_token(head_dim)
+        return num_kv_heads * per_head
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layer": self.layer, "k": self.k.to_dict(), "v": self.v.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LayerSpec:
+        if not isinstance(data, dict) or not {"layer", "k", "v"} <= set(data):
+            raise KVTunerError("each entry of 'layers' needs 'layer', 'k' and 'v'")
+        layer = data["layer"]
+        try:
+            return cls(layer, QuantSpec.from_dict(data["k"]), QuantSpec.from_dict(data["v"]))
+        except (TypeError, ValueError) as exc:
+            raise KVTunerError(f"layer {layer}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Profile:
+    model_id: str
+    fingerprint: ModelFingerprint
+    layers: tuple[LayerSpec, ...]
+    budget: dict[str, Any] = field(default_factory=dict)
+    calibration: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    model_revision: str | None = None
+    producer: dict[str, str] = field(
+        default_factory=lambda: {"name": PRODUCER_NAME, "version": _producer_version()}
+    )
+    created: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
+    schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layers", tuple(self.layers))
+        if self.schema_version != SCHEMA_VERSION:
+            raise KVTunerError(
+                f"unsupported profile schema_version {self.schema_version!r} "
+                f"(this kvtuner reads version {SCHEMA_VERSION})"
+            )
+        self._check_layers()
+
+    def _check_layers(self) -> None:
+        fp = self.fingerprint
+        indices = [spec.layer for spec in self.layers]
+        if indices != list(range(fp.num_layers)):
+            missing = sorted(set(range(fp.num_layers)) - set(indices))
+            detail = f"missing {missing}" if missing else f"got {indices}"
+            raise KVTunerError(
+                f"profile must list layers 0..{fp.num_layers - 1} in order, once each ({detail})"
+            )
+        for spec in self.layers:
+            for name, qs in (("k", spec.k), ("v", spec.v)):
+                try:
+                    qs.check_head_dim(fp.head_dim)
+                except ValueError as exc:
+                    raise KVTunerError(f"layer {spec.layer} {name}: {exc}") from None
+
+    # -- memory accounting (row bytes are the single source of truth) --------------------------
+    @property
+    def bytes_per_token(self) -> float:
+        fp = self.fingerprint
+        return sum(s.bytes_per_token(fp.num_kv_heads, fp.head_dim) for s in self.layers)
+
+    @property
+    def fp16_bytes_per_token(self) -> int:
+        fp = self.fingerprint
+        return fp.num_layers * fp.num_kv_heads * 2 * fp.head_dim * 2
+
+    @property
+    def ratio_to_fp16(self) -> float:
+        return self.bytes_per_token / self.fp16_bytes_per_token
+
+    @property
+    def nominal_bits(self) -> float:
+        """KVTuner's convention: mean of k_bits and v_bits over layers."""
+        return sum(s.k.bits + s.v.bits for s in self.layers) / (2 * len(self.layers))
+
+    @property
+    def effective_bits(self) -> float:
+        """Bits per stored element, scales and zeros included."""
+        return 16.0 * self.ratio_to_fp16
+
+    def with_accounting(self, **budget: Any) -> Profile:
+        """Copy whose ``budget`` states nominal/effective bits and bytes per token."""
+        stated = {
+            **self.budget,
+            **budget,
+            "nominal_bits": round(self.nominal_bits, 4),
+            "effective_bits": round(self.effective_bits, 4),
+            "bytes_per_token": round(self.bytes_per_token, 4),
+            "ratio_to_fp16": round(self.ratio_to_fp16, 4),
+        }
+        return replace(self, budget=stated)
+
+    # -- identity --------------------------------------------------------------------------------
+    def runtime_dict(self) -> dict[str, Any]:
+        """The part a runtime needs; what the canonical hash covers."""
+        return {
+            "schema_version": self.schema_version,
+            "fingerprint": self.fingerprint.to_dict(),
+            "layers": [s.to_dict() for s in self.layers],
+        }
+
+    @property
+    def hash(self) -> str:
+        canon = json.dumps(self.runtime_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canon.encode()).hexdigest()[:16]
+
+    def check_model(self, model_fingerprint: ModelFingerprint) -> None:
+        self.fingerprint.check_matches(model_fingerprint)
+
+    def to_dict(self) -> dict[str, Any]:
+        model = {"id": self.model_id, "revision": self.model_revision,
+                 "fingerprint": self.fingerprint.to_dict()}
+        return {
+            "schema_version": self.schema_version,
+            "producer": dict(self.producer),
+            "model": model,
+            "layers": [s.to_dict() for s in self.layers],
+            "budget": dict(self.budget),
+            "calibration": dict(self.calibration),
+            "metrics": dict(self.metrics),
+            "created": self.created,
+            "hash": self.hash,
+        }
+
+    @classmethod
+    def uniform(
+        cls, model_id: str, fingerprint: ModelFingerprint, k: QuantSpec, v: QuantSpec, **kw: Any
+    ) -> Profile:
+        layers = tuple(LayerSpec(i, k, v) for i in range(fingerprint.num_layers))
+        return cls(model_id, fingerprint, layers, **kw).with_accounting()

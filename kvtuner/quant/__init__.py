@@ -1,0 +1,16 @@
+"""The packed KV quantizer shared by calibration, the HF cache and the SGLang pool."""
+
+from .ops import gather_dequantized, scatter_quantized
+from .reference import dequantize, fake_quantize, hadamard, quantize
+from .spec import SUPPORTED_BITS, QuantSpec
+
+__all__ = [
+    "SUPPORTED_BITS",
+    "QuantSpec",
+    "dequantize",
+    "fake_quantize",
+    "gather_dequantized",
+    "hadamard",
+    "quantize",
+    "scatter_quantized",
+]

@@ -1,0 +1,62 @@
+"""Pool-facing quantizer ops: quantize-and-scatter into slots, gather-and-dequantize from slots.
+
+A paged KV pool stores one packed row per (slot, head): ``buffer: uint8[num_slots, heads, R]``
+with ``R = spec.row_bytes(head_dim)``. CUDA tensors take the Triton kernels; CPU tensors take
+the torch reference (the kernels are tested against it under ``TRITON_INTERPRET=1``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .reference import dequantize, quantize
+from .spec import QuantSpec
+
+
+def _check_pool_args(buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_dim: int):
+    if spec.axis != "token":
+        raise ValueError("a slot pool stores token-axis specs only")
+    if buffer.dtype != torch.uint8 or buffer.dim() != 3:
+        raise ValueError(f"buffer must be uint8 [slots, heads, row_bytes], got {buffer.dtype} "
+                         f"{tuple(buffer.shape)}")
+    if buffer.shape[-1] != spec.row_bytes(head_dim):
+        raise ValueError(f"buffer rows have {buffer.shape[-1]} bytes, spec expects "
+                         f"{spec.row_bytes(head_dim)}")
+    if loc.dim() != 1 or loc.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"loc must be a 1-D int32/int64 tensor, got {loc.dtype} {tuple(loc.shape)}")
+
+
+def _use_triton(t: torch.Tensor) -> bool:
+    return t.is_cuda
+
+
+def scatter_quantized(
+    buffer: torch.Tensor, loc: torch.Tensor, x: torch.Tensor, spec: QuantSpec
+) -> None:
+    """``buffer[loc] = quantize(x)`` for x[N, heads, D]; touches only the rows in ``loc``."""
+    _check_pool_args(buffer, loc, spec, x.shape[-1])
+    if x.dim() != 3 or x.shape[0] != loc.shape[0] or x.shape[1] != buffer.shape[1]:
+        raise ValueError(f"x must be [len(loc)={loc.shape[0]}, heads={buffer.shape[1]}, D], "
+                         f"got {tuple(x.shape)}")
+    if _use_triton(buffer):
+        from .triton_kernels import triton_scatter_quantized
+
+        triton_scatter_quantized(buffer, loc, x, spec)
+        return
+    buffer[loc.long()] = quantize(x, spec)
+
+
+def gather_dequantized(
+    buffer: torch.Tensor,
+    loc: torch.Tensor,
+    spec: QuantSpec,
+    head_dim: int,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """``dequantize(buffer[loc])`` -> [N, heads, head_dim] in ``dtype``."""
+    _check_pool_args(buffer, loc, spec, head_dim)
+    if _use_triton(buffer):
+        from .triton_kernels import triton_gather_dequantized
+
+        return triton_gather_dequantized(buffer, loc, spec, head_dim, dtype)
+    return dequantize(buffer[loc.long()], spec, head_dim, dtype)

@@ -1,0 +1,229 @@
+"""Torch reference quantizer: the definition of the packed format v1.
+
+Every other implementation (Triton kernels, the SGLang pool, the HF cache) must produce the same
+bytes as this file. The math runs in fp32 regardless of the input dtype.
+
+Grid (per group of ``group_size`` elements):
+- asymmetric: ``zero = fp16(min)`` rounded down, ``scale = fp16((max - zero) / qmax)`` rounded up,
+  so the grid ``zero + q*scale, q in [0, qmax]`` always covers [min, max] and the error of every
+  element is at most half a step. ``code = clamp(floor((x - zero) / scale + 0.5), 0, qmax)``.
+- symmetric: ``amax = fp16(max|x|)`` rounded up, ``half = 2^(bits-1) - 1``,
+  ``code = clamp(floor(x / amax * half + 0.5) + half, 0, 2*half)``, ``x^ = (code - half) * amax / half``.
+  The stored "scale" is ``amax`` itself, so a constant group dequantizes exactly.
+- Constant groups: exact whenever the value is representable in fp16 (every bf16 value inside
+  fp16's range); otherwise within half of a (tiny) step.
+- Non-finite input (NaN, +-Inf) or a group outside fp16's range poisons its group: codes 0 and
+  NaN scale/zero, so the whole group dequantizes to NaN. Damage stays visible and local.
+Rounding is half-up (``floor(v + 0.5)``) so that Triton and torch agree without libdevice.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .spec import QuantSpec
+
+
+@functools.lru_cache(maxsize=8)
+def _hadamard_cpu(dim: int) -> torch.Tensor:
+    h = torch.ones(1, 1)
+    while h.shape[0] < dim:  # Sylvester construction
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h / dim**0.5
+
+
+def hadamard(dim: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Orthonormal, symmetric Hadamard matrix [dim, dim] (its own inverse), fp32."""
+    return _hadamard_cpu(dim).to(device)
+
+
+def rotate(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """fp32 copy of x[..., D], Hadamard-rotated if the spec asks for it (self-inverse)."""
+    x = x.float()
+    if spec.rotation == "hadamard":
+        x = x @ hadamard(x.shape[-1], x.device)
+    return x
+
+
+def _round_half_up(v: torch.Tensor) -> torch.Tensor:
+    return torch.floor(v + 0.5)
+
+
+def _fp16_down(v: torch.Tensor) -> torch.Tensor:
+    """Largest fp16 <= v (as fp32)."""
+    r = v.half()
+    r = torch.where(r.float() > v, torch.nextafter(r, r.new_tensor(float("-inf"))), r)
+    return r.float()
+
+
+def _fp16_up(v: torch.Tensor) -> torch.Tensor:
+    """Smallest fp16 >= v (as fp32)."""
+    r = v.half()
+    r = torch.where(r.float() < v, torch.nextafter(r, r.new_tensor(float("inf"))), r)
+    return r.float()
+
+
+def _group_grid(g: torch.Tensor, spec: QuantSpec, dim: int):
+    """Codes and metadata for fp32 groups laid out along ``dim``.
+
+    Returns codes (uint8, g's shape), scale and zero (fp32, ``dim`` reduced to 1; zero is None
+    when symmetric). Poisoned groups get NaN metadata and zero codes.
+    """
+    finite = torch.isfinite(g).all(dim, keepdim=True)
+    safe = torch.where(torch.isfinite(g), g, torch.zeros_like(g))
+    if spec.symmetric:
+        half = (1 << (spec.bits - 1)) - 1
+        amax = _fp16_up(safe.abs().amax(dim, keepdim=True))
+        ok = finite & torch.isfinite(amax)
+        ratio = torch.where(amax > 0, safe / torch.where(amax > 0, amax, 1.0), 0.0)
+        codes = (_round_half_up(ratio * half) + half).clamp(0, 2 * half)
+        scale, zero = amax, None
+    else:
+        zero = _fp16_down(safe.amin(dim, keepdim=True))
+        scale = _fp16_up((safe.amax(dim, keepdim=True) - zero) / spec.qmax)
+        ok = finite & torch.isfinite(zero) & torch.isfinite(scale)
+        step = torch.where(scale > 0, scale, 1.0)
+        codes = _round_half_up((safe - zero) / step).clamp(0, spec.qmax)
+        zero = torch.where(ok, zero, float("nan"))
+    codes = torch.where(ok, codes, 0.0).to(torch.uint8)
+    scale = torch.where(ok, scale, float("nan"))
+    return codes, scale, zero
+
+
+def _dequant_grid(codes: torch.Tensor, scale: torch.Tensor, zero, spec: QuantSpec):
+    c = codes.float()
+    if spec.symmetric:
+        half = (1 << (spec.bits - 1)) - 1
+        return (c - half) * scale / half
+    return zero + c * scale
+
+
+def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """uint8 codes [..., D] -> uint8 [..., D*bits/8], little-endian inside each byte."""
+    per_byte = 8 // bits
+    c = codes.reshape(*codes.shape[:-1], -1, per_byte).to(torch.int32)
+    shifts = torch.arange(per_byte, device=codes.device, dtype=torch.int32) * bits
+    return (c << shifts).sum(-1).to(torch.uint8)
+
+
+def unpack_codes(packed: torch.Tensor, bits: int) -> torch.Tensor:
+    """Inverse of :func:`pack_codes`: uint8 [..., B] -> uint8 codes [..., B*8/bits]."""
+    per_byte = 8 // bits
+    shifts = torch.arange(per_byte, device=packed.device, dtype=torch.int32) * bits
+    c = (packed.to(torch.int32).unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
+    return c.reshape(*packed.shape[:-1], -1).to(torch.uint8)
+
+
+def _fp16_bytes(v: torch.Tensor) -> torch.Tensor:
+    """fp32 [..., n] -> uint8 [..., 2n] (fp16 little-endian)."""
+    return v.half().contiguous().view(torch.uint8)
+
+
+def _from_fp16_bytes(b: torch.Tensor) -> torch.Tensor:
+    return b.contiguous().view(torch.float16).float()
+
+
+def _quantize_token(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    d = x.shape[-1]
+    g = x.reshape(*x.shape[:-1], d // spec.group_size, spec.group_size)
+    codes, scale, zero = _group_grid(g, spec, dim=-1)
+    parts = [pack_codes(codes.reshape(x.shape), spec.bits), _fp16_bytes(scale.squeeze(-1))]
+    if zero is not None:
+        parts.append(_fp16_bytes(zero.squeeze(-1)))
+    return torch.cat(parts, -1)
+
+
+def _split_meta(rows: torch.Tensor, spec: QuantSpec, n_codes: int, n_meta: int):
+    codes = unpack_codes(rows[..., :n_codes], spec.bits)
+    scale = _from_fp16_bytes(rows[..., n_codes : n_codes + 2 * n_meta])
+    zero = None if spec.symmetric else _from_fp16_bytes(rows[..., n_codes + 2 * n_meta :])
+    return codes, scale, zero
+
+
+def _dequantize_token(rows: torch.Tensor, spec: QuantSpec, d: int) -> torch.Tensor:
+    groups = d // spec.group_size
+    codes, scale, zero = _split_meta(rows, spec, spec.code_bytes(d), groups)
+    codes = codes.reshape(*rows.shape[:-1], groups, spec.group_size)
+    zero = None if zero is None else zero.unsqueeze(-1)
+    out = _dequant_grid(codes, scale.unsqueeze(-1), zero, spec)
+    return out.reshape(*rows.shape[:-1], d)
+
+
+def _quantize_channel(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    # x [..., T, D] with T % G == 0 -> blocks [..., T/G, G, D]; groups run along the G tokens
+    *lead, t, d = x.shape
+    if t % spec.group_size:
+        raise ValueError(f"channel axis needs tokens ({t}) divisible by group_size")
+    g = x.reshape(*lead, t // spec.group_size, spec.group_size, d)
+    codes, scale, zero = _group_grid(g, spec, dim=-2)
+    packed = pack_codes(codes, spec.bits).flatten(-2)  # [..., T/G, G*D*bits/8]
+    parts = [packed, _fp16_bytes(scale.squeeze(-2))]
+    if zero is not None:
+        parts.append(_fp16_bytes(zero.squeeze(-2)))
+    return torch.cat(parts, -1)
+
+
+def _dequantize_channel(blocks: torch.Tensor, spec: QuantSpec, d: int) -> torch.Tensor:
+    g = spec.group_size
+    codes, scale, zero = _split_meta(blocks, spec, spec.code_bytes(d) * g, d)
+    codes = codes.reshape(*blocks.shape[:-1], g, d)
+    zero = None if zero is None else zero.unsqueeze(-2)
+    out = _dequant_grid(codes, scale.unsqueeze(-2), zero, spec)
+    return out.reshape(*blocks.shape[:-2], blocks.shape[-2] * g, d)
+
+
+def quantize(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """Pack x into uint8 rows.
+
+    token axis: x[..., D] -> uint8[..., spec.row_bytes(D)].
+    channel axis: x[..., T, D] (T divisible by group_size) -> uint8[..., T/G, spec.block_bytes(D)].
+    16 bits: the fp16 bytes of x, uint8[..., 2*D].
+    """
+    spec.check_head_dim(x.shape[-1])
+    if not spec.is_quantized:
+        return _fp16_bytes(x.float())
+    x = rotate(x, spec)
+    if spec.axis == "channel":
+        return _quantize_channel(x, spec)
+    return _quantize_token(x, spec)
+
+
+def dequantize(
+    rows: torch.Tensor, spec: QuantSpec, head_dim: int, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Inverse of :func:`quantize`; returns [..., D] (channel axis: [..., T, D]) in ``dtype``."""
+    if rows.dtype != torch.uint8:
+        raise ValueError(f"packed rows must be uint8, got {rows.dtype}")
+    expected = spec.block_bytes(head_dim) if spec.axis == "channel" and spec.is_quantized else None
+    expected = expected or spec.row_bytes(head_dim)
+    if rows.shape[-1] != expected:
+        raise ValueError(f"packed rows have {rows.shape[-1]} bytes, spec expects {expected}")
+    if not spec.is_quantized:
+        return _from_fp16_bytes(rows).to(dtype)
+    if spec.axis == "channel":
+        out = _dequantize_channel(rows, spec, head_dim)
+    else:
+        out = _dequantize_token(rows, spec, head_dim)
+    return rotate(out, spec).to(dtype)
+
+
+def fake_quantize(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """dequantize(quantize(x)) in x's dtype; 16 bits is the identity.
+
+    Channel axis: x[..., T, D]; a trailing partial group of tokens is quantized on its own
+    statistics (padded by repeating its last token, which leaves min/max unchanged).
+    """
+    if not spec.is_quantized:
+        return x
+    if spec.axis == "token":
+        return dequantize(quantize(x, spec), spec, x.shape[-1], x.dtype)
+    t = x.shape[-2]
+    pad = -t % spec.group_size
+    if pad:
+        x_pad = torch.cat([x, x[..., -1:, :].expand(*x.shape[:-2], pad, x.shape[-1])], -2)
+    else:
+        x_pad = x
+    out = dequantize(quantize(x_pad, spec), spec, x.shape[-1], x.dtype)
+    return out[..., :t, :]

@@ -1,0 +1,119 @@
+"""QuantSpec: how one tensor (a layer's K or V) is stored, and what that costs in bytes."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+SUPPORTED_BITS = (2, 4, 8, 16)
+AXES = ("token", "channel")
+ROTATIONS = ("none", "hadamard")
+SCALE_BYTES = 2  # scales and zeros are fp16
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """Storage of one K or V tensor.
+
+    bits: 2, 4, 8, or 16 (16 = stored unquantized as fp16 bytes).
+    group_size: elements sharing one scale (and zero). For axis "token" the groups run along
+        head_dim inside one token-head; for axis "channel" (KIVI-style keys) they run along
+        ``group_size`` consecutive tokens of one channel.
+    symmetric: absmax grid (scale only) instead of min/max grid (scale and zero).
+    axis: "token" (the only axis a paged pool can quantize at write time) or "channel".
+    rotation: "hadamard" rotates each head_dim vector by an orthonormal Hadamard matrix before
+        quantizing (undone on dequantize); spreads outlier channels over the whole group.
+    """
+
+    bits: int
+    group_size: int = 32
+    symmetric: bool = False
+    axis: str = "token"
+    rotation: str = "none"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.bits, bool) or self.bits not in SUPPORTED_BITS:
+            raise ValueError(f"bits must be one of {SUPPORTED_BITS}, got {self.bits!r}")
+        if isinstance(self.group_size, bool) or not isinstance(self.group_size, int):
+            raise ValueError(f"group_size must be an int, got {self.group_size!r}")
+        if self.group_size < 2 or self.group_size & (self.group_size - 1):
+            raise ValueError(f"group_size must be a power of two >= 2, got {self.group_size}")
+        if not isinstance(self.symmetric, bool):
+            raise ValueError(f"symmetric must be a bool, got {self.symmetric!r}")
+        if self.axis not in AXES:
+            raise ValueError(f"axis must be one of {AXES}, got {self.axis!r}")
+        if self.rotation not in ROTATIONS:
+            raise ValueError(f"rotation must be one of {ROTATIONS}, got {self.rotation!r}")
+
+    @property
+    def is_quantized(self) -> bool:
+        return self.bits < 16
+
+    @property
+    def qmax(self) -> int:
+        """Largest code; symmetric grids use codes 0..2*half with half = 2^(bits-1) - 1."""
+        return (1 << self.bits) - 1
+
+    def check_head_dim(self, head_dim: int) -> None:
+        if head_dim <= 0 or head_dim % 8:
+            raise ValueError(f"head_dim must be a positive multiple of 8, got {head_dim}")
+        if self.axis == "token" and self.is_quantized and head_dim % self.group_size:
+            raise ValueError(f"group_size {self.group_size} does not divide head_dim {head_dim}")
+        if self.rotation == "hadamard" and head_dim & (head_dim - 1):
+            raise ValueError(f"hadamard rotation needs a power-of-two head_dim, got {head_dim}")
+
+    @property
+    def _metadata_per_group(self) -> int:
+        return SCALE_BYTES * (1 if self.symmetric else 2)
+
+    def code_bytes(self, head_dim: int) -> int:
+        return head_dim * self.bits // 8
+
+    def row_bytes(self, head_dim: int) -> int:
+        """Bytes of one packed token-head row (token axis): codes, scales, zeros."""
+        self.check_head_dim(head_dim)
+        if not self.is_quantized:
+            return head_dim * 2
+        if self.axis == "channel":
+            raise ValueError("channel-axis specs pack blocks of tokens; use block_bytes()")
+        groups = head_dim // self.group_size
+        return self.code_bytes(head_dim) + groups * self._metadata_per_group
+
+    def block_bytes(self, head_dim: int) -> int:
+        """Bytes of one packed channel-axis block: group_size tokens of one head."""
+        self.check_head_dim(head_dim)
+        if self.axis != "channel" or not self.is_quantized:
+            raise ValueError("block_bytes() is for quantized channel-axis specs")
+        return self.code_bytes(head_dim) * self.group_size + head_dim * self._metadata_per_group
+
+    def bytes_per_token(self, head_dim: int) -> float:
+        """Bytes one token-head costs, metadata included (amortized over a channel block)."""
+        if self.axis == "channel" and self.is_quantized:
+            return self.block_bytes(head_dim) / self.group_size
+        return float(self.row_bytes(head_dim))
+
+    def effective_bits(self, head_dim: int) -> float:
+        """Bits per element including scales and zeros."""
+        return 8.0 * self.bytes_per_token(head_dim) / head_dim
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> QuantSpec:
+        if not isinstance(data, dict):
+            raise ValueError(f"a quant spec must be an object, got {type(data).__name__}")
+        unknown = set(data) - {"bits", "group_size", "symmetric", "axis", "rotation"}
+        if unknown:
+            raise ValueError(f"unknown quant spec field(s): {', '.join(sorted(unknown))}")
+        if "bits" not in data:
+            raise ValueError("quant spec is missing 'bits'")
+        return cls(**data)
+
+    def short(self) -> str:
+        """Compact label, e.g. ``4b/g32/asym/token`` or ``16b``."""
+        if not self.is_quantized:
+            return "16b"
+        sym = "sym" if self.symmetric else "asym"
+        rot = "/had" if self.rotation == "hadamard" else ""
+        return f"{self.bits}b/g{self.group_size}/{sym}/{self.axis}{rot}"
