@@ -1,0 +1,41 @@
+"""Shared fixtures: tiny random models built in-process (tier 1) and the real SmolLM2 (slow)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def tiny_config(family: str = "llama", **overrides):
+    """A 2-layer random decoder with GQA (4 query heads, 2 KV heads, head_dim 32)."""
+    import transformers
+
+    base = dict(
+        vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+        max_position_embeddings=512, tie_word_embeddings=False,
+    )
+    base.update(overrides)
+    cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
+           "qwen3": transformers.Qwen3Config, "mistral": transformers.MistralConfig}[family]
+    config = cls(**base)
+    config.architectures = [cls.__name__.replace("Config", "ForCausalLM")]
+    return config
+
+
+def tiny_model(family: str = "llama", seed: int = 0, **overrides):
+    import transformers
+
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(tiny_config(family, **overrides))
+    return model.eval()
+
+
+@pytest.fixture
+def tiny_llama():
+    return tiny_model("llama")
+
+
+@pytest.fixture(params=["llama", "qwen2", "qwen3", "mistral"])
+def tiny_any(request):
+    return tiny_model(request.param)
