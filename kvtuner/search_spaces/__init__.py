@@ -1,0 +1,23 @@
+"""Search spaces: candidate (k_bits, v_bits) pairs, Pareto pruning, layer clustering, presets."""
+
+from .clustering import cluster_layers
+from .losses import BITS, LossTable
+from .pareto import pareto_front
+from .preset import PRESETS, SearchPreset, load_preset
+from .space import Group, Pair, SearchSpace, build_space, pair_label, parse_pair
+
+__all__ = [
+    "BITS",
+    "PRESETS",
+    "Group",
+    "LossTable",
+    "Pair",
+    "SearchPreset",
+    "SearchSpace",
+    "build_space",
+    "cluster_layers",
+    "load_preset",
+    "pair_label",
+    "pareto_front",
+    "parse_pair",
+]

@@ -1,0 +1,84 @@
+"""Search presets: how a (k_bits, v_bits) pair becomes the two QuantSpecs of a layer.
+
+``per-token``: token axis for both, keys Hadamard-rotated, group 32, asymmetric — what the
+SGLang pool quantizes at write time. ``kivi``: channel-axis keys (groups of 32 tokens), token-axis
+values group 32 — HF runtime only. A user JSON file gives ``{"name", "key", "value"}`` where
+key/value are QuantSpec fields without ``bits``. Bits 16 always mean "leave alone" (fp16).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from ..errors import KVTunerError
+from ..profile import LayerSpec, read_json
+from ..quant.spec import QuantSpec
+
+__all__ = ["PRESETS", "SearchPreset", "load_preset"]
+
+_UNQUANTIZED = QuantSpec(16)
+
+
+@dataclass(frozen=True)
+class SearchPreset:
+    """Templates for key and value specs; their ``bits`` field is replaced per candidate."""
+
+    name: str
+    key: QuantSpec
+    value: QuantSpec
+    servable_by_sglang: bool
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise KVTunerError("a search preset needs a name")
+
+    def spec(self, template: QuantSpec, bits: int) -> QuantSpec:
+        return _UNQUANTIZED if bits == 16 else replace(template, bits=bits)
+
+    def layer_spec(self, layer: int, k_bits: int, v_bits: int) -> LayerSpec:
+        return LayerSpec(layer, self.spec(self.key, k_bits), self.spec(self.value, v_bits))
+
+    def settings(self) -> dict[str, Any]:
+        """Key/value templates without bits (the sensitivity file's ``settings`` shape)."""
+        drop = lambda s: {k: v for k, v in s.to_dict().items() if k != "bits"}  # noqa: E731
+        return {"key_spec": drop(self.key), "value_spec": drop(self.value)}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, **self.settings(), "servable_by_sglang": self.servable_by_sglang}
+
+
+PRESETS = {
+    "per-token": SearchPreset(
+        "per-token", QuantSpec(4, 32, rotation="hadamard"), QuantSpec(4, 32), True
+    ),
+    "kivi": SearchPreset("kivi", QuantSpec(4, 32, axis="channel"), QuantSpec(4, 32), False),
+}
+
+
+def load_preset(name_or_path: str | os.PathLike) -> SearchPreset:
+    """A named preset, or a JSON file ``{"name": ..., "key": {...}, "value": {...}}``."""
+    if str(name_or_path) in PRESETS:
+        return PRESETS[str(name_or_path)]
+    path = Path(name_or_path)
+    if path.suffix != ".json" and not path.exists():
+        raise KVTunerError(
+            f"unknown preset {str(name_or_path)!r}: use {' / '.join(PRESETS)} or a JSON file"
+        )
+    data = read_json(path, "preset file")
+    if not isinstance(data, dict) or not {"key", "value"} <= set(data):
+        raise KVTunerError(f"preset file {path} needs 'key' and 'value' objects")
+    key, value = (_template(data[part], part, path) for part in ("key", "value"))
+    servable = key.axis == "token" and value.axis == "token"
+    return SearchPreset(str(data.get("name", path.stem)), key, value, servable)
+
+
+def _template(data: Any, part: str, path: Path) -> QuantSpec:
+    if not isinstance(data, dict):
+        raise KVTunerError(f"preset file {path}: '{part}' must be an object")
+    try:
+        return QuantSpec.from_dict({**data, "bits": 4})
+    except (TypeError, ValueError) as exc:
+        raise KVTunerError(f"preset file {path}: '{part}': {exc}") from None

@@ -1,0 +1,100 @@
+"""Presets, clustering and the pruned per-layer search space."""
+
+import json
+
+import numpy as np
+import pytest
+
+from kvtuner import KVTunerError, ModelFingerprint, QuantSpec
+from kvtuner.search_spaces import (
+    BITS,
+    PRESETS,
+    LossTable,
+    build_space,
+    cluster_layers,
+    load_preset,
+    pareto_front,
+)
+from kvtuner.tuner import Budget
+
+FP = ModelFingerprint("LlamaForCausalLM", num_layers=6, num_kv_heads=3, head_dim=64)
+
+
+def synthetic_losses(num_layers=6, seed=0):
+    """KL falling ~10x per bit doubling, keys 3x worse than values, layers 0 and 3 fragile."""
+    rng = np.random.default_rng(seed)
+    kl = np.zeros((num_layers, 2, len(BITS)))
+    for i in range(num_layers):
+        base = (20.0 if i in (0, 3) else 1.0) * rng.uniform(0.8, 1.25)
+        for p, part_scale in enumerate((3.0, 1.0)):
+            kl[i, p, :3] = base * part_scale * np.array([1.0, 0.1, 0.005])
+    return LossTable(kl)
+
+
+def test_presets():
+    pt, kivi = PRESETS["per-token"], PRESETS["kivi"]
+    assert pt.servable_by_sglang and not kivi.servable_by_sglang
+    s = pt.layer_spec(0, 4, 2)
+    assert s.k == QuantSpec(4, 32, rotation="hadamard") and s.v == QuantSpec(2, 32)
+    assert kivi.layer_spec(1, 2, 16).k.axis == "channel" and kivi.layer_spec(1, 2, 16).v.bits == 16
+    assert pt.layer_spec(0, 16, 16).k == QuantSpec(16)
+
+
+def test_user_preset_file(tmp_path):
+    path = tmp_path / "mine.json"
+    path.write_text(
+        json.dumps(
+            {
+                "name": "g64sym",
+                "key": {"group_size": 64, "symmetric": True},
+                "value": {"group_size": 64},
+            }
+        )
+    )
+    preset = load_preset(path)
+    assert preset.name == "g64sym" and preset.servable_by_sglang
+    assert preset.layer_spec(0, 8, 4).k == QuantSpec(8, 64, symmetric=True)
+    path.write_text(json.dumps({"key": {"axis": "sideways"}, "value": {}}))
+    with pytest.raises(KVTunerError, match="axis"):
+        load_preset(path)
+    with pytest.raises(KVTunerError, match="unknown preset"):
+        load_preset("nonesuch")
+
+
+@pytest.mark.parametrize("budget", ["2bit", "2.5bit", "3bit", "4bit", "6bit", "0.3x", "0.5x"])
+def test_space_options_are_pareto_plus_fitting_uniforms(budget):
+    losses, b = synthetic_losses(), Budget.parse(budget)
+    space = build_space(losses, PRESETS["per-token"], FP, b)
+    assert space.uniform_pairs and all(space.fits(space.uniform(p)) for p in space.uniform_pairs)
+    for i, group in enumerate(space.groups):
+        pairs = [(k, v) for k in BITS for v in BITS]
+        front = set(pareto_front([(space.cost(i, p), space.loss(i, p), p) for p in pairs]))
+        assert set(group.options) == front | set(space.uniform_pairs)
+        costs = [space.cost(i, p) for p in group.options]
+        assert costs == sorted(costs)
+
+
+def test_budget_below_cheapest_is_one_line_error():
+    with pytest.raises(KVTunerError, match="below the cheapest"):
+        build_space(synthetic_losses(), PRESETS["per-token"], FP, Budget.parse("1.5bit"))
+
+
+def test_clustering_groups_similar_layers():
+    losses = synthetic_losses()
+    groups = cluster_layers(losses, 2)
+    assert groups == [[0, 3], [1, 2, 4, 5]]
+    assert cluster_layers(losses, 10) == [[i] for i in range(6)]
+    space = build_space(losses, PRESETS["kivi"], FP, Budget.parse("4bit"), num_clusters=2)
+    assert [g.layers for g in space.groups] == [(0, 3), (1, 2, 4, 5)]
+    specs = space.layer_specs([(8, 4), (2, 2)])
+    assert [s.k.bits for s in specs] == [8, 2, 2, 8, 2, 2]
+    with pytest.raises(KVTunerError):
+        cluster_layers(losses, 0)
+
+
+def test_params_round_trip_and_layer_count_check():
+    space = build_space(synthetic_losses(), PRESETS["per-token"], FP, Budget.parse("4bit"))
+    choice = tuple(g.options[-1] for g in space.groups)
+    assert space.from_params(space.to_params(choice)) == choice
+    with pytest.raises(KVTunerError, match="6"):
+        build_space(synthetic_losses(5), PRESETS["per-token"], FP, Budget.parse("4bit"))
