@@ -23,7 +23,7 @@ def _check_pool_args(buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, h
         raise ValueError(f"buffer rows have {buffer.shape[-1]} bytes, spec expects "
                          f"{spec.row_bytes(head_dim)}")
     if loc.dim() != 1 or loc.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"loc must be a 1-D int32/int64 tensor, got {loc.dtype} {tuple(loc.shape)}")
+        raise ValueError(f"loc must be 1-D int32/int64, got {loc.dtype} {tuple(loc.shape)}")
 
 
 def _use_triton(t: torch.Tensor) -> bool:

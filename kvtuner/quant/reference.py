@@ -8,7 +8,8 @@ Grid (per group of ``group_size`` elements):
   so the grid ``zero + q*scale, q in [0, qmax]`` always covers [min, max] and the error of every
   element is at most half a step. ``code = clamp(floor((x - zero) / scale + 0.5), 0, qmax)``.
 - symmetric: ``amax = fp16(max|x|)`` rounded up, ``half = 2^(bits-1) - 1``,
-  ``code = clamp(floor(x / amax * half + 0.5) + half, 0, 2*half)``, ``x^ = (code - half) * amax / half``.
+  ``code = clamp(floor(x / amax * half + 0.5) + half, 0, 2*half)``,
+  ``x^ = (code - half) * amax / half``.
   The stored "scale" is ``amax`` itself, so a constant group dequantizes exactly.
 - Constant groups: exact whenever the value is representable in fp16 (every bf16 value inside
   fp16's range); otherwise within half of a (tiny) step.
@@ -52,17 +53,18 @@ def _round_half_up(v: torch.Tensor) -> torch.Tensor:
 
 
 def _fp16_down(v: torch.Tensor) -> torch.Tensor:
-    """Largest fp16 <= v (as fp32)."""
+    """Largest fp16 <= v (as fp32); a zero result is +0 (min/max of signed zeros is
+    order-dependent, so the sign of a zero must not reach the stored bytes)."""
     r = v.half()
     r = torch.where(r.float() > v, torch.nextafter(r, r.new_tensor(float("-inf"))), r)
-    return r.float()
+    return torch.where(r == 0, 0.0, r.float())
 
 
 def _fp16_up(v: torch.Tensor) -> torch.Tensor:
-    """Smallest fp16 >= v (as fp32)."""
+    """Smallest fp16 >= v (as fp32); a zero result is +0."""
     r = v.half()
     r = torch.where(r.float() < v, torch.nextafter(r, r.new_tensor(float("inf"))), r)
-    return r.float()
+    return torch.where(r == 0, 0.0, r.float())
 
 
 def _group_grid(g: torch.Tensor, spec: QuantSpec, dim: int):
@@ -221,9 +223,8 @@ def fake_quantize(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
         return dequantize(quantize(x, spec), spec, x.shape[-1], x.dtype)
     t = x.shape[-2]
     pad = -t % spec.group_size
+    x_pad = x
     if pad:
         x_pad = torch.cat([x, x[..., -1:, :].expand(*x.shape[:-2], pad, x.shape[-1])], -2)
-    else:
-        x_pad = x
     out = dequantize(quantize(x_pad, spec), spec, x.shape[-1], x.dtype)
     return out[..., :t, :]

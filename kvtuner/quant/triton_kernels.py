@@ -1,0 +1,337 @@
+"""Triton kernels for the packed format v1, beside their launchers.
+
+``triton_scatter_quantized``: ``buffer[loc] = quantize(x)``; ``triton_gather_dequantized``:
+``dequantize(buffer[loc])``. Token axis only (what a slot pool stores), bits 2/4/8/16. Each
+program handles ``BLOCK`` token-head rows; a row's codes are held as a tile
+[BLOCK, code_bytes, codes_per_byte], so packing is a shift-and-sum over the last axis.
+
+The bytes equal :mod:`.reference` exactly: IEEE division (``div_rn``), no FMA contraction
+(``enable_fp_fusion=False``), half-up rounding, fp16 metadata rounded down/up by a one-ulp step
+on its int16 bits. The Hadamard rotation runs in torch in the launchers (before the scatter
+kernel, after the gather kernel), as in the reference.
+
+Importing this module imports triton and builds the kernels: set ``TRITON_INTERPRET=1`` before
+that to run them on CPU tensors (tests).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .reference import hadamard
+from .spec import QuantSpec
+
+__all__ = ["interpreted", "triton_gather_dequantized", "triton_scatter_quantized"]
+
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+_NAN_FP16_BITS = 0x7E00  # what torch stores for float("nan").half()
+
+
+@triton.jit
+def _fp16_directed(v, UP: tl.constexpr):
+    """fp32 [..] -> fp32 holding the smallest fp16 >= v (UP) or largest fp16 <= v; zero is +0."""
+    r = v.to(tl.float16)
+    bits = r.to(tl.int16, bitcast=True).to(tl.int32)
+    is_zero = r == 0.0
+    if UP:
+        wrong = r.to(tl.float32) < v
+        step = tl.where(bits >= 0, 1, -1)  # sign bit clear: magnitude up; set: magnitude down
+        nxt = tl.where(is_zero, 1, bits + step)
+    else:
+        wrong = r.to(tl.float32) > v
+        step = tl.where(bits >= 0, -1, 1)
+        nxt = tl.where(is_zero, -32767, bits + step)  # -32767 = 0x8001, -smallest subnormal
+    bits = tl.where(wrong, nxt, bits)
+    out = bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return tl.where(out == 0.0, 0.0, out)
+
+
+@triton.jit
+def _store_fp16(ptr, value, ok, mask):
+    """Store fp32 ``value`` [BLOCK] (fp16-exact) as 2 little-endian bytes; NaN where not ``ok``."""
+    bits = value.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
+    bits = tl.where(ok, bits, 0x7E00)
+    tl.store(ptr, (bits & 0xFF).to(tl.uint8), mask=mask)
+    tl.store(ptr + 1, ((bits >> 8) & 0xFF).to(tl.uint8), mask=mask)
+
+
+@triton.jit
+def _load_fp16(ptr, mask):
+    """2 little-endian bytes at ``ptr`` [..] -> fp32."""
+    lo = tl.load(ptr, mask=mask, other=0).to(tl.int32)
+    hi = tl.load(ptr + 1, mask=mask, other=0).to(tl.int32)
+    bits = (hi << 8) | lo
+    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _row_bases(buf_ptr, loc_ptr, pid, n_rows, heads, stride_slot, stride_head, BLOCK: tl.constexpr):
+    """Rows [BLOCK] of this program (token * heads + head), their mask and buffer row pointers."""
+    rows = pid * BLOCK + tl.arange(0, BLOCK)
+    row_ok = rows < n_rows
+    slot = tl.load(loc_ptr + rows // heads, mask=row_ok, other=0).to(tl.int64)
+    base = buf_ptr + slot * stride_slot + (rows % heads).to(tl.int64) * stride_head
+    return rows.to(tl.int64), row_ok, base
+
+
+@triton.jit
+def _scatter_kernel(
+    x_ptr,
+    loc_ptr,
+    buf_ptr,
+    n_rows,
+    heads,
+    stride_slot,
+    stride_head,
+    D: tl.constexpr,
+    G: tl.constexpr,
+    BITS: tl.constexpr,
+    SYMMETRIC: tl.constexpr,
+    NB_PAD: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    rows, row_ok, dst = _row_bases(
+        buf_ptr, loc_ptr, tl.program_id(0), n_rows, heads, stride_slot, stride_head, BLOCK
+    )
+    P: tl.constexpr = 8 // BITS  # codes per byte
+    NB: tl.constexpr = D // P  # code bytes per row
+    NG: tl.constexpr = D // G
+    QMAX: tl.constexpr = (1 << BITS) - 1
+    HALF: tl.constexpr = (1 << (BITS - 1)) - 1
+    j = tl.arange(0, NB_PAD)
+    k = tl.arange(0, P)
+    e = j[:, None] * P + k[None, :]  # [NB_PAD, P] element index inside the row
+    grp = e // G
+    mask = row_ok[:, None, None] & (j < NB)[None, :, None]
+    x = tl.load(x_ptr + rows[:, None, None] * D + e[None], mask=mask, other=0.0)
+    x = x.to(tl.float32)  # [BLOCK, NB_PAD, P]
+    finite = (x == x) & (tl.abs(x) < float("inf"))
+    safe = tl.where(finite, x, 0.0)
+    scale_t = tl.zeros([BLOCK, NB_PAD, P], tl.float32)
+    zero_t = tl.zeros([BLOCK, NB_PAD, P], tl.float32)
+    ok_t = tl.zeros([BLOCK, NB_PAD, P], tl.int32)
+    for g in tl.static_range(NG):
+        in_g = (grp == g)[None]  # [1, NB_PAD, P]
+        bad = tl.max(tl.max(tl.where(in_g & (finite == 0), 1, 0), 2), 1)  # [BLOCK]
+        if SYMMETRIC:
+            scale = _fp16_directed(tl.max(tl.max(tl.where(in_g, tl.abs(safe), 0.0), 2), 1), True)
+            ok = (bad == 0) & (scale < float("inf"))
+            zero = scale * 0.0
+        else:
+            mn = tl.min(tl.min(tl.where(in_g, safe, float("inf")), 2), 1)
+            mx = tl.max(tl.max(tl.where(in_g, safe, -float("inf")), 2), 1)
+            zero = _fp16_directed(mn, False)
+            scale = _fp16_directed(tl.math.div_rn(mx - zero, QMAX * 1.0), True)
+            ok = (bad == 0) & (tl.abs(zero) < float("inf")) & (scale < float("inf"))
+            _store_fp16(dst + NB + 2 * NG + 2 * g, zero, ok, row_ok)
+        _store_fp16(dst + NB + 2 * g, scale, ok, row_ok)
+        scale_t = tl.where(in_g, scale[:, None, None], scale_t)
+        zero_t = tl.where(in_g, zero[:, None, None], zero_t)
+        ok_t = tl.where(in_g, ok.to(tl.int32)[:, None, None], ok_t)
+    step = tl.where(scale_t > 0, scale_t, 1.0)
+    if SYMMETRIC:
+        ratio = tl.where(scale_t > 0, tl.math.div_rn(safe, step), 0.0)
+        q = tl.floor(ratio * HALF + 0.5) + HALF
+        q = tl.minimum(tl.maximum(q, 0.0), 2.0 * HALF)
+    else:
+        q = tl.floor(tl.math.div_rn(safe - zero_t, step) + 0.5)
+        q = tl.minimum(tl.maximum(q, 0.0), QMAX * 1.0)
+    q = tl.where(ok_t != 0, q, 0.0).to(tl.int32)
+    packed = tl.sum(q << (k * BITS)[None, None, :], axis=2)  # [BLOCK, NB_PAD]
+    tl.store(dst[:, None] + j[None, :], packed.to(tl.uint8), mask=row_ok[:, None] & (j < NB)[None])
+
+
+@triton.jit
+def _gather_kernel(
+    buf_ptr,
+    loc_ptr,
+    out_ptr,
+    n_rows,
+    heads,
+    stride_slot,
+    stride_head,
+    D: tl.constexpr,
+    G: tl.constexpr,
+    BITS: tl.constexpr,
+    SYMMETRIC: tl.constexpr,
+    NB_PAD: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    rows, row_ok, src = _row_bases(
+        buf_ptr, loc_ptr, tl.program_id(0), n_rows, heads, stride_slot, stride_head, BLOCK
+    )
+    P: tl.constexpr = 8 // BITS
+    NB: tl.constexpr = D // P
+    NG: tl.constexpr = D // G
+    HALF: tl.constexpr = (1 << (BITS - 1)) - 1
+    j = tl.arange(0, NB_PAD)
+    k = tl.arange(0, P)
+    e = j[:, None] * P + k[None, :]  # [NB_PAD, P]
+    grp = e // G
+    byte_mask = row_ok[:, None] & (j < NB)[None]
+    b = tl.load(src[:, None] + j[None, :], mask=byte_mask, other=0).to(tl.int32)  # [BLOCK, NB_PAD]
+    q = ((b[:, :, None] >> (k * BITS)[None, None, :]) & ((1 << BITS) - 1)).to(tl.float32)
+    scale_t = tl.zeros([BLOCK, NB_PAD, P], tl.float32)
+    zero_t = tl.zeros([BLOCK, NB_PAD, P], tl.float32)
+    for g in tl.static_range(NG):
+        in_g = (grp == g)[None]
+        scale_t = tl.where(in_g, _load_fp16(src + NB + 2 * g, row_ok)[:, None, None], scale_t)
+        if not SYMMETRIC:
+            zero = _load_fp16(src + NB + 2 * NG + 2 * g, row_ok)
+            zero_t = tl.where(in_g, zero[:, None, None], zero_t)
+    if SYMMETRIC:  # noqa: SIM108 (constexpr branch: only one side is compiled)
+        out = tl.math.div_rn((q - HALF) * scale_t, HALF * 1.0)
+    else:
+        out = zero_t + q * scale_t
+    out = out.to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + rows[:, None, None] * D + e[None], out, mask=byte_mask[:, :, None])
+
+
+@triton.jit
+def _scatter_fp16_kernel(
+    x_ptr,
+    loc_ptr,
+    buf_ptr,
+    n_rows,
+    heads,
+    stride_slot,
+    stride_head,
+    D: tl.constexpr,
+    D_PAD: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    rows, row_ok, dst = _row_bases(
+        buf_ptr, loc_ptr, tl.program_id(0), n_rows, heads, stride_slot, stride_head, BLOCK
+    )
+    e = tl.arange(0, D_PAD)
+    mask = row_ok[:, None] & (e < D)[None]
+    x = tl.load(x_ptr + rows[:, None] * D + e[None], mask=mask, other=0.0).to(tl.float32)
+    bits = x.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)  # [BLOCK, D_PAD]
+    tl.store(dst[:, None] + 2 * e[None], (bits & 0xFF).to(tl.uint8), mask=mask)
+    tl.store(dst[:, None] + 2 * e[None] + 1, ((bits >> 8) & 0xFF).to(tl.uint8), mask=mask)
+
+
+@triton.jit
+def _gather_fp16_kernel(
+    buf_ptr,
+    loc_ptr,
+    out_ptr,
+    n_rows,
+    heads,
+    stride_slot,
+    stride_head,
+    D: tl.constexpr,
+    D_PAD: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    rows, row_ok, src = _row_bases(
+        buf_ptr, loc_ptr, tl.program_id(0), n_rows, heads, stride_slot, stride_head, BLOCK
+    )
+    e = tl.arange(0, D_PAD)
+    mask = row_ok[:, None] & (e < D)[None]
+    x = _load_fp16(src[:, None] + 2 * e[None], mask)
+    tl.store(out_ptr + rows[:, None] * D + e[None], x.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def interpreted() -> bool:
+    """True when this module's kernels were built for Triton's CPU interpreter."""
+    return type(_scatter_kernel).__name__ == "InterpretedFunction"
+
+
+def _check(buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_dim: int) -> None:
+    if not isinstance(spec, QuantSpec) or spec.axis != "token":
+        raise ValueError(f"Triton kernels take a token-axis QuantSpec, got {spec!r}")
+    if buffer.dtype != torch.uint8 or buffer.dim() != 3 or buffer.stride(2) != 1:
+        raise ValueError(
+            f"buffer must be uint8 [slots, heads, row_bytes] with contiguous rows, got "
+            f"{buffer.dtype} {tuple(buffer.shape)} strides {buffer.stride()}"
+        )
+    if buffer.shape[2] != spec.row_bytes(head_dim):
+        raise ValueError(
+            f"buffer rows have {buffer.shape[2]} bytes, {spec.short()} at head_dim {head_dim} "
+            f"needs {spec.row_bytes(head_dim)}"
+        )
+    if loc.dim() != 1 or loc.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"loc must be 1-D int32/int64, got {loc.dtype} {tuple(loc.shape)}")
+    if loc.device != buffer.device:
+        raise ValueError(f"loc is on {loc.device}, buffer on {buffer.device}")
+    if not buffer.is_cuda and not interpreted():
+        raise ValueError(
+            "Triton kernels need CUDA tensors; for CPU tensors set TRITON_INTERPRET=1 before "
+            "importing kvtuner.quant.triton_kernels"
+        )
+
+
+def _launch_args(buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_dim: int):
+    """Grid and the keyword arguments shared by every kernel of one call."""
+    n_rows = loc.shape[0] * buffer.shape[1]
+    block = min(64, triton.next_power_of_2(max(n_rows, 1)))
+    grid = (triton.cdiv(n_rows, block),)
+    common = dict(
+        n_rows=n_rows,
+        heads=buffer.shape[1],
+        stride_slot=buffer.stride(0),
+        stride_head=buffer.stride(1),
+        D=head_dim,
+        BLOCK=block,
+        enable_fp_fusion=False,
+    )
+    if spec.is_quantized:
+        per_byte = 8 // spec.bits
+        common.update(
+            G=spec.group_size,
+            BITS=spec.bits,
+            SYMMETRIC=spec.symmetric,
+            NB_PAD=triton.next_power_of_2(head_dim // per_byte),
+        )
+    else:
+        common.update(D_PAD=triton.next_power_of_2(head_dim))
+    return grid, common
+
+
+def triton_scatter_quantized(
+    buffer: torch.Tensor, loc: torch.Tensor, x: torch.Tensor, spec: QuantSpec
+) -> None:
+    """``buffer[loc] = quantize(x, spec)`` for x[N, heads, D]; other slots stay untouched."""
+    if x.dim() != 3 or x.dtype not in _FLOATS:
+        raise ValueError(f"x must be fp16/bf16/fp32 [N, heads, D], got {x.dtype} {tuple(x.shape)}")
+    _check(buffer, loc, spec, x.shape[2])
+    if x.shape[0] != loc.shape[0] or x.shape[1] != buffer.shape[1] or x.device != buffer.device:
+        raise ValueError(
+            f"x must be [len(loc)={loc.shape[0]}, heads={buffer.shape[1]}, D] on {buffer.device}, "
+            f"got {tuple(x.shape)} on {x.device}"
+        )
+    if loc.shape[0] == 0:
+        return
+    if spec.is_quantized and spec.rotation == "hadamard":
+        x = x.float() @ hadamard(x.shape[2], x.device)  # rotate in torch, as the reference does
+    grid, args = _launch_args(buffer, loc, spec, x.shape[2])
+    kernel = _scatter_kernel if spec.is_quantized else _scatter_fp16_kernel
+    kernel[grid](x.contiguous(), loc, buffer, **args)
+
+
+def triton_gather_dequantized(
+    buffer: torch.Tensor,
+    loc: torch.Tensor,
+    spec: QuantSpec,
+    head_dim: int,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """``dequantize(buffer[loc], spec, head_dim, dtype)`` -> [N, heads, head_dim]."""
+    if dtype not in _FLOATS:
+        raise ValueError(f"dtype must be one of {_FLOATS}, got {dtype}")
+    _check(buffer, loc, spec, head_dim)
+    rotated = spec.is_quantized and spec.rotation == "hadamard"
+    out_dtype = torch.float32 if rotated else dtype
+    shape = (loc.shape[0], buffer.shape[1], head_dim)
+    out = torch.empty(shape, dtype=out_dtype, device=buffer.device)
+    if loc.shape[0] == 0:
+        return out.to(dtype)
+    grid, args = _launch_args(buffer, loc, spec, head_dim)
+    kernel = _gather_kernel if spec.is_quantized else _gather_fp16_kernel
+    kernel[grid](buffer, loc, out, **args)
+    if rotated:
+        out = (out @ hadamard(head_dim, out.device)).to(dtype)  # undo the rotation in torch
+    return out
