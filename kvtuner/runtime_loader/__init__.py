@@ -1,0 +1,1 @@
+"""Runtimes that load a kvtuner profile: HF transformers cache (hf), SGLang pool (sglang)."""

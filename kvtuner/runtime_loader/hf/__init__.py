@@ -1,0 +1,7 @@
+"""HF transformers runtime: a per-layer packed K/V cache built from a kvtuner profile."""
+
+from .cache import KVTunerCache, layer_specs_for, make_cache
+from .layer import KVTunerLayer
+from .stream import PackedStream
+
+__all__ = ["KVTunerCache", "KVTunerLayer", "PackedStream", "layer_specs_for", "make_cache"]

@@ -1,0 +1,134 @@
+"""make_cache: a transformers ``Cache`` storing each layer's K/V packed with its own specs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from transformers.cache_utils import Cache
+
+from ...errors import KVTunerError
+from ...profile import LayerSpec, ModelFingerprint, Profile
+from .layer import KVTunerLayer
+from .stream import predicted_stream_nbytes
+
+__all__ = ["KVTunerCache", "layer_specs_for", "make_cache"]
+
+
+class KVTunerCache(Cache):
+    """One :class:`KVTunerLayer` per decoder layer; pass it as ``past_key_values``."""
+
+    def __init__(
+        self,
+        specs: Sequence[LayerSpec],
+        fingerprint: ModelFingerprint,
+        *,
+        residual_length: int,
+        keep_dequantized: bool,
+    ):
+        layers = [
+            KVTunerLayer(
+                s,
+                fingerprint.head_dim,
+                residual_length=residual_length,
+                keep_dequantized=keep_dequantized,
+            )
+            for s in specs
+        ]
+        super().__init__(layers=layers)
+        self.specs = tuple(specs)
+        self.fingerprint = fingerprint
+        self.residual_length = residual_length
+
+    def nbytes(self) -> int:
+        """KV bytes stored now: packed rows as stored, unpacked elements (16-bit layers, residual
+        window, a still-filling channel block) accounted at 2 bytes each (fp16)."""
+        return sum(layer.nbytes() for layer in self.layers)
+
+    def predicted_nbytes(self, tokens: int, batch: int = 1) -> int:
+        """What :meth:`nbytes` must report after ``tokens`` tokens per sequence, from the specs.
+
+        With ``residual_length=0`` and block-aligned ``tokens`` this equals
+        ``profile.bytes_per_token * tokens * batch``.
+        """
+        fp = self.fingerprint
+        kw = dict(
+            tokens=tokens, residual_length=self.residual_length, heads=fp.num_kv_heads, batch=batch
+        )
+        return sum(
+            predicted_stream_nbytes(s.k, fp.head_dim, **kw)
+            + predicted_stream_nbytes(s.v, fp.head_dim, **kw)
+            for s in self.specs
+        )
+
+    def fp16_nbytes(self, tokens: int, batch: int = 1) -> int:
+        """Bytes the same tokens take in an fp16 cache (the reference for memory ratios)."""
+        fp = self.fingerprint
+        return 2 * 2 * fp.num_layers * fp.num_kv_heads * fp.head_dim * tokens * batch
+
+
+def _check_attention_types(config: Any) -> None:
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    layer_types, _ = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
+    other = sorted(set(layer_types) - {"full_attention"})
+    if other:
+        raise KVTunerError(
+            f"kvtuner's HF cache supports full-attention layers only, model has {other}"
+        )
+
+
+def layer_specs_for(
+    model_or_config: Any, profile_or_layer_specs: Profile | Sequence[LayerSpec]
+) -> tuple[tuple[LayerSpec, ...], ModelFingerprint]:
+    """Validate a profile (or in-memory layer specs) against the model; one KVTunerError line."""
+    config = getattr(model_or_config, "config", model_or_config)
+    model_fp = ModelFingerprint.from_config(config)
+    if isinstance(profile_or_layer_specs, Profile):
+        profile_or_layer_specs.check_model(model_fp)
+        return profile_or_layer_specs.layers, model_fp
+    specs = tuple(profile_or_layer_specs)
+    if not all(isinstance(s, LayerSpec) for s in specs):
+        raise KVTunerError("make_cache needs a Profile or a sequence of LayerSpec")
+    if [s.layer for s in specs] != list(range(model_fp.num_layers)):
+        raise KVTunerError(
+            f"layer specs do not fit the model: need layers 0..{model_fp.num_layers - 1} in "
+            f"order, got {len(specs)} spec(s)"
+        )
+    for s in specs:
+        for name, q in (("k", s.k), ("v", s.v)):
+            try:
+                q.check_head_dim(model_fp.head_dim)
+            except ValueError as exc:
+                raise KVTunerError(f"layer {s.layer} {name}: {exc}") from None
+    return specs, model_fp
+
+
+def make_cache(
+    model: Any,
+    profile_or_layer_specs: Profile | Sequence[LayerSpec],
+    *,
+    residual_length: int = 0,
+    keep_dequantized: bool = False,
+) -> KVTunerCache:
+    """A packed per-layer K/V cache for ``model`` (``generate(past_key_values=...)`` or forward).
+
+    residual_length: the newest tokens kept unquantized (KIVI-style). 0 = every token, prefill
+        included, is quantized before attention reads it (the calibration / perplexity protocol).
+    keep_dequantized: also keep a dequantized working copy of the packed history, so that each
+        decode step dequantizes only the newly packed tokens (faster decode, but the working copy
+        costs model-dtype memory; ``nbytes()`` counts the packed storage only). Results are
+        identical either way.
+    """
+    if (
+        isinstance(residual_length, bool)
+        or not isinstance(residual_length, int)
+        or residual_length < 0
+    ):
+        raise KVTunerError(f"residual_length must be an int >= 0, got {residual_length!r}")
+    config = getattr(model, "config", model)
+    _check_attention_types(config)
+    specs, model_fp = layer_specs_for(config, profile_or_layer_specs)
+    return KVTunerCache(
+        specs, model_fp, residual_length=residual_length, keep_dequantized=keep_dequantized
+    )

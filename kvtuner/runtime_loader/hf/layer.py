@@ -1,0 +1,78 @@
+"""KVTunerLayer: a transformers cache layer storing one decoder layer's K and V as packed rows."""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import DynamicLayer
+
+from ...profile import LayerSpec
+from .stream import PackedStream
+
+
+class KVTunerLayer(DynamicLayer):
+    """A ``DynamicLayer`` whose K and V live in :class:`PackedStream` objects (own spec each).
+
+    ``update(k, v)`` takes the new states ``[B, H, T, D]`` and returns the whole history as
+    attention must read it (dequantized packed rows + the full-precision residual window).
+    ``self.keys`` / ``self.values`` expose the unpacked tails only, like ``QuantizedLayer``.
+    Rolling back tokens (``crop``) is not supported: a packed block cannot be partially undone.
+    """
+
+    is_croppable = False
+
+    def __init__(
+        self, spec: LayerSpec, head_dim: int, *, residual_length: int, keep_dequantized: bool
+    ):
+        super().__init__()
+        self.spec = spec
+        self.k = PackedStream(spec.k, head_dim, residual_length, keep_dequantized)
+        self.v = PackedStream(spec.v, head_dim, residual_length, keep_dequantized)
+        self._args = (spec, head_dim, residual_length, keep_dequantized)
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        keys = self.k.append(key_states)
+        values = self.v.append(value_states)
+        self.keys, self.values = self.k.tail, self.v.tail
+        return keys, values
+
+    def get_seq_length(self) -> int:
+        return self.k.num_tokens
+
+    def nbytes(self) -> int:
+        """Bytes stored by this layer (packed rows; unpacked elements accounted as fp16)."""
+        return self.k.nbytes() + self.v.nbytes()
+
+    def reset(self) -> None:
+        spec, head_dim, residual_length, keep = self._args
+        self.k = PackedStream(spec.k, head_dim, residual_length, keep)
+        self.v = PackedStream(spec.v, head_dim, residual_length, keep)
+        super().reset()
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove:
+            raise NotImplementedError("kvtuner's packed cache cannot crop tokens")
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self.batch_select_indices(beam_idx)
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self.get_seq_length():
+            indices = torch.as_tensor(indices, device=self.device)
+            if indices.dtype == torch.bool:
+                indices = indices.nonzero().flatten()
+            self.k.select(indices)
+            self.v.select(indices)
+            self.keys, self.values = self.k.tail, self.v.tail
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if self.get_seq_length():
+            self.k.repeat_interleave(repeats)
+            self.v.repeat_interleave(repeats)
+            self.keys, self.values = self.k.tail, self.v.tail
+
+    def offload(self):  # the packed rows are the point; moving them is not implemented
+        raise NotImplementedError("kvtuner's packed cache does not support offloading")

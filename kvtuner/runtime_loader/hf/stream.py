@@ -1,0 +1,129 @@
+"""PackedStream: one layer's K (or V) history as packed rows plus a short full-precision tail.
+
+Layout (B batch, H KV heads, D head_dim, G = spec.group_size):
+- ``packed``: uint8, token axis ``[B, H, Tp, row_bytes]``; channel axis
+  ``[B, H, Tp/G, block_bytes]`` (whole blocks of G tokens only). The storage of record.
+- ``tail``: model dtype ``[B, H, Tt, D]``: the newest tokens, not packed yet. With
+  ``residual_length = r > 0`` it holds exactly the last r tokens (token axis), or the last r
+  tokens plus the 0..G-1 older tokens of a block still filling up (channel axis); attention
+  reads them unquantized. With r = 0 a token-axis tail is always empty, and a channel-axis tail
+  holds the < G tokens of the filling block, which attention reads fake-quantized on their own
+  statistics (so no query ever reads an unquantized key); they are packed once the block is full.
+- ``deq``: optional working copy ``[B, H, Tp, D]`` of ``dequantize(packed)`` in the model dtype,
+  extended by only the newly packed tokens, so decode does not re-dequantize the whole history
+  every step. It holds exactly the values a fresh dequantize would give (same function, rows).
+
+16-bit specs never pack: the tail keeps the original tensor (exact), whatever ``residual_length``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...quant import QuantSpec, dequantize, fake_quantize, quantize
+
+FP_ACCOUNTING_BYTES = 2  # unpacked elements are accounted as fp16, the profile's 16-bit format
+
+
+def _cat(a: torch.Tensor | None, b: torch.Tensor) -> torch.Tensor:
+    return b if a is None or a.shape[-2] == 0 else torch.cat([a, b], dim=-2)
+
+
+class PackedStream:
+    """Packed history + fp tail of one tensor (K or V) of one decoder layer."""
+
+    def __init__(
+        self, spec: QuantSpec, head_dim: int, residual_length: int, keep_dequantized: bool
+    ):
+        spec.check_head_dim(head_dim)
+        self.spec, self.head_dim = spec, head_dim
+        self.residual_length = residual_length
+        self.keep_dequantized = keep_dequantized
+        self.packed: torch.Tensor | None = None
+        self.tail: torch.Tensor | None = None
+        self.deq: torch.Tensor | None = None
+
+    # -- sizes --------------------------------------------------------------------------------
+    @property
+    def _tokens_per_packed_row(self) -> int:
+        return self.spec.group_size if self.spec.axis == "channel" else 1
+
+    @property
+    def packed_tokens(self) -> int:
+        return 0 if self.packed is None else self.packed.shape[-2] * self._tokens_per_packed_row
+
+    @property
+    def tail_tokens(self) -> int:
+        return 0 if self.tail is None else self.tail.shape[-2]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.packed_tokens + self.tail_tokens
+
+    def nbytes(self) -> int:
+        """Bytes stored: packed rows as they are, tail elements accounted at 2 bytes (fp16)."""
+        packed = 0 if self.packed is None else self.packed.numel()
+        tail = 0 if self.tail is None else self.tail.numel() * FP_ACCOUNTING_BYTES
+        return packed + tail
+
+    # -- update -------------------------------------------------------------------------------
+    def _packable(self) -> int:
+        """How many of the oldest tail tokens leave the residual window now."""
+        if not self.spec.is_quantized:
+            return 0
+        over = self.tail_tokens - self.residual_length
+        return max(0, over - over % self._tokens_per_packed_row)
+
+    def append(self, x: torch.Tensor) -> torch.Tensor:
+        """Store new tokens x[B, H, T, D]; return the whole history [B, H, T_all, D] as attention
+        must read it (model dtype)."""
+        self.tail = _cat(self.tail, x)
+        n = self._packable()
+        if n:
+            rows = quantize(self.tail[:, :, :n], self.spec)
+            self.packed = _cat(self.packed, rows)
+            if self.keep_dequantized:
+                new = dequantize(rows, self.spec, self.head_dim, x.dtype)
+                self.deq = _cat(self.deq, new)
+            self.tail = self.tail[:, :, n:]
+        return self.read(x.dtype)
+
+    def read(self, dtype: torch.dtype) -> torch.Tensor:
+        tail = self.tail
+        if self.spec.is_quantized and self.residual_length == 0 and self.tail_tokens:
+            tail = fake_quantize(tail, self.spec)  # channel axis only: the still-filling block
+        if self.packed is None:
+            return tail
+        deq = self.deq if self.keep_dequantized else self._dequantize_all(dtype)
+        return _cat(deq, tail) if self.tail_tokens else deq
+
+    def _dequantize_all(self, dtype: torch.dtype) -> torch.Tensor:
+        return dequantize(self.packed, self.spec, self.head_dim, dtype)
+
+    # -- batch surgery for generate() (beam search, contrastive search) -----------------------
+    def select(self, index: torch.Tensor) -> None:
+        """Keep batch rows ``index`` (also reorders); packed rows move as bytes, no requantize."""
+        for name in ("packed", "tail", "deq"):
+            t = getattr(self, name)
+            if t is not None:
+                setattr(self, name, t.index_select(0, index.to(t.device)))
+
+    def repeat_interleave(self, repeats: int) -> None:
+        for name in ("packed", "tail", "deq"):
+            t = getattr(self, name)
+            if t is not None:
+                setattr(self, name, t.repeat_interleave(repeats, dim=0))
+
+
+def predicted_stream_nbytes(
+    spec: QuantSpec, head_dim: int, *, tokens: int, residual_length: int, heads: int, batch: int = 1
+) -> int:
+    """What :meth:`PackedStream.nbytes` reports after ``tokens`` tokens, from the spec alone."""
+    if not spec.is_quantized:
+        return batch * heads * tokens * head_dim * FP_ACCOUNTING_BYTES
+    g = spec.group_size if spec.axis == "channel" else 1
+    over = max(0, tokens - residual_length)
+    packed = over - over % g
+    per_token = spec.bytes_per_token(head_dim)
+    fp_tail = (tokens - packed) * head_dim * FP_ACCOUNTING_BYTES
+    return batch * heads * (round(packed * per_token) + fp_tail)
