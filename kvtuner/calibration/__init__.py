@@ -1,0 +1,14 @@
+"""Calibration: load a model and text, measure KV-quantization damage (KL vs fp) per layer."""
+
+from .batches import CalibrationData, load_calibration_data, load_token_batches
+from .models import SUPPORTED_MODEL_TYPES, fingerprint_of, load_model, model_fingerprint
+
+__all__ = [
+    "SUPPORTED_MODEL_TYPES",
+    "CalibrationData",
+    "fingerprint_of",
+    "load_calibration_data",
+    "load_model",
+    "load_token_batches",
+    "model_fingerprint",
+]

@@ -1,0 +1,108 @@
+"""Token windows for calibration, deterministic given the seed, with their provenance."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..errors import KVTunerError
+from .corpus import read_corpus
+
+DEFAULT_NUM_SAMPLES = 4
+DEFAULT_SEQ_LEN = 256
+DEFAULT_SEED = 0
+
+__all__ = ["CalibrationData", "load_calibration_data", "load_token_batches"]
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise KVTunerError(f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class CalibrationData:
+    """``tokens``: int64 [num_samples, seq_len], non-overlapping windows of the tokenized text."""
+
+    dataset: str
+    split: str
+    num_samples: int
+    seq_len: int
+    seed: int
+    tokens: torch.Tensor = field(repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _positive_int("num_samples", self.num_samples)
+        _positive_int("seq_len", self.seq_len)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise KVTunerError(f"seed must be an integer, got {self.seed!r}")
+        if tuple(self.tokens.shape) != (self.num_samples, self.seq_len):
+            raise KVTunerError(
+                f"tokens must be [{self.num_samples}, {self.seq_len}], "
+                f"got {tuple(self.tokens.shape)}"
+            )
+
+    @property
+    def token_hash(self) -> str:
+        """Hash of the token ids themselves: what a cache of measurements must be keyed on."""
+        return hashlib.sha256(self.tokens.to(torch.int64).numpy().tobytes()).hexdigest()[:16]
+
+    def describe(self) -> dict[str, Any]:
+        """The ``data`` section of a sensitivity file / ``calibration`` section of a profile."""
+        return {
+            "dataset": self.dataset,
+            "split": self.split,
+            "num_samples": self.num_samples,
+            "seq_len": self.seq_len,
+            "seed": self.seed,
+            "tokens": self.tokens.numel(),
+        }
+
+
+def _windows(ids: torch.Tensor, num_samples: int, seq_len: int, seed: int) -> torch.Tensor:
+    """Pick ``num_samples`` of the non-overlapping ``seq_len`` windows, seeded."""
+    count = ids.numel() // seq_len
+    if count < num_samples:
+        raise KVTunerError(
+            f"calibration text has {ids.numel()} tokens: too few for {num_samples} samples of "
+            f"{seq_len} tokens; lower --num-samples/--seq-len or pass a larger --dataset"
+        )
+    gen = torch.Generator().manual_seed(seed)
+    picks = torch.randperm(count, generator=gen)[:num_samples]
+    return ids[: count * seq_len].view(count, seq_len)[picks].clone()
+
+
+def load_calibration_data(
+    tokenizer: Any,
+    *,
+    dataset: str | None = None,
+    num_samples: int = DEFAULT_NUM_SAMPLES,
+    seq_len: int = DEFAULT_SEQ_LEN,
+    seed: int = DEFAULT_SEED,
+) -> CalibrationData:
+    """Read ``dataset`` (see :mod:`.corpus`), tokenize it (no special tokens) and cut windows."""
+    _positive_int("num_samples", num_samples)
+    _positive_int("seq_len", seq_len)
+    text, name, split = read_corpus(dataset)
+    if not text.strip():
+        raise KVTunerError(f"dataset {name} holds no text")
+    ids = tokenizer(text, add_special_tokens=False, return_attention_mask=False)["input_ids"]
+    tokens = _windows(torch.tensor(ids, dtype=torch.long), num_samples, seq_len, seed)
+    return CalibrationData(name, split, num_samples, seq_len, seed, tokens)
+
+
+def load_token_batches(
+    tokenizer: Any,
+    *,
+    dataset: str | None = None,
+    num_samples: int = DEFAULT_NUM_SAMPLES,
+    seq_len: int = DEFAULT_SEQ_LEN,
+    seed: int = DEFAULT_SEED,
+) -> torch.Tensor:
+    """int64 [num_samples, seq_len] token windows; :func:`load_calibration_data` adds provenance."""
+    return load_calibration_data(
+        tokenizer, dataset=dataset, num_samples=num_samples, seq_len=seq_len, seed=seed
+    ).tokens

