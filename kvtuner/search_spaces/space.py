@@ -60,6 +60,7 @@ class SearchSpace:
         covered = sorted(i for g in self.groups for i in g.layers)
         if covered != list(range(self.fingerprint.num_layers)):
             raise KVTunerError("search groups must cover every layer exactly once")
+        object.__setattr__(self, "_memo", {})
 
     def param_name(self, index: int) -> str:
         return f"g{index:02d}"
@@ -69,14 +70,18 @@ class SearchSpace:
         return tuple(self.preset.layer_spec(i, *by_layer[i]) for i in sorted(by_layer))
 
     def cost(self, group: int, pair: Pair) -> Fraction:
-        g = self.groups[group]
-        return sum(
-            (
-                self.budget.layer_cost(self.preset.layer_spec(i, *pair), self.fingerprint)
-                for i in g.layers
-            ),
-            Fraction(0),
-        )
+        """Exact budget cost of ``pair`` on every layer of the group (memoised: hot in repair)."""
+        key = (group, pair)
+        if key not in self._memo:
+            layers = self.groups[group].layers
+            self._memo[key] = sum(
+                (
+                    self.budget.layer_cost(self.preset.layer_spec(i, *pair), self.fingerprint)
+                    for i in layers
+                ),
+                Fraction(0),
+            )
+        return self._memo[key]
 
     def loss(self, group: int, pair: Pair) -> float:
         return self.losses.group_loss(self.groups[group].layers, *pair)

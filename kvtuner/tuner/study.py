@@ -1,0 +1,179 @@
+"""The Optuna study: measured KL of whole configurations, inside the budget, resumable.
+
+Seeds first (every uniform configuration that fits, then the additive-model knapsack optimum at
+the budget and at slightly smaller budgets), then the sampler. Trials live in the storage (sqlite
+for the CLI), so a rerun with the same study name resumes and a killed run loses no finished
+trial. Over-budget proposals are pruned before any forward pass and never become the output.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+
+import optuna
+from optuna.trial import TrialState
+
+from ..errors import KVTunerError
+from ..profile import LayerSpec
+from ..search_spaces import Pair, SearchSpace, pair_label
+from .knapsack import solve_knapsack
+from .local_search import LocalSearchSampler
+
+__all__ = ["SAMPLERS", "Evaluate", "StudySettings", "dp_optimum", "run_study", "seed_choices"]
+
+SAMPLERS = ("local", "tpe", "nsga2")
+DP_SCALES = (Fraction(1), Fraction(39, 40), Fraction(19, 20), Fraction(37, 40), Fraction(9, 10))
+Evaluate = Callable[[Sequence[LayerSpec]], float]  # layer specs -> measured KL vs fp
+
+
+@dataclass(frozen=True)
+class StudySettings:
+    """n_trials: finished trials the study should hold (a rerun continues up to it)."""
+
+    n_trials: int = 40
+    timeout: float | None = None
+    seed: int = 0
+    storage: str | None = None  # an SQLAlchemy URL, e.g. sqlite:///kvtuner.db; None = memory
+    study_name: str | None = None
+    sampler: str = "local"
+
+    def __post_init__(self) -> None:
+        if (
+            isinstance(self.n_trials, bool)
+            or not isinstance(self.n_trials, int)
+            or self.n_trials < 0
+        ):
+            raise KVTunerError(f"--n-trials must be a non-negative int, got {self.n_trials!r}")
+        if self.timeout is not None and not self.timeout > 0:
+            raise KVTunerError(f"--timeout must be positive seconds, got {self.timeout!r}")
+        if self.sampler not in SAMPLERS:
+            raise KVTunerError(f"--sampler must be one of {', '.join(SAMPLERS)}")
+        if self.storage is not None and not re.match(r"^[a-z0-9+]+://", self.storage):
+            raise KVTunerError(
+                f"--storage must be a database URL like sqlite:///kvtuner.db, got {self.storage!r}"
+            )
+
+
+def dp_optimum(space: SearchSpace, scale: Fraction = Fraction(1)) -> tuple[Pair, ...] | None:
+    """Exact optimum of the additive model within ``scale`` x the budget (None: nothing fits)."""
+    costs = [[space.cost(g, p) for p in grp.options] for g, grp in enumerate(space.groups)]
+    losses = [[space.loss(g, p) for p in grp.options] for g, grp in enumerate(space.groups)]
+    picks = solve_knapsack(costs, losses, space.budget.capacity(space.fingerprint) * scale)
+    return (
+        None
+        if picks is None
+        else tuple(g.options[o] for g, o in zip(space.groups, picks, strict=True))
+    )
+
+
+def seed_choices(space: SearchSpace) -> list[tuple[str, tuple[Pair, ...]]]:
+    """(origin, choice): fitting uniform configs, most memory first, then DP optima (deduped)."""
+    cost = lambda p: space.total_cost(space.uniform(p))  # noqa: E731
+    seeds = [
+        (f"uniform {pair_label(p)}", space.uniform(p))
+        for p in sorted(space.uniform_pairs, key=lambda p: (-cost(p), p))
+    ]
+    for scale in DP_SCALES:
+        choice = dp_optimum(space, scale)
+        if choice is not None:
+            seeds.append((f"dp@{float(scale):.3g}x budget", choice))
+    unique, seen = [], set()
+    for origin, choice in seeds:
+        if choice not in seen:
+            unique.append((origin, choice))
+            seen.add(choice)
+    return unique
+
+
+def _sampler(space: SearchSpace, settings: StudySettings) -> optuna.samplers.BaseSampler:
+    """TPE and NSGA-II see the budget through ``trial.set_constraint`` (optuna >= 5)."""
+    if settings.sampler == "tpe":
+        return optuna.samplers.TPESampler(seed=settings.seed, n_startup_trials=10)
+    if settings.sampler == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=settings.seed, population_size=16)
+    return LocalSearchSampler(space, seed=settings.seed)
+
+
+def open_study(space: SearchSpace, settings: StudySettings) -> optuna.Study:
+    """Create or resume; trials a killed run left RUNNING are marked FAIL and their seeds redone."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = optuna.storages.RDBStorage(settings.storage) if settings.storage else None
+    name = settings.study_name or f"kvtuner-{space.budget.label}-{space.preset.name}-{space.hash}"
+    study = optuna.create_study(
+        storage=storage,
+        study_name=name,
+        direction="minimize",
+        sampler=_sampler(space, settings),
+        load_if_exists=True,
+    )
+    known = study.user_attrs.get("space_hash")
+    if known is not None and known != space.hash:
+        raise KVTunerError(
+            f"study {name!r} in {settings.storage} was made for another search "
+            "space (model, sensitivity, preset or budget); pass a new --study-name"
+        )
+    study.set_user_attr("space_hash", space.hash)
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
+    return study
+
+
+def _enqueue_seeds(study: optuna.Study, space: SearchSpace) -> int:
+    alive = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.WAITING)
+    present = {tuple(sorted(t.params.items())) for t in study.get_trials(states=alive)}
+    present |= {
+        tuple(sorted(t.system_attrs.get("fixed_params", {}).items()))
+        for t in study.get_trials(states=(TrialState.WAITING,))
+    }
+    added = 0
+    for origin, choice in seed_choices(space):
+        params = space.to_params(choice)
+        if tuple(sorted(params.items())) not in present:
+            study.enqueue_trial(params, user_attrs={"origin": origin})
+            added += 1
+    return added
+
+
+def _objective(space: SearchSpace, evaluate: Evaluate):
+    capacity = space.budget.capacity(space.fingerprint)
+    dists = LocalSearchSampler(space).distributions()
+
+    def objective(trial: optuna.Trial) -> float:
+        params = {name: trial.suggest_categorical(name, d.choices) for name, d in dists.items()}
+        choice = space.from_params(params)
+        specs = space.layer_specs(choice)
+        cost = space.total_cost(choice)
+        trial.set_user_attr("cost", float(cost))
+        trial.set_constraint("budget", float(cost - capacity))  # <= 0 is feasible
+        trial.set_user_attr("additive_kl", sum(space.loss(g, p) for g, p in enumerate(choice)))
+        if cost > capacity:  # never measured, never the output
+            raise optuna.TrialPruned(f"over budget: {float(cost):g} > {float(capacity):g}")
+        return float(evaluate(specs))
+
+    return objective
+
+
+def _finished(study: optuna.Study) -> int:
+    return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+
+
+def run_study(
+    space: SearchSpace, evaluate: Evaluate, settings: StudySettings, *, progress: bool = True
+) -> optuna.Study:
+    """Seeds (never cut by the timeout: the uniform ones are the quality floor), then sampling."""
+    start = time.monotonic()
+    study = open_study(space, settings)
+    _enqueue_seeds(study, space)
+    objective = _objective(space, evaluate)
+    waiting = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+    if waiting:
+        study.optimize(objective, n_trials=waiting, show_progress_bar=progress)
+    remaining = settings.n_trials - _finished(study)
+    left = None if settings.timeout is None else settings.timeout - (time.monotonic() - start)
+    if remaining > 0 and (left is None or left > 0):
+        study.optimize(objective, n_trials=remaining, timeout=left, show_progress_bar=progress)
+    return study
