@@ -67,6 +67,18 @@ def _load_fp16(ptr, mask):
 
 
 @triton.jit
+def _store_out(ptr, v, mask, OUT_BF16: tl.constexpr):
+    """Store fp32 ``v`` in the output's dtype; bf16 outputs arrive as an int16 view and are
+    rounded to nearest-even here (Triton's interpreter truncates fp32 -> bf16 casts)."""
+    if OUT_BF16:
+        bits = v.to(tl.int32, bitcast=True)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        tl.store(ptr, tl.where(v != v, 0x7FC0, rounded).to(tl.int16), mask=mask)
+    else:
+        tl.store(ptr, v.to(ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _row_bases(buf_ptr, loc_ptr, pid, n_rows, heads, stride_slot, stride_head, BLOCK: tl.constexpr):
     """Rows [BLOCK] of this program (token * heads + head), their mask and buffer row pointers."""
     rows = pid * BLOCK + tl.arange(0, BLOCK)
@@ -158,6 +170,7 @@ def _gather_kernel(
     SYMMETRIC: tl.constexpr,
     NB_PAD: tl.constexpr,
     BLOCK: tl.constexpr,
+    OUT_BF16: tl.constexpr,
 ):
     rows, row_ok, src = _row_bases(
         buf_ptr, loc_ptr, tl.program_id(0), n_rows, heads, stride_slot, stride_head, BLOCK
@@ -185,8 +198,7 @@ def _gather_kernel(
         out = tl.math.div_rn((q - HALF) * scale_t, HALF * 1.0)
     else:
         out = zero_t + q * scale_t
-    out = out.to(out_ptr.dtype.element_ty)
-    tl.store(out_ptr + rows[:, None, None] * D + e[None], out, mask=byte_mask[:, :, None])
+    _store_out(out_ptr + rows[:, None, None] * D + e[None], out, byte_mask[:, :, None], OUT_BF16)
 
 
 @triton.jit
@@ -225,6 +237,7 @@ def _gather_fp16_kernel(
     D: tl.constexpr,
     D_PAD: tl.constexpr,
     BLOCK: tl.constexpr,
+    OUT_BF16: tl.constexpr,
 ):
     rows, row_ok, src = _row_bases(
         buf_ptr, loc_ptr, tl.program_id(0), n_rows, heads, stride_slot, stride_head, BLOCK
@@ -232,7 +245,7 @@ def _gather_fp16_kernel(
     e = tl.arange(0, D_PAD)
     mask = row_ok[:, None] & (e < D)[None]
     x = _load_fp16(src[:, None] + 2 * e[None], mask)
-    tl.store(out_ptr + rows[:, None] * D + e[None], x.to(out_ptr.dtype.element_ty), mask=mask)
+    _store_out(out_ptr + rows[:, None] * D + e[None], x, mask, OUT_BF16)
 
 
 def interpreted() -> bool:
@@ -331,7 +344,8 @@ def triton_gather_dequantized(
         return out.to(dtype)
     grid, args = _launch_args(buffer, loc, spec, head_dim)
     kernel = _gather_kernel if spec.is_quantized else _gather_fp16_kernel
-    kernel[grid](buffer, loc, out, **args)
+    bf16 = out.dtype == torch.bfloat16
+    kernel[grid](buffer, loc, out.view(torch.int16) if bf16 else out, OUT_BF16=bf16, **args)
     if rotated:
         out = (out @ hadamard(head_dim, out.device)).to(dtype)  # undo the rotation in torch
     return out

@@ -1,0 +1,237 @@
+"""Triton kernels vs the torch reference, on CPU tensors under Triton's interpreter.
+
+``TRITON_INTERPRET=1`` must be set before the kernels are built (when
+``kvtuner.quant.triton_kernels`` is imported); the ``tk`` fixture rebuilds them if some other test
+imported the module first without it.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before triton builds any kernel in this process
+
+import importlib  # noqa: E402
+import itertools  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import textwrap  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from kvtuner.quant import QuantSpec, dequantize, quantize  # noqa: E402
+
+# the interpreter runs numpy: fp16 overflow (7e4) and NaN arithmetic are expected here
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+SLOTS, HEADS = 11, 3
+LOC = torch.tensor([7, 1, 3, 10, 0])
+
+
+@pytest.fixture(scope="module")
+def tk():
+    module = importlib.import_module("kvtuner.quant.triton_kernels")
+    if not module.interpreted():
+        module = importlib.reload(module)
+    assert module.interpreted()
+    return module
+
+
+def _cases():
+    """(spec, head_dim): every bits x symmetric x group, 16 bits, Hadamard; D = 64 and 96."""
+    specs = [
+        QuantSpec(b, g, s) for b, s, g in itertools.product((2, 4, 8), (False, True), (2, 8, 32))
+    ]
+    specs.append(QuantSpec(16))
+    for spec in specs:
+        yield pytest.param(spec, 64, id=f"{spec.short()}-d64")
+        yield pytest.param(spec, 96, id=f"{spec.short()}-d96")  # 96: a non-power-of-two tile
+    for spec in (
+        QuantSpec(4, 32, rotation="hadamard"),
+        QuantSpec(2, 16, True, rotation="hadamard"),
+    ):
+        yield pytest.param(spec, 64, id=f"{spec.short()}-d64")
+
+
+def _inputs(head_dim: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    """x[5, HEADS, D] with the awkward cases: NaN, Inf, constant and all-(-0.0) rows."""
+    g = torch.Generator().manual_seed(seed)
+    x = (
+        torch.randn(len(LOC), HEADS, head_dim, generator=g)
+        * torch.logspace(-3, 3, len(LOC))[:, None, None]
+    )
+    x[0, 0, :3] = float("nan")
+    x[1, 1, 5] = float("inf")
+    x[2, 2] = 0.7
+    x[3, 0] = -0.0
+    x[4, 1, 1] = 7e4  # beyond fp16's range
+    return x.to(dtype)
+
+
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise-equal where finite; NaN exactly where the other is NaN (payloads may differ)."""
+    nan = a.isnan()
+    if not torch.equal(nan, b.isnan()):
+        return False
+    return torch.equal(
+        torch.where(nan, 0, a).view(torch.int16 if a.element_size() == 2 else torch.int32),
+        torch.where(nan, 0, b).view(torch.int16 if a.element_size() == 2 else torch.int32),
+    )
+
+
+@pytest.mark.parametrize(("spec", "head_dim"), list(_cases()))
+def test_scatter_gather_match_reference(tk, spec, head_dim):
+    for dtype in (torch.float32, torch.bfloat16):
+        x = _inputs(head_dim, dtype)
+        buf = torch.randint(0, 256, (SLOTS, HEADS, spec.row_bytes(head_dim)), dtype=torch.uint8)
+        expected = buf.clone()
+        expected[LOC] = quantize(x, spec)
+        tk.triton_scatter_quantized(buf, LOC, x, spec)
+        assert torch.equal(buf, expected)  # given slots byte-identical, all others untouched
+        for out_dtype in (torch.float32, torch.bfloat16, torch.float16):
+            out = tk.triton_gather_dequantized(buf, LOC.int(), spec, head_dim, out_dtype)
+            ref = dequantize(expected[LOC], spec, head_dim, out_dtype)
+            assert out.dtype == out_dtype and out.shape == (len(LOC), HEADS, head_dim)
+            assert _same_values(out, ref)
+
+
+def test_many_rows_span_several_programs(tk):
+    """More rows than one BLOCK (64): program boundaries and the tail mask."""
+    spec = QuantSpec(4, 32)
+    loc = torch.randperm(400)[:70]
+    x = torch.randn(70, 2, 64)
+    buf = torch.zeros(400, 2, spec.row_bytes(64), dtype=torch.uint8)
+    expected = buf.clone()
+    expected[loc] = quantize(x, spec)
+    tk.triton_scatter_quantized(buf, loc, x, spec)
+    assert torch.equal(buf, expected)
+    assert torch.equal(
+        tk.triton_gather_dequantized(buf, loc, spec, 64), dequantize(expected[loc], spec, 64)
+    )
+
+
+def test_non_contiguous_buffer_slots(tk):
+    """A view with a padded slot stride (e.g. one layer of a bigger pool) works in place."""
+    spec = QuantSpec(2, 32)
+    pool = torch.zeros(2, 6, HEADS, spec.row_bytes(64), dtype=torch.uint8)
+    layer = pool[1]
+    x = torch.randn(2, HEADS, 64)
+    tk.triton_scatter_quantized(layer, torch.tensor([4, 2]), x, spec)
+    assert torch.equal(pool[1, [4, 2]], quantize(x, spec))
+    assert not pool[0].any() and not pool[1, [0, 1, 3, 5]].any()
+
+
+def test_empty_loc_is_a_no_op(tk):
+    spec = QuantSpec(4, 32)
+    buf = torch.ones(4, HEADS, spec.row_bytes(64), dtype=torch.uint8)
+    tk.triton_scatter_quantized(
+        buf, torch.zeros(0, dtype=torch.long), torch.zeros(0, HEADS, 64), spec
+    )
+    assert buf.eq(1).all()
+    assert tk.triton_gather_dequantized(buf, torch.zeros(0, dtype=torch.long), spec, 64).shape == (
+        0,
+        HEADS,
+        64,
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (dict(buffer=torch.zeros(4, HEADS, 40, dtype=torch.int8)), "buffer must be uint8"),
+        (dict(buffer=torch.zeros(4, HEADS, 41, dtype=torch.uint8)), "needs 40"),
+        (dict(buffer=torch.zeros(4, HEADS, 80, dtype=torch.uint8)[..., ::2]), "contiguous rows"),
+        (dict(loc=torch.tensor([[1, 2]])), "loc must be 1-D"),
+        (dict(loc=torch.tensor([1.0, 2.0])), "loc must be 1-D int32/int64"),
+        (dict(x=torch.zeros(2, HEADS, 64, dtype=torch.int32)), "x must be fp16/bf16/fp32"),
+        (dict(x=torch.zeros(3, HEADS, 64)), "len\\(loc\\)=2"),
+        (dict(x=torch.zeros(2, HEADS + 1, 64)), "heads=3"),
+        (dict(spec=QuantSpec(4, 32, axis="channel")), "token-axis"),
+    ],
+)
+def test_scatter_argument_checks(tk, change, message):
+    args = dict(
+        buffer=torch.zeros(4, HEADS, 40, dtype=torch.uint8),
+        loc=torch.tensor([1, 2]),
+        x=torch.zeros(2, HEADS, 64),
+        spec=QuantSpec(4, 32),
+    )
+    args.update(change)
+    with pytest.raises(ValueError, match=message):
+        tk.triton_scatter_quantized(args["buffer"], args["loc"], args["x"], args["spec"])
+
+
+def test_gather_argument_checks(tk):
+    buf = torch.zeros(4, HEADS, 40, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="needs 60"):
+        tk.triton_gather_dequantized(buf, torch.tensor([1]), QuantSpec(4, 32), 96)
+    with pytest.raises(ValueError, match="dtype must be"):
+        tk.triton_gather_dequantized(buf, torch.tensor([1]), QuantSpec(4, 32), 64, torch.int32)
+
+
+def test_kernels_refuse_cpu_tensors_without_the_interpreter():
+    """Built for a GPU (no TRITON_INTERPRET), CPU tensors get a clear ValueError, not a crash."""
+    code = textwrap.dedent("""
+        import torch
+        from kvtuner.quant import QuantSpec
+        from kvtuner.quant.triton_kernels import interpreted, triton_scatter_quantized
+        assert not interpreted()
+        try:
+            triton_scatter_quantized(torch.zeros(2, 1, 40, dtype=torch.uint8), torch.tensor([0]),
+                                     torch.zeros(1, 1, 64), QuantSpec(4, 32))
+        except ValueError as exc:
+            print(exc)
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 0, res.stderr
+    assert "TRITON_INTERPRET=1" in res.stdout
+
+
+GPU_COMPILE = textwrap.dedent("""
+    import torch, triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from kvtuner.quant import QuantSpec
+    from kvtuner.quant import triton_kernels as tk
+
+    def compile_ptx(kernel, pointers, args):
+        options = {"enable_fp_fusion": args.pop("enable_fp_fusion")}
+        sig = {**pointers, "n_rows": "i32", "heads": "i32", "stride_slot": "i64",
+               "stride_head": "i64", **{k: "constexpr" for k in args if k.isupper()}}
+        consts = {k: v for k, v in args.items() if k.isupper()}
+        src = ASTSource(kernel, sig, consts)
+        return triton.compile(src, target=GPUTarget("cuda", 80, 32), options=options).asm["ptx"]
+
+    buf, loc = torch.zeros(8, 2, 40, dtype=torch.uint8), torch.arange(4)
+    for spec in (QuantSpec(4, 32), QuantSpec(4, 32, True), QuantSpec(16)):
+        buf = torch.zeros(8, 2, spec.row_bytes(64), dtype=torch.uint8)
+        _, args = tk._launch_args(buf, loc, spec, 64)
+        q = spec.is_quantized
+        scatter = compile_ptx(tk._scatter_kernel if q else tk._scatter_fp16_kernel,
+                              {"x_ptr": "*bf16", "loc_ptr": "*i64", "buf_ptr": "*u8"}, dict(args))
+        gather = compile_ptx(tk._gather_kernel if q else tk._gather_fp16_kernel,
+                             {"buf_ptr": "*u8", "loc_ptr": "*i32", "out_ptr": "*i16"},
+                             dict(args, OUT_BF16=True))
+        for ptx in (scatter, gather):
+            assert "fma.rn.f32" not in ptx, "FMA contraction changes rounding"
+            assert "div.full.f32" not in ptx and "div.approx.f32" not in ptx
+        print(spec.short(), "div.rn.f32" in scatter, "div.rn.f32" in gather)
+""")
+
+
+def test_kernels_compile_for_a_gpu_with_ieee_division_and_no_fma():
+    """No GPU here: compile to PTX for sm_80 (Triton ships ptxas) and inspect the float ops that
+    decide the bytes: IEEE division (div.rn), no FMA contraction, no approximate division."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run(
+        [sys.executable, "-c", GPU_COMPILE], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.split("\n")[:3] == [
+        "4b/g32/asym/token True False",  # asym gather multiplies and adds only
+        "4b/g32/sym/token True True",
+        "16b False False",
+    ]
