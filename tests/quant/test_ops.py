@@ -1,0 +1,68 @@
+"""Pool-facing ops on CPU tensors (the torch reference path): slots and argument checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvtuner.quant import QuantSpec, dequantize, gather_dequantized, quantize, scatter_quantized
+
+
+@pytest.mark.parametrize("spec", [QuantSpec(2, 32), QuantSpec(8, 16, True), QuantSpec(16)])
+def test_scatter_touches_only_given_slots(spec):
+    buf = torch.randint(0, 256, (9, 2, spec.row_bytes(64)), dtype=torch.uint8)
+    before = buf.clone()
+    loc = torch.tensor([5, 0, 8], dtype=torch.int32)
+    x = torch.randn(3, 2, 64, dtype=torch.bfloat16)
+    scatter_quantized(buf, loc, x, spec)
+    assert torch.equal(buf[loc.long()], quantize(x, spec))
+    untouched = torch.ones(9, dtype=torch.bool)
+    untouched[loc.long()] = False
+    assert torch.equal(buf[untouched], before[untouched])
+    out = gather_dequantized(buf, loc, spec, 64, torch.bfloat16)
+    assert torch.equal(out, dequantize(quantize(x, spec), spec, 64, torch.bfloat16))
+
+
+def _args(**change):
+    args = dict(
+        buffer=torch.zeros(4, 2, 40, dtype=torch.uint8),
+        loc=torch.tensor([1, 3]),
+        x=torch.zeros(2, 2, 64),
+        spec=QuantSpec(4, 32),
+    )
+    args.update(change)
+    return args
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (dict(spec=QuantSpec(4, 32, axis="channel")), "token-axis"),
+        (dict(buffer=torch.zeros(4, 2, 40)), "buffer must be uint8"),
+        (dict(buffer=torch.zeros(4, 80, dtype=torch.uint8)), "buffer must be uint8"),
+        (dict(buffer=torch.zeros(4, 2, 36, dtype=torch.uint8)), "spec expects 40"),
+        (dict(loc=torch.tensor([[1, 3]])), "loc must be 1-D"),
+        (dict(loc=torch.tensor([1.0, 3.0])), "loc must be 1-D"),
+        (dict(x=torch.zeros(3, 2, 64)), "x must be"),
+        (dict(x=torch.zeros(2, 3, 64)), "x must be"),
+        (dict(x=torch.zeros(2, 64)), "x must be"),
+    ],
+)
+def test_scatter_argument_checks(change, message):
+    a = _args(**change)
+    with pytest.raises(ValueError, match=message):
+        scatter_quantized(a["buffer"], a["loc"], a["x"], a["spec"])
+
+
+@pytest.mark.parametrize(
+    ("change", "head_dim", "message"),
+    [
+        (dict(buffer=torch.zeros(4, 2, 40, dtype=torch.int16)), 64, "buffer must be uint8"),
+        (dict(), 96, "spec expects 60"),
+        (dict(loc=torch.tensor([1], dtype=torch.int16)), 64, "loc must be 1-D"),
+    ],
+)
+def test_gather_argument_checks(change, head_dim, message):
+    a = _args(**change)
+    with pytest.raises(ValueError, match=message):
+        gather_dequantized(a["buffer"], a["loc"], a["spec"], head_dim)
