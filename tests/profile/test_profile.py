@@ -1,0 +1,197 @@
+"""Profile schema v1: round trip, canonical hash, accounting, and every rejection case."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import tiny_config
+
+from kvtuner import KVTunerError, load_profile
+from kvtuner.profile import LayerSpec, ModelFingerprint, Profile, save_profile
+from kvtuner.quant import QuantSpec
+
+FP = ModelFingerprint("LlamaForCausalLM", num_layers=2, num_kv_heads=2, head_dim=32)
+K4, V2 = QuantSpec(4, 32), QuantSpec(2, 32, symmetric=True)
+
+
+def _profile(**kw) -> Profile:
+    layers = (LayerSpec(0, QuantSpec(8, 32), V2), LayerSpec(1, K4, QuantSpec(16)))
+    return Profile("tiny", FP, layers, created="2026-01-01T00:00:00+00:00", **kw).with_accounting(
+        asked="4bit"
+    )
+
+
+def _written(tmp_path, data, name="p.json"):
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return path
+
+
+def test_round_trip(tmp_path):
+    p = _profile(metrics={"kl": 0.01}, calibration={"dataset": "wikitext-2", "seed": 0})
+    path = save_profile(p, tmp_path / "sub" / "p.json")
+    loaded = load_profile(path)
+    assert loaded == p
+    assert loaded.to_dict() == json.loads(path.read_text())
+    assert not list(path.parent.glob(".*.tmp"))  # atomic write left no temp file
+
+
+def test_fields_are_exactly_the_schema(tmp_path):
+    d = _profile().to_dict()
+    assert set(d) == {
+        "schema_version",
+        "producer",
+        "model",
+        "layers",
+        "budget",
+        "calibration",
+        "metrics",
+        "created",
+        "hash",
+    }
+    assert set(d["model"]) == {"id", "revision", "fingerprint"}
+    assert set(d["model"]["fingerprint"]) == {
+        "architecture",
+        "num_layers",
+        "num_kv_heads",
+        "head_dim",
+        "dtype",
+        "hash",
+    }
+    assert d["layers"][1] == {"layer": 1, "k": K4.to_dict(), "v": QuantSpec(16).to_dict()}
+
+
+def test_hash_is_stable_and_covers_only_the_runtime_part():
+    p = _profile()
+    assert p.hash == "84fb3f92d8022435"  # canonical JSON of schema version, fingerprint, layers
+    other = Profile(
+        "another-id",
+        FP,
+        p.layers,
+        metrics={"kl": 3.0},
+        created="yesterday",
+        calibration={"seed": 7},
+        budget={"asked": "3bit"},
+    )
+    assert other.hash == p.hash
+    changed = Profile("tiny", FP, (p.layers[0], LayerSpec(1, K4, QuantSpec(8, 32))))
+    assert changed.hash != p.hash
+
+
+def test_accounting():
+    p = _profile()
+    # per layer and KV head (one group of 32): K8 asym 32+4, V2 sym 8+2; K4 asym 16+4, V16 64
+    assert p.bytes_per_token == 2 * (36 + 10) + 2 * (20 + 64)
+    assert p.fp16_bytes_per_token == 2 * 2 * 2 * 32 * 2
+    assert p.nominal_bits == (8 + 2 + 4 + 16) / 4
+    assert p.effective_bits == pytest.approx(16 * p.bytes_per_token / p.fp16_bytes_per_token)
+    assert p.budget == {
+        "asked": "4bit",
+        "nominal_bits": 7.5,
+        "effective_bits": 8.125,
+        "bytes_per_token": 260.0,
+        "ratio_to_fp16": 0.5078,
+    }
+
+
+def test_uniform_and_model_config():
+    fp = ModelFingerprint.from_config(tiny_config())
+    assert fp == ModelFingerprint("LlamaForCausalLM", 2, 2, 32, "float32")
+    p = Profile.uniform("tiny", fp, K4, K4)
+    assert [s.k for s in p.layers] == [K4, K4] and p.nominal_bits == 4.0
+    p.check_model(ModelFingerprint.from_config(tiny_config("qwen2")))  # same shapes: fits
+
+
+# -- rejections: one clear line each ------------------------------------------------------------
+
+
+def _edit(edit):
+    d = _profile().to_dict()
+    del d["hash"]
+    edit(d)
+    return d
+
+
+REJECTIONS = {
+    "bad_json": ('{"schema_version": 1,', "is not valid JSON"),
+    "not_an_object": ("[1, 2]", "must be a JSON object"),
+    "unknown_version": (
+        _edit(lambda d: d.update(schema_version=2)),
+        "unsupported profile schema_version 2",
+    ),
+    "missing_version": (
+        _edit(lambda d: d.pop("schema_version")),
+        "unsupported profile schema_version None",
+    ),
+    "bits_outside_set": (
+        _edit(lambda d: d["layers"][0]["k"].update(bits=3)),
+        "layer 0: bits must be one of",
+    ),
+    "group_not_dividing": (
+        _edit(lambda d: d["layers"][1]["v"].update(bits=4, group_size=64)),
+        "layer 1 v: group_size 64 does not divide head_dim 32",
+    ),
+    "missing_layer": (
+        _edit(lambda d: d["layers"].pop(1)),
+        r"layers 0\.\.1 in order, once each \(missing \[1\]\)",
+    ),
+    "duplicate_layer": (
+        _edit(lambda d: d["layers"][1].update(layer=0)),
+        r"once each \(missing \[1\]\)",
+    ),
+    "layer_without_v": (_edit(lambda d: d["layers"][0].pop("v")), "needs 'layer', 'k' and 'v'"),
+    "unknown_field": (_edit(lambda d: d.update(notes="x")), "unknown profile field\\(s\\): notes"),
+    "unknown_spec_field": (
+        _edit(lambda d: d["layers"][0]["k"].update(nbits_key=4)),
+        "unknown quant spec field\\(s\\): nbits_key",
+    ),
+    "no_fingerprint": (
+        _edit(lambda d: d["model"].pop("fingerprint")),
+        "needs 'model' with a 'fingerprint'",
+    ),
+    "bad_fingerprint": (
+        _edit(lambda d: d["model"]["fingerprint"].update(head_dim=0)),
+        "head_dim must be a positive int",
+    ),
+    "hash_mismatch": (
+        _edit(lambda d: d.update(hash="0123456789abcdef")),
+        "profile hash 0123456789abcdef does not match its content",
+    ),
+    "budget_not_object": (_edit(lambda d: d.update(budget=4)), "'budget' must be an object"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REJECTIONS))
+def test_rejects(tmp_path, case):
+    data, message = REJECTIONS[case]
+    with pytest.raises(KVTunerError, match=message) as info:
+        load_profile(_written(tmp_path, data))
+    assert "\n" not in str(info.value)
+
+
+def test_rejects_missing_file(tmp_path):
+    with pytest.raises(KVTunerError, match="profile not found"):
+        load_profile(tmp_path / "nope.json")
+
+
+def test_hand_edit_without_hash_is_accepted(tmp_path):
+    d = _edit(lambda d: d["layers"][0]["k"].update(bits=2))
+    assert load_profile(_written(tmp_path, d)).layers[0].k.bits == 2
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (dict(num_hidden_layers=3), "num_layers is 2 in the profile but 3 in the model"),
+        (dict(head_dim=64), "head_dim is 32 in the profile but 64 in the model"),
+        (dict(num_key_value_heads=4), "num_kv_heads is 2 in the profile but 4 in the model"),
+    ],
+)
+def test_rejects_model_mismatch(tmp_path, overrides, message):
+    path = save_profile(_profile(), tmp_path / "p.json")
+    assert load_profile(path, tiny_config()).hash == _profile().hash  # the matching model loads
+    with pytest.raises(KVTunerError, match=message):
+        load_profile(path, tiny_config(**overrides))
+    with pytest.raises(KVTunerError, match=message):  # a fingerprint works the same
+        load_profile(path, ModelFingerprint.from_config(tiny_config(**overrides)))
