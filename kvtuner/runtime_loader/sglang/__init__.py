@@ -1,0 +1,30 @@
+"""SGLang runtime: a per-layer quantized KV pool served with ``--kvtuner-profile PATH``.
+
+Installed as an SGLang plugin (entry point group ``sglang.srt.plugins`` -> :func:`register`);
+``python -m kvtuner.runtime_loader.sglang.launch_server`` is the fallback launcher for
+environments where plugins are disabled. Supported SGLang versions: ``SUPPORTED_SGLANG``.
+Importing this package does not import sglang; :class:`KVTunerMHATokenToKVPool` does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .version import SUPPORTED_SGLANG, check_sglang_version
+
+__all__ = ["SUPPORTED_SGLANG", "KVTunerMHATokenToKVPool", "check_sglang_version", "register"]
+
+
+def register() -> None:
+    """The plugin entry point (see :mod:`.plugin`)."""
+    from .plugin import register as _register
+
+    _register()
+
+
+def __getattr__(name: str) -> Any:
+    if name == "KVTunerMHATokenToKVPool":
+        from .pool import KVTunerMHATokenToKVPool
+
+        return KVTunerMHATokenToKVPool
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

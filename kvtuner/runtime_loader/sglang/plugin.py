@@ -1,0 +1,207 @@
+"""The SGLang plugin (entry point group ``sglang.srt.plugins``): hooks registered through
+SGLang's ``HookRegistry``, applied by ``load_plugins()`` in the launcher and in every scheduler.
+
+- ``ServerArgs.add_cli_args`` (after): adds ``--kvtuner-profile PATH``.
+- ``ServerArgs.from_cli_args`` (after): makes the path absolute, exports it to child processes
+  (``KVTUNER_PROFILE``) and checks the profile against the model's config before anything starts;
+  a bad profile prints one line and exits 2.
+- ``DefaultPoolConfigurator._compute_cell_size`` (around): the bytes per token SGLang divides its
+  KV budget by become the profile's packed bytes (plus the v1 read scratch).
+- ``KVCacheConfigurator._resolve_kv_pool_class`` (around): the MHA pool class becomes
+  :class:`KVTunerMHATokenToKVPool` bound to the profile; unsupported setups are refused here.
+- ``ModelRunner._forward_raw`` (before): tells the pool which slots the batch reads.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any
+
+import torch
+
+from ...errors import KVTunerError
+from ...profile import ModelFingerprint, Profile
+from .activation import ENV_VAR, activate, active_profile
+from .sizing import cell_size
+from .support import check_configurator, check_profile_servable
+from .version import check_sglang_version
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["FLAG", "batch_read_slots", "register"]
+
+FLAG = "--kvtuner-profile"
+_registered = False
+
+
+def _die(exc: KVTunerError) -> None:
+    print(f"kvtuner: error: {exc}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+
+# -- launcher side ---------------------------------------------------------------------------
+def _add_flag(result: Any, parser: Any) -> None:
+    group = parser.add_argument_group("kvtuner")
+    group.add_argument(
+        FLAG,
+        type=str,
+        default=None,
+        metavar="PATH",
+        help="Serve with the per-layer quantized KV pool of this kvtuner profile "
+        "(JSON). Multi-node: the same path on every node.",
+    )
+
+
+def _model_fingerprint(server_args: Any) -> ModelFingerprint | None:
+    """The served model's shape facts from its HF config; None if it cannot be read here
+    (the scheduler checks again against the config it loads)."""
+    import transformers
+
+    try:
+        config = transformers.AutoConfig.from_pretrained(
+            server_args.model_path, trust_remote_code=bool(server_args.trust_remote_code)
+        )
+    except (OSError, ValueError) as exc:
+        logger.warning("kvtuner: model config not readable before start-up (%s)", exc)
+        return None
+    return ModelFingerprint.from_config(config)
+
+
+def _take_flag(server_args: Any, cls: Any, args: Any) -> None:
+    path = getattr(args, "kvtuner_profile", None)
+    if path is None:
+        return
+    try:
+        activate(path)
+        profile = active_profile()
+        check_profile_servable(profile)
+        fingerprint = _model_fingerprint(server_args)
+        if fingerprint is not None:
+            profile.check_model(fingerprint)
+    except KVTunerError as exc:
+        _die(exc)
+    logger.info(
+        "kvtuner: serving with profile %s (hash %s, %.2f nominal bits)",
+        os.environ[ENV_VAR],
+        profile.hash,
+        profile.nominal_bits,
+    )
+
+
+# -- scheduler side --------------------------------------------------------------------------
+def _scheduler_profile(kvc: Any) -> Profile | None:
+    """The active profile, checked against the loaded model and the configuration."""
+    profile = active_profile(kvc.model_config.hf_config)
+    if profile is not None:
+        check_configurator(kvc, profile)
+    return profile
+
+
+def _cell_size_hook(original: Any, self: Any, kvc: Any, num_layers: int) -> int:
+    stock = original(self, kvc, num_layers)
+    profile = _scheduler_profile(kvc)
+    if profile is None:
+        logger.info("kvtuner: no profile; SGLang KV cell size %d B/token", stock)
+        return stock
+    from sglang.srt.runtime_context import get_parallel
+
+    par = get_parallel()
+    cell = cell_size(
+        profile,
+        heads=kvc.model_config.get_num_kv_heads(par.attn_tp_size, par.attn_dcp_size),
+        start_layer=kvc.layer_info.start_layer,
+        num_layers=num_layers,
+        dtype_bytes=torch._utils._element_size(kvc.kv_cache_dtype),
+    )
+    logger.info(
+        "kvtuner: KV cell size %d B/token (packed %d + read scratch %d) instead of "
+        "SGLang's %d B/token: %.2fx tokens for the same bytes",
+        cell.total,
+        cell.packed,
+        cell.scratch,
+        stock,
+        stock / cell.total,
+    )
+    return cell.total
+
+
+def _pool_class_hook(original: Any, self: Any, *, kind: str, default: type) -> type:
+    pool_cls = original(self, kind=kind, default=default)
+    profile = _scheduler_profile(self)
+    if profile is None or kind != "mha":
+        return pool_cls
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+    from .pool import KVTunerMHATokenToKVPool
+
+    if pool_cls is not MHATokenToKVPool:
+        raise KVTunerError(
+            f"--kvtuner-profile needs SGLang's MHATokenToKVPool, but this "
+            f"platform/layout selects {pool_cls.__name__}"
+        )
+    return KVTunerMHATokenToKVPool.bound(profile)
+
+
+def batch_read_slots(forward_batch: Any, req_to_token: torch.Tensor) -> torch.Tensor:
+    """Slot ids a forward batch's attention reads: ``req_to_token[r, :seq_len]`` of every
+    request (int64 [sum(seq_lens)])."""
+    seq_lens, rows = forward_batch.seq_lens, forward_batch.req_pool_indices
+    if rows is None or seq_lens is None or seq_lens.numel() == 0:
+        return torch.empty(0, dtype=torch.int64, device=req_to_token.device)
+    lens_cpu = getattr(forward_batch, "seq_lens_cpu", None)
+    max_len = int((lens_cpu if lens_cpu is not None else seq_lens).max())
+    table = req_to_token[rows, :max_len]  # [bs, max_len]
+    keep = torch.arange(max_len, device=table.device)[None, :] < seq_lens[:, None]
+    return table[keep].long()
+
+
+def _announce_reads(self: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> None:
+    from .pool import KVTunerMHATokenToKVPool
+
+    pool = getattr(self, "token_to_kv_pool", None)
+    if isinstance(pool, KVTunerMHATokenToKVPool):
+        pool.prepare_reads(batch_read_slots(forward_batch, self.req_to_token_pool.req_to_token))
+
+
+_HOOKS = (
+    ("sglang.srt.server_args.ServerArgs.add_cli_args", _add_flag, "AFTER"),
+    ("sglang.srt.server_args.ServerArgs.from_cli_args", _take_flag, "AFTER"),
+    (
+        "sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator._compute_cell_size",
+        _cell_size_hook,
+        "AROUND",
+    ),
+    (
+        "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._resolve_kv_pool_class",
+        _pool_class_hook,
+        "AROUND",
+    ),
+    ("sglang.srt.model_executor.model_runner.ModelRunner._forward_raw", _announce_reads, "BEFORE"),
+)
+
+
+def _flag_requested() -> bool:
+    return bool(os.environ.get(ENV_VAR)) or any(
+        a == FLAG or a.startswith(FLAG + "=") for a in sys.argv
+    )
+
+
+def register() -> None:
+    """Entry point of the plugin (idempotent: the fallback launcher calls it too)."""
+    global _registered
+    if _registered:
+        return
+    _registered = True
+    try:
+        check_sglang_version()
+    except KVTunerError as exc:
+        if _flag_requested():
+            _die(exc)
+        logger.warning("kvtuner: %s; the kvtuner plugin stays inactive", exc)
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    for target, hook, kind in _HOOKS:
+        HookRegistry.register(target, hook, HookType[kind])

@@ -1,0 +1,245 @@
+"""KVTunerMHATokenToKVPool: SGLang's MHA token pool with each layer's K and V stored packed at
+the profile's bits (supported: sglang 0.5.23, see ``version.py``).
+
+Storage: per layer, ``k_buffer[l]: uint8[size + page, heads, k_row_bytes(l)]`` (same for V), the
+packed rows of ``kvtuner.quant`` (slot 0's page stays SGLang's padding page). Writes quantize,
+pack and scatter (Triton kernels on CUDA, the torch reference on CPU). Reads: attention backends
+index ``get_key_buffer(layer)`` with slot ids, so the pool hands them a layer-sized scratch
+``[size + page, heads, head_dim]`` in the model dtype into which only the slots of the current
+batch (announced by :meth:`prepare_reads`) are dequantized, once per layer and step.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any
+
+import torch
+from sglang.srt.constants import GPU_MEMORY_TYPE_KV_CACHE
+from sglang.srt.mem_cache.memory_pool import KvBufferDesc, MHATokenToKVPool, unwrap_write_loc
+
+from ...errors import KVTunerError
+from ...profile import Profile
+from ...quant import gather_dequantized, scatter_quantized
+from .sizing import cell_size
+from .support import check_profile_servable
+from .tp_check import check_same_profile, sglang_tp_group
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["KVTunerMHATokenToKVPool"]
+
+_PARENT_SIG = inspect.signature(MHATokenToKVPool.__init__)
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _refusal(args: dict[str, Any]) -> str | None:
+    """What v1 cannot store, from the parent's constructor arguments."""
+    checks = {
+        "hybrid sliding-window (SWA) layers": args.get("swa_head_num") is not None,
+        "speculative decoding (KV slot copies)": args.get("enable_kv_cache_copy"),
+        f"kv_cache_layout={args.get('kv_cache_layout')!r}": args.get("kv_cache_layout")
+        not in (None, "nhd"),
+        "quantized (fp4/fp8) KV cache methods": args.get("quant_method") is not None,
+        "post-capture KV backing": args.get("post_capture_active"),
+        f"KV dtype {args['dtype']}": args["dtype"] not in _FLOAT_DTYPES,
+        "different K and V head dims": args.get("v_head_dim") not in (None, args["head_dim"]),
+    }
+    return next((what for what, bad in checks.items() if bad), None)
+
+
+class KVTunerMHATokenToKVPool(MHATokenToKVPool):
+    """``MHATokenToKVPool(*parent_args, profile=..., tp_group=...)``.
+
+    ``profile`` (a :class:`kvtuner.profile.Profile`, global layer indices) defaults to the class
+    attribute set by :meth:`bound` (SGLang constructs pools with the parent's arguments only).
+    ``tp_group`` is the torch.distributed group whose ranks must hold the same profile (None:
+    SGLang's TP CPU group when tensor parallelism is on).
+    """
+
+    bound_profile: Profile | None = None
+
+    @classmethod
+    def bound(cls, profile: Profile) -> type[KVTunerMHATokenToKVPool]:
+        """Subclass with ``profile`` preset, for SGLang's pool factory."""
+        return type(cls.__name__, (cls,), {"bound_profile": profile, "__module__": cls.__module__})
+
+    def __init__(
+        self, *args: Any, profile: Profile | None = None, tp_group: Any = None, **kwargs: Any
+    ) -> None:
+        bound = _PARENT_SIG.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        self.profile = profile if profile is not None else self.bound_profile
+        if self.profile is None:
+            raise KVTunerError("KVTunerMHATokenToKVPool needs a profile")
+        refusal = _refusal(bound.arguments)
+        if refusal:
+            raise KVTunerError(f"the kvtuner pool does not support {refusal} in v1")
+        check_profile_servable(self.profile)
+        self._check_shape(bound.arguments)
+        group = tp_group if tp_group is not None else sglang_tp_group()
+        check_same_profile(self.profile.hash, group)
+        self._read_slots: torch.Tensor | None = None
+        self._materialized: int | None = None
+        super().__init__(*args, **kwargs)
+        self._log_allocation()
+
+    def _check_shape(self, args: dict[str, Any]) -> None:
+        fp = self.profile.fingerprint
+        start = args.get("start_layer") or 0
+        if args["head_dim"] != fp.head_dim:
+            raise KVTunerError(
+                f"profile head_dim {fp.head_dim} != served head_dim {args['head_dim']}"
+            )
+        if start + args["layer_num"] > fp.num_layers:
+            raise KVTunerError(
+                f"pool layers {start}..{start + args['layer_num'] - 1} exceed the "
+                f"profile's {fp.num_layers} layers"
+            )
+
+    # -- storage -----------------------------------------------------------------------------
+    def layer_spec(self, layer_id: int):
+        """The profile's LayerSpec of global layer ``layer_id``."""
+        return self.profile.layers[layer_id]
+
+    def _rows(self, spec) -> tuple[int, int, int]:
+        return (self.size + self.page_size, self.head_num, spec.row_bytes(self.head_dim))
+
+    def _create_buffers(self) -> None:
+        specs = [self.layer_spec(self.start_layer + i) for i in range(self.layer_num)]
+        rows = self.size + self.page_size
+        zeros = torch.zeros
+        with self.memory_saver_adapter.region(GPU_MEMORY_TYPE_KV_CACHE):
+            self.k_buffer = [
+                zeros(self._rows(s.k), dtype=torch.uint8, device=self.device) for s in specs
+            ]
+            self.v_buffer = [
+                zeros(self._rows(s.v), dtype=torch.uint8, device=self.device) for s in specs
+            ]
+            # scratch [rows, heads, head_dim]: last dim stays head_dim for the triton backend
+            shape = (rows, self.head_num, self.head_dim)
+            self._k_scratch = zeros(shape, dtype=self.dtype, device=self.device)
+            self._v_scratch = zeros(shape, dtype=self.dtype, device=self.device)
+        self.store_dtype = torch.uint8
+        for name in (
+            "k_scale_buffer",
+            "v_scale_buffer",
+            "native_k_scale_buffer",
+            "native_v_scale_buffer",
+            "dq_k_buffer",
+            "dq_v_buffer",
+        ):
+            setattr(self, name, None)
+        self._kv_buffer_descs = self._build_kv_buffer_descs()
+        self._init_data_ptrs_and_strides()
+
+    def _build_kv_buffer_descs(self) -> list[KvBufferDesc]:
+        """One descriptor per buffer (k0..kL-1, v0..vL-1): row bytes differ per layer."""
+        return [
+            KvBufferDesc(
+                f"{prefix}{i}", tuple(buf.shape), row_bytes=buf[0].numel(), tokens_per_row=1
+            )
+            for prefix, bufs in (("k", self.k_buffer), ("v", self.v_buffer))
+            for i, buf in enumerate(bufs)
+        ]
+
+    def get_kv_size_bytes(self) -> tuple[int, int]:
+        """Packed K and V bytes (the dequant scratch is reported by :meth:`scratch_bytes`)."""
+        return (sum(b.numel() for b in self.k_buffer), sum(b.numel() for b in self.v_buffer))
+
+    def scratch_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self._k_scratch, self._v_scratch))
+
+    def _log_allocation(self) -> None:
+        k, v = self.get_kv_size_bytes()
+        predicted = cell_size(
+            self.profile,
+            heads=self.head_num,
+            start_layer=self.start_layer,
+            num_layers=self.layer_num,
+            dtype_bytes=self.dtype.itemsize,
+        )
+        logger.info(
+            "kvtuner pool: profile %s, #tokens: %d, rows: %d, packed KV bytes: %d "
+            "(profile predicts %d B/token), dequant scratch bytes: %d",
+            self.profile.hash,
+            self.size,
+            self.size + self.page_size,
+            k + v,
+            predicted.packed,
+            self.scratch_bytes(),
+        )
+
+    # -- writes ------------------------------------------------------------------------------
+    def set_kv_buffer(
+        self,
+        layer,
+        loc_info,
+        cache_k: torch.Tensor,
+        cache_v: torch.Tensor,
+        k_scale=None,
+        v_scale=None,
+        layer_id_override=None,
+        dcp_kv_mask=None,
+    ) -> None:
+        """Quantize, pack and scatter K/V[N, heads, head_dim] into slots ``loc``.
+        (k_scale/v_scale are fp8-cache scales: unused, the pool stores model-dtype input.)"""
+        if dcp_kv_mask is not None:
+            raise KVTunerError("the kvtuner pool does not support decode context parallelism")
+        loc, _, _ = unwrap_write_loc(loc_info)
+        self._check_physical_write_loc(loc_info, "set_kv_buffer (kvtuner)")
+        layer_id = layer_id_override if layer_id_override is not None else layer.layer_id
+        local, spec = layer_id - self.start_layer, self.layer_spec(layer_id)
+        n = loc.shape[0]
+        scatter_quantized(
+            self.k_buffer[local], loc, cache_k.reshape(n, self.head_num, self.head_dim), spec.k
+        )
+        scatter_quantized(
+            self.v_buffer[local], loc, cache_v.reshape(n, self.head_num, self.head_dim), spec.v
+        )
+        if self._materialized == layer_id:
+            self._materialized = None
+
+    # -- reads -------------------------------------------------------------------------------
+    def read_kv(self, layer_id: int, loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Dequantized K, V [len(loc), heads, head_dim] (model dtype) of slots ``loc``."""
+        local, spec = layer_id - self.start_layer, self.layer_spec(layer_id)
+        k = gather_dequantized(self.k_buffer[local], loc, spec.k, self.head_dim, self.dtype)
+        v = gather_dequantized(self.v_buffer[local], loc, spec.v, self.head_dim, self.dtype)
+        return k, v
+
+    def prepare_reads(self, slots: torch.Tensor | None) -> None:
+        """Announce the slots the next forward reads (int64 [n]); None forbids reads."""
+        self._read_slots = slots
+        self._materialized = None
+
+    def _materialize(self, layer_id: int) -> None:
+        if self._materialized == layer_id:
+            return
+        if self._read_slots is None:
+            raise RuntimeError(
+                "kvtuner pool: K/V read before the batch's slots were announced (prepare_reads); "
+                "this read path is not supported by the v1 pool"
+            )
+        k, v = self.read_kv(layer_id, self._read_slots)
+        self._k_scratch.index_copy_(0, self._read_slots, k)
+        self._v_scratch.index_copy_(0, self._read_slots, v)
+        self._materialized = layer_id
+
+    def _get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        self._materialize(layer_id)
+        return self._k_scratch
+
+    def _get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        self._materialize(layer_id)
+        return self._v_scratch
+
+    def get_kv_buffer_shape(self):
+        return self._k_scratch.shape, self._v_scratch.shape
+
+    def get_cpu_copy(self, *args, **kwargs):
+        raise KVTunerError("the kvtuner pool does not support KV CPU offload in v1")
+
+    def load_cpu_copy(self, *args, **kwargs):
+        raise KVTunerError("the kvtuner pool does not support KV CPU offload in v1")

@@ -1,0 +1,64 @@
+"""What the v1 pool serves (plain MHA/GQA, token-axis specs, model-dtype KV) and the one-line
+refusals for the rest. Checked in the scheduler before any KV memory is sized."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...errors import KVTunerError
+from ...profile import Profile
+
+__all__ = ["check_configurator", "check_profile_servable"]
+
+_FLOAT_DTYPES = ("torch.float16", "torch.bfloat16", "torch.float32")
+
+
+def check_profile_servable(profile: Profile) -> None:
+    """The pool quantizes at write time, token by token: token-axis specs only."""
+    for spec in profile.layers:
+        for name, qs in (("k", spec.k), ("v", spec.v)):
+            if qs.axis != "token":
+                raise KVTunerError(
+                    f"layer {spec.layer} {name} uses axis={qs.axis!r}; the SGLang pool serves "
+                    "token-axis specs only (search with --preset per-token)"
+                )
+
+
+def _refusals(kvc: Any) -> list[str]:
+    from sglang.srt.runtime_context import get_exec
+
+    sa = kvc.server_args
+    graphs = get_exec().graph.cuda_graph_config
+    return [
+        "MLA models" if kvc.use_mla_backend else "",
+        "hybrid sliding-window (SWA) models" if kvc.is_hybrid_swa else "",
+        "hybrid linear-attention (Mamba-like) models" if kvc.mambaish_config else "",
+        "speculative decoding" if not kvc.spec_algorithm.is_none() else "",
+        f"--kv-cache-dtype {kvc.kv_cache_dtype_str}"
+        if str(kvc.kv_cache_dtype) not in _FLOAT_DTYPES
+        else "",
+        "--enable-kv-cache-sharding" if kvc.kv_shard_rank is not None else "",
+        "--enable-page-major-kv-layout" if kvc._page_major_enabled() else "",
+        "--enable-hierarchical-cache" if sa.enable_hierarchical_cache else "",
+        "CUDA graphs (add --cuda-graph-backend-decode disabled "
+        "--cuda-graph-backend-prefill disabled)"
+        if (graphs.decode.backend, graphs.prefill.backend) != ("disabled", "disabled")
+        else "",
+    ]
+
+
+def check_configurator(kvc: Any, profile: Profile) -> None:
+    """Refuse what v1 does not serve; ``kvc`` is SGLang's KVCacheConfigurator."""
+    cfg = kvc.model_config
+    if cfg.head_dim != cfg.v_head_dim:
+        raise KVTunerError(
+            f"the kvtuner pool needs equal K and V head dims (got {cfg.head_dim} and "
+            f"{cfg.v_head_dim})"
+        )
+    refused = [r for r in _refusals(kvc) if r]
+    if refused:
+        raise KVTunerError(
+            f"--kvtuner-profile does not support {refused[0]} in v1 "
+            "(supported: plain MHA/GQA models, model-dtype KV, no speculative decoding)"
+        )
+    check_profile_servable(profile)
