@@ -1,0 +1,100 @@
+"""`kvtuner search --model M --budget 4bit [--output profile.json]`: the main command."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "search",
+        help="search per-layer K/V bits within a memory budget and write a profile",
+        description="Calibrate (unless --sensitivity is given), then run an Optuna study whose "
+        "objective is the measured KL vs fp of whole configurations, and write the best "
+        "profile that fits the budget.",
+    )
+    p.add_argument("--model", required=True, help="hub id, local dir, .gguf or smollm2-135m")
+    p.add_argument(
+        "--budget",
+        required=True,
+        help="nominal bits like 4bit / 3.5bits, or bytes vs fp16 like 0.30x",
+    )
+    p.add_argument("--output", default="profile.json", help="profile JSON (default %(default)s)")
+    p.add_argument(
+        "--sensitivity",
+        help="sensitivity JSON from `kvtuner calibrate` (default: "
+        "calibrate now, cached beside the output)",
+    )
+    p.add_argument(
+        "--preset",
+        default="per-token",
+        help="per-token (SGLang-servable), kivi (HF only) or a JSON file of specs",
+    )
+    p.add_argument("--num-clusters", type=int, help="layers with similar sensitivity share a pair")
+    p.add_argument(
+        "--n-trials",
+        type=int,
+        default=40,
+        help="finished trials the study should hold; a rerun continues up to it",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        help="seconds for the sampled trials (the seeds, "
+        "among them every uniform config that fits, always run)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="sampler seed")
+    p.add_argument("--sampler", default="local", choices=("local", "tpe", "nsga2"))
+    p.add_argument("--storage", help="optuna storage URL (default sqlite file beside --output)")
+    p.add_argument("--study-name", help="default: derived from budget, preset and search space")
+    p.add_argument("--dataset", help="calibration text (default: the embedded WikiText-2 slice)")
+    p.add_argument("--num-samples", type=int, default=4)
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--pareto-dir", help="write every Pareto-optimal profile here")
+    p.add_argument("--plot", help="Pareto-front PNG (needs matplotlib)")
+    p.add_argument(
+        "--skip-baselines",
+        action="store_true",
+        help="do not measure uniform configs over the budget for the summary",
+    )
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..tuner.budget import Budget
+    from ..tuner.search import search
+    from ..tuner.study import StudySettings
+
+    settings = StudySettings(
+        n_trials=args.n_trials,
+        timeout=args.timeout,
+        seed=args.seed,
+        storage=args.storage,
+        study_name=args.study_name,
+        sampler=args.sampler,
+    )
+    outcome = search(
+        model=args.model,
+        budget=Budget.parse(args.budget),
+        output=args.output,
+        sensitivity=args.sensitivity,
+        preset=args.preset,
+        study=settings,
+        num_clusters=args.num_clusters,
+        dataset=args.dataset,
+        num_samples=args.num_samples,
+        seq_len=args.seq_len,
+        pareto_dir=args.pareto_dir,
+        plot=args.plot,
+        baselines=not args.skip_baselines,
+        progress=not args.no_progress,
+    )
+    print(outcome.summary)
+    p = outcome.profile
+    print(
+        f"wrote {outcome.output}: KL {outcome.best.kl:.5f}, nominal {p.nominal_bits:.3f} bits, "
+        f"effective {p.effective_bits:.3f} bits, {p.bytes_per_token:.0f} bytes/token, "
+        f"{outcome.trials} trials, {outcome.seconds:.0f} s, hash {p.hash}"
+    )
+    return 0

@@ -1,0 +1,231 @@
+"""`search()`: calibration (unless a sensitivity file is given) -> pruned space -> Optuna study
+of measured KL -> the best feasible profile, the Pareto set, a plot and a summary table.
+
+The objective of every trial is :func:`kvtuner.calibration.measure_kl` of the whole mixed
+configuration on the calibration tokens. Uniform configurations that fit are always measured
+(they seed the study), so the written profile is never worse, by measured KL, than the best of
+them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import KVTunerError
+from ..profile import ModelFingerprint, Profile, read_json, save_profile
+from ..search_spaces import BITS, LossTable, SearchSpace, build_space, load_preset, pair_label
+from .budget import Budget
+from .report import Baseline, format_summary, plot_pareto, write_pareto_dir
+from .results import Measured, best_measured, measured_trials, pareto_set
+from .study import StudySettings, run_study
+
+__all__ = ["SearchOutcome", "default_storage", "search"]
+
+BASELINE_BITS = (2, 4, 8)  # uniform baselines: every (k, v) from these, measured on the same tokens
+
+
+@dataclass(frozen=True)
+class SearchOutcome:
+    profile: Profile
+    output: Path
+    best: Measured
+    baselines: tuple[Baseline, ...]
+    pareto: tuple[Measured, ...]
+    trials: int
+    seconds: float
+    summary: str
+
+
+def default_storage(output: Path) -> str:
+    """``sqlite:///<output without .json>.optuna.db`` beside the profile."""
+    return f"sqlite:///{output.resolve().with_suffix('.optuna.db')}"
+
+
+def _sensitivity_path(output: Path) -> Path:
+    return output.with_suffix(".sensitivity.json")
+
+
+def _matches(path: Path, fp: ModelFingerprint, data: dict, settings: dict) -> bool:
+    """Is the cached sensitivity file for this model, these tokens and these specs?"""
+    if not path.exists():
+        return False
+    doc = read_json(path, "sensitivity file")
+    same_model = doc.get("model", {}).get("fingerprint", {}).get("hash") == fp.hash
+    same_data = all(doc.get("data", {}).get(k) == v for k, v in data.items())
+    same_specs = all(doc.get("settings", {}).get(k) == v for k, v in settings.items())
+    return same_model and same_data and same_specs
+
+
+def _load_sensitivity(path: Path, fp: ModelFingerprint, preset_settings: dict, log) -> Any:
+    from ..calibration import Sensitivity
+
+    doc = read_json(path, "sensitivity file")
+    theirs = doc.get("model", {}).get("fingerprint", {}).get("hash")
+    if theirs != fp.hash:
+        raise KVTunerError(
+            f"sensitivity file {path} was measured on another model "
+            f"(fingerprint {theirs}, this model {fp.hash})"
+        )
+    if any(doc.get("settings", {}).get(k) != v for k, v in preset_settings.items()):
+        log(
+            f"note: {path} was calibrated with other K/V specs than this preset; it only guides "
+            "pruning and seeding, every trial is still measured with the preset's specs"
+        )
+    return Sensitivity.load(path)
+
+
+def _calibrate(lm, model_id: str, data, preset, path: Path, log) -> Any:
+    from ..calibration import calibrate
+
+    log(
+        f"calibrating: per-layer K/V sensitivity at {BITS[:-1]} bits on {data.tokens.numel()} "
+        f"tokens ({data.dataset}) ..."
+    )
+    sensitivity = calibrate(
+        lm, data, model_id=model_id, bits=BITS[:-1], key_spec=preset.key, value_spec=preset.value
+    )
+    sensitivity.save(path)
+    log(f"wrote {path}")
+    return sensitivity
+
+
+def _baselines(study, space: SearchSpace, measured: list[Measured], evaluate, extra: bool):
+    """Uniform configs: the fitting ones come from the study; the others are measured once and
+    cached in the study's user attributes (a rerun does not measure them again)."""
+    known = {m.choice[0]: m for m in measured if len(set(m.choice)) == 1}
+    out = []
+    for k in BASELINE_BITS:
+        for v in BASELINE_BITS:
+            pair = (k, v)
+            choice = space.uniform(pair)
+            kl = known[pair].kl if pair in known else study.user_attrs.get(f"baseline {k}-{v}")
+            if kl is None and not extra:
+                continue
+            if kl is None:
+                kl = float(evaluate(space.layer_specs(choice)))
+                study.set_user_attr(f"baseline {k}-{v}", kl)
+            m = Measured.of(space, choice, kl)
+            out.append(
+                Baseline(
+                    pair_label(pair),
+                    m.nominal_bits,
+                    m.effective_bits,
+                    m.bytes_per_token,
+                    kl,
+                    space.fits(choice),
+                )
+            )
+    return tuple(out)
+
+
+def _profile(model_id, space, best, data, sens_path, budget, settings, study, baselines, fp_ppl):
+    fits = [b for b in baselines if b.fits]
+    top = min(fits, key=lambda b: b.kl, default=None)
+    metrics = {
+        "kl": round(best.kl, 6),
+        "kl_tokens": data.tokens.numel(),
+        "additive_kl": round(best.additive_kl, 6),
+        "fp_ppl": fp_ppl,
+        "best_uniform": top.label if top else None,
+        "best_uniform_kl": round(top.kl, 6) if top else None,
+        "trials": len(study.trials),
+        "sampler": settings.sampler,
+        "study": study.study_name,
+    }
+    calibration = {**data.describe(), "sensitivity": sens_path.name}
+    profile = Profile(
+        model_id, space.fingerprint, best.specs, calibration=calibration, metrics=metrics
+    )
+    return profile.with_accounting(**budget.to_dict(), preset=space.preset.name)
+
+
+def search(
+    *,
+    model: str,
+    budget: str | Budget,
+    output: str | Path = "profile.json",
+    sensitivity: str | Path | None = None,
+    preset: str = "per-token",
+    study: StudySettings | None = None,
+    num_clusters: int | None = None,
+    dataset: str | None = None,
+    num_samples: int = 4,
+    seq_len: int = 256,
+    data_seed: int = 0,
+    pareto_dir: str | Path | None = None,
+    plot: str | Path | None = None,
+    baselines: bool = True,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+) -> SearchOutcome:
+    """Search a profile for ``model`` within ``budget`` and write it to ``output`` (atomic)."""
+    start = time.monotonic()
+    budget = budget if isinstance(budget, Budget) else Budget.parse(budget)
+    search_preset, output = load_preset(preset), Path(output)  # bad input fails before loading
+
+    from ..calibration import (
+        fingerprint_of,
+        fp_reference,
+        load_calibration_data,
+        load_model,
+        measure_kl,
+    )
+
+    study = study or StudySettings()
+    if study.storage is None:
+        study = dataclasses.replace(study, storage=default_storage(output))
+    lm, tokenizer = load_model(model)
+    fp = fingerprint_of(lm)
+    data = load_calibration_data(
+        tokenizer, dataset=dataset, num_samples=num_samples, seq_len=seq_len, seed=data_seed
+    )
+    sens_path = Path(sensitivity) if sensitivity else _sensitivity_path(output)
+    if sensitivity or _matches(sens_path, fp, data.describe(), search_preset.settings()):
+        log(f"sensitivity: {sens_path}")
+        sens = _load_sensitivity(sens_path, fp, search_preset.settings(), log)
+    else:
+        sens = _calibrate(lm, model, data, search_preset, sens_path, log)
+    space = build_space(
+        LossTable.from_sensitivity(sens, fp.num_layers),
+        search_preset,
+        fp,
+        budget,
+        num_clusters=num_clusters,
+    )
+    reference = fp_reference(lm, data.tokens)
+    evaluate = lambda specs: measure_kl(lm, data.tokens, specs, reference)  # noqa: E731
+    log(
+        f"search: {len(space.groups)} groups, options per group "
+        f"{min(len(g.options) for g in space.groups)}-{max(len(g.options) for g in space.groups)}"
+        f", study {study.study_name or 'auto'} in {study.storage}"
+    )
+    st = run_study(space, evaluate, study, progress=progress)
+    measured = measured_trials(st, space)
+    best = best_measured(measured)
+    if best is None:
+        raise KVTunerError("the study holds no finished feasible trial; raise --n-trials/--timeout")
+    base = _baselines(st, space, measured, evaluate, baselines)
+    fp_ppl = read_json(sens_path, "sensitivity file").get("fp", {}).get("ppl")
+    profile = _profile(model, space, best, data, sens_path, budget, study, st, base, fp_ppl)
+    save_profile(profile, output)
+    front = tuple(pareto_set(measured))
+    if pareto_dir:
+        write_pareto_dir(
+            pareto_dir,
+            [
+                _profile(model, space, m, data, sens_path, budget, study, st, base, fp_ppl)
+                for m in front
+            ],
+        )
+    if plot:
+        title = f"{model} {search_preset.name} budget {budget.label}: {len(measured)} measured"
+        plot_pareto(plot, measured, front, best, base, title)
+    summary = format_summary(best, base, budget.label)
+    return SearchOutcome(
+        profile, output, best, base, front, len(st.trials), time.monotonic() - start, summary
+    )
