@@ -1,14 +1,18 @@
 """Calibration: load a model and text, measure KV-quantization damage (KL vs fp) per layer."""
 
 from .batches import CalibrationData, load_calibration_data, load_token_batches
+from .kl import FpReference, fp_reference, measure_kl
 from .models import SUPPORTED_MODEL_TYPES, fingerprint_of, load_model, model_fingerprint
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
     "CalibrationData",
+    "FpReference",
     "fingerprint_of",
+    "fp_reference",
     "load_calibration_data",
     "load_model",
     "load_token_batches",
+    "measure_kl",
     "model_fingerprint",
 ]
