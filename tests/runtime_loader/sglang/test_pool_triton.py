@@ -1,0 +1,86 @@
+"""The pool with the Triton kernels (interpreted on CPU) writes the same bytes and reads the same
+values as with the torch reference path."""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import pytest
+import torch
+
+from kvtuner.quant import QuantSpec
+
+pytestmark = [pytest.mark.sglang, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
+
+SIZE, HEADS, D = 12, 2, 64
+SPECS = [
+    (QuantSpec(4, rotation="hadamard"), QuantSpec(2)),
+    (QuantSpec(8, symmetric=True), QuantSpec(16)),
+]
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    """kvtuner.quant.triton_kernels built for Triton's CPU interpreter; TRITON_INTERPRET stays
+    set while the module's tests launch kernels, and is restored afterwards."""
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    module = importlib.import_module("kvtuner.quant.triton_kernels")
+    if not module.interpreted():
+        module = importlib.reload(module)
+    assert module.interpreted()
+    yield module
+    if old is None:
+        del os.environ["TRITON_INTERPRET"]
+    else:
+        os.environ["TRITON_INTERPRET"] = old
+
+
+def _pool(cls, profile):
+    return cls(
+        SIZE,
+        page_size=1,
+        dtype=torch.float32,
+        head_num=HEADS,
+        head_dim=D,
+        layer_num=2,
+        device="cpu",
+        enable_memory_saver=False,
+        profile=profile,
+    )
+
+
+class Layer:
+    def __init__(self, layer_id):
+        self.layer_id = layer_id
+
+
+def test_triton_pool_equals_torch_pool(kernels, tiny_profile):
+    from kvtuner.runtime_loader.sglang.pool import KVTunerMHATokenToKVPool
+
+    class TritonPool(KVTunerMHATokenToKVPool):
+        scatter = staticmethod(kernels.triton_scatter_quantized)
+        gather = staticmethod(kernels.triton_gather_dequantized)
+
+    profile = tiny_profile(SPECS, heads=HEADS, head_dim=D)
+    torch_pool, triton_pool = _pool(KVTunerMHATokenToKVPool, profile), _pool(TritonPool, profile)
+    g = torch.Generator().manual_seed(1)
+    loc = torch.tensor([9, 2, 5, 11, 7])
+    for layer in range(2):
+        k, v = torch.randn(5, HEADS, D, generator=g), torch.randn(5, HEADS, D, generator=g)
+        for pool in (torch_pool, triton_pool):
+            pool.set_kv_buffer(Layer(layer), loc, k, v)
+    for a, b in zip(
+        torch_pool.k_buffer + torch_pool.v_buffer,
+        triton_pool.k_buffer + triton_pool.v_buffer,
+        strict=True,
+    ):
+        assert torch.equal(a, b)
+    for pool in (torch_pool, triton_pool):
+        pool.prepare_reads(loc[:3])
+    for layer in range(2):
+        for a, b in zip(
+            torch_pool.get_kv_buffer(layer), triton_pool.get_kv_buffer(layer), strict=True
+        ):
+            assert torch.equal(a, b)
