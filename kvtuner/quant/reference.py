@@ -13,9 +13,15 @@ Grid (per group of ``group_size`` elements):
   The stored "scale" is ``amax`` itself, so a constant group dequantizes exactly.
 - Constant groups: exact whenever the value is representable in fp16 (every bf16 value inside
   fp16's range); otherwise within half of a (tiny) step.
-- Non-finite input (NaN, +-Inf) or a group outside fp16's range poisons its group: codes 0 and
-  NaN scale/zero, so the whole group dequantizes to NaN. Damage stays visible and local.
-Rounding is half-up (``floor(v + 0.5)``) so that Triton and torch agree without libdevice.
+- Non-finite input (NaN, +-Inf), or a group whose fp16 metadata cannot be finite (symmetric:
+  max|x| > 65504; asymmetric: min < -65504 or a (max - zero)/qmax beyond 65504), poisons its
+  group: codes 0 and NaN scale/zero (fp16 bits 0x7E00), so the whole group dequantizes to NaN.
+  Damage stays visible and local. (An asymmetric group above +65504 with a small range is
+  representable and is not poisoned.)
+- Zeros in the metadata are stored as +0 (the sign of a min/max over signed zeros depends on
+  reduction order, and must not reach the bytes).
+Rounding is half-up (``floor(v + 0.5)``) so that Triton and torch agree without libdevice;
+divisions are IEEE (no reciprocal multiply), and nothing may be contracted into an FMA.
 """
 
 from __future__ import annotations
@@ -48,10 +54,6 @@ def rotate(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     return x
 
 
-def _round_half_up(v: torch.Tensor) -> torch.Tensor:
-    return torch.floor(v + 0.5)
-
-
 def _fp16_down(v: torch.Tensor) -> torch.Tensor:
     """Largest fp16 <= v (as fp32); a zero result is +0 (min/max of signed zeros is
     order-dependent, so the sign of a zero must not reach the stored bytes)."""
@@ -70,52 +72,61 @@ def _fp16_up(v: torch.Tensor) -> torch.Tensor:
 def _group_grid(g: torch.Tensor, spec: QuantSpec, dim: int):
     """Codes and metadata for fp32 groups laid out along ``dim``.
 
-    Returns codes (uint8, g's shape), scale and zero (fp32, ``dim`` reduced to 1; zero is None
-    when symmetric). Poisoned groups get NaN metadata and zero codes.
+    Returns codes (fp32 holding integers, g's shape), scale and zero (fp32, ``dim`` reduced to 1;
+    zero is None when symmetric). NaN and +-Inf reach the group's min/max/absmax (torch
+    reductions propagate NaN), so a group is poisoned exactly when its fp16 metadata is not
+    finite: such groups get NaN metadata and zero codes. In-place ops: this is the CPU hot path.
     """
-    finite = torch.isfinite(g).all(dim, keepdim=True)
-    safe = torch.where(torch.isfinite(g), g, torch.zeros_like(g))
     if spec.symmetric:
         half = (1 << (spec.bits - 1)) - 1
-        amax = _fp16_up(safe.abs().amax(dim, keepdim=True))
-        ok = finite & torch.isfinite(amax)
-        ratio = torch.where(amax > 0, safe / torch.where(amax > 0, amax, 1.0), 0.0)
-        codes = (_round_half_up(ratio * half) + half).clamp(0, 2 * half)
+        amax = _fp16_up(g.abs().amax(dim, keepdim=True))
+        ok = torch.isfinite(amax)
+        codes = g / torch.where(amax > 0, amax, 1.0)  # amax == 0: an all-zero group, codes half
+        codes.mul_(half).add_(0.5).floor_().add_(half).clamp_min_(0).clamp_max_(2 * half)
         scale, zero = amax, None
     else:
-        zero = _fp16_down(safe.amin(dim, keepdim=True))
-        scale = _fp16_up((safe.amax(dim, keepdim=True) - zero) / spec.qmax)
-        ok = finite & torch.isfinite(zero) & torch.isfinite(scale)
-        step = torch.where(scale > 0, scale, 1.0)
-        codes = _round_half_up((safe - zero) / step).clamp(0, spec.qmax)
-        zero = torch.where(ok, zero, float("nan"))
-    codes = torch.where(ok, codes, 0.0).to(torch.uint8)
-    scale = torch.where(ok, scale, float("nan"))
+        zero = _fp16_down(g.amin(dim, keepdim=True))
+        scale = _fp16_up((g.amax(dim, keepdim=True) - zero) / spec.qmax)
+        ok = torch.isfinite(zero) & torch.isfinite(scale)
+        codes = g - zero
+        codes.div_(torch.where(scale > 0, scale, 1.0)).add_(0.5).floor_()
+        codes.clamp_min_(0).clamp_max_(spec.qmax)
+    if not bool(ok.all()):  # rare: only then pay for the masking passes
+        codes = torch.where(ok, codes, 0.0)
+        scale = torch.where(ok, scale, float("nan"))
+        zero = None if zero is None else torch.where(ok, zero, float("nan"))
     return codes, scale, zero
 
 
 def _dequant_grid(codes: torch.Tensor, scale: torch.Tensor, zero, spec: QuantSpec):
-    c = codes.float()
+    c = codes.float()  # unpack_codes made a fresh fp32 tensor: the in-place ops below own it
     if spec.symmetric:
         half = (1 << (spec.bits - 1)) - 1
-        return (c - half) * scale / half
-    return zero + c * scale
+        return c.sub_(half).mul_(scale).div_(half)  # ((c - half) * scale) / half
+    return c.mul_(scale).add_(zero)  # zero + c * scale, same rounding
 
 
 def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """uint8 codes [..., D] -> uint8 [..., D*bits/8], little-endian inside each byte."""
+    """Codes [..., D] (any dtype holding 0..2^bits-1) -> uint8 [..., D*bits/8], little-endian
+    inside each byte: code i of a byte sits at bit ``i*bits``."""
     per_byte = 8 // bits
-    c = codes.reshape(*codes.shape[:-1], -1, per_byte).to(torch.int32)
-    shifts = torch.arange(per_byte, device=codes.device, dtype=torch.int32) * bits
-    return (c << shifts).sum(-1).to(torch.uint8)
+    c = codes.unflatten(-1, (-1, per_byte))
+    if not c.is_floating_point():
+        c = c.to(torch.int32)
+    packed = c[..., 0] * 1  # a copy; codes < 2^bits, so sums of shifted codes never carry
+    for i in range(1, per_byte):
+        packed.add_(c[..., i], alpha=1 << (i * bits))
+    return packed.to(torch.int32).to(torch.uint8)  # via int32: torch's float->uint8 is slow
 
 
-def unpack_codes(packed: torch.Tensor, bits: int) -> torch.Tensor:
-    """Inverse of :func:`pack_codes`: uint8 [..., B] -> uint8 codes [..., B*8/bits]."""
+def unpack_codes(packed: torch.Tensor, bits: int, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
+    """Inverse of :func:`pack_codes`: uint8 [..., B] -> codes [..., B*8/bits] in ``dtype``."""
     per_byte = 8 // bits
-    shifts = torch.arange(per_byte, device=packed.device, dtype=torch.int32) * bits
-    c = (packed.to(torch.int32).unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
-    return c.reshape(*packed.shape[:-1], -1).to(torch.uint8)
+    out = torch.empty(*packed.shape, per_byte, dtype=dtype, device=packed.device)
+    mask = (1 << bits) - 1
+    for i in range(per_byte):
+        out[..., i] = (packed >> (i * bits)) & mask if per_byte > 1 else packed
+    return out.flatten(-2)
 
 
 def _fp16_bytes(v: torch.Tensor) -> torch.Tensor:
@@ -138,7 +149,7 @@ def _quantize_token(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
 
 
 def _split_meta(rows: torch.Tensor, spec: QuantSpec, n_codes: int, n_meta: int):
-    codes = unpack_codes(rows[..., :n_codes], spec.bits)
+    codes = unpack_codes(rows[..., :n_codes], spec.bits, torch.float32)
     scale = _from_fp16_bytes(rows[..., n_codes : n_codes + 2 * n_meta])
     zero = None if spec.symmetric else _from_fp16_bytes(rows[..., n_codes + 2 * n_meta :])
     return codes, scale, zero
