@@ -13,7 +13,7 @@ import sys
 from ..errors import KVTunerError
 
 # Subcommand modules, in the order `kvtuner --help` lists them (the pipeline's order).
-COMMANDS = ("show", "validate", "search", "import_kvtuner", "eval")
+COMMANDS = ("show", "validate", "search", "import_kvtuner", "eval", "serve")
 
 
 class _OneLineParser(argparse.ArgumentParser):
