@@ -110,6 +110,8 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """Codes [..., D] (any dtype holding 0..2^bits-1) -> uint8 [..., D*bits/8], little-endian
     inside each byte: code i of a byte sits at bit ``i*bits``."""
     per_byte = 8 // bits
+    if per_byte == 1:
+        return codes.to(torch.int32).to(torch.uint8)  # via int32: torch's float->uint8 is slow
     c = codes.unflatten(-1, (-1, per_byte))
     if not c.is_floating_point():
         c = c.to(torch.int32)
