@@ -1,0 +1,152 @@
+"""Pack + unpack throughput of the torch reference quantizer on CPU, next to clone().
+
+GB/s = bytes of the input tensor / wall time per call (torch.utils.benchmark). ``pack`` is
+``quantize(x)``, ``unpack`` is ``dequantize(rows, dtype=x.dtype)``; ``ratio`` = pack+unpack GB/s
+over clone() GB/s of the same tensor, measured in alternating rounds of the same run (CPU speed
+on a shared machine swings 2-7x). Columns: median over rounds, and ``best`` (fastest round).
+
+    python benchmarks/quant_throughput.py [--threads N] [--shape 4096 3 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+from torch.utils.benchmark import Timer
+
+from kvtuner.profile import write_json_atomic
+from kvtuner.quant import QuantSpec, dequantize, quantize
+
+OUT = Path(__file__).parent / "results" / "quant_throughput.json"
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def seconds(stmt, min_run_time: float) -> float:
+    """Median seconds of one call of ``stmt`` (a zero-argument callable)."""
+    return Timer("f()", globals={"f": stmt}).blocked_autorange(min_run_time=min_run_time).median
+
+
+def interleaved(stmts: dict, rounds: int, min_run_time: float) -> dict[str, list[float]]:
+    """Seconds per call of each statement, measured in alternating rounds so that the load
+    from other processes on this shared machine hits them alike."""
+    times: dict[str, list[float]] = {name: [] for name in stmts}
+    for _ in range(rounds):
+        for name, stmt in stmts.items():
+            times[name].append(seconds(stmt, min_run_time / rounds))
+    return times
+
+
+def measure(x: torch.Tensor, spec: QuantSpec, rounds: int, min_run_time: float) -> dict:
+    gb = x.numel() * x.element_size() / 1e9
+    rows = quantize(x, spec)
+    head_dim = x.shape[-1]
+    t = interleaved(
+        {
+            "clone": lambda: x.clone(),
+            "pack": lambda: quantize(x, spec),
+            "unpack": lambda: dequantize(rows, spec, head_dim, x.dtype),
+        },
+        rounds,
+        min_run_time,
+    )
+    med = {k: statistics.median(v) for k, v in t.items()}
+    best = {k: min(v) for k, v in t.items()}
+    return {
+        "dtype": str(x.dtype).replace("torch.", ""),
+        "spec": spec.short(),
+        "packed_bytes": rows.numel(),
+        "pack_gbps": gb / med["pack"],
+        "unpack_gbps": gb / med["unpack"],
+        "pack_unpack_gbps": gb / (med["pack"] + med["unpack"]),
+        "clone_gbps": gb / med["clone"],
+        "ratio_to_clone": med["clone"] / (med["pack"] + med["unpack"]),
+        "best_pack_unpack_gbps": gb / (best["pack"] + best["unpack"]),
+        "best_clone_gbps": gb / best["clone"],
+        "best_ratio_to_clone": best["clone"] / (best["pack"] + best["unpack"]),
+    }
+
+
+def table(results: list[dict]) -> str:
+    cols = [
+        ("pack", "pack_gbps"),
+        ("unpack", "unpack_gbps"),
+        ("pack+unpack", "pack_unpack_gbps"),
+        ("clone", "clone_gbps"),
+        ("ratio", "ratio_to_clone"),
+        ("best p+u", "best_pack_unpack_gbps"),
+        ("best clone", "best_clone_gbps"),
+        ("best ratio", "best_ratio_to_clone"),
+    ]
+    lines = [
+        "| dtype | spec | " + " | ".join(c for c, _ in cols) + " |",
+        "|---|---|" + "---:|" * len(cols),
+    ]
+    for r in results:
+        cells = [f"{r[k]:.3f}" if "ratio" in k else f"{r[k]:.2f}" for _, k in cols]
+        lines.append(f"| {r['dtype']} | {r['spec']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads (default: torch's)"
+    )
+    parser.add_argument(
+        "--shape", type=int, nargs=3, default=[4096, 3, 64], metavar=("T", "H", "D")
+    )
+    parser.add_argument("--rounds", type=int, default=5, help="alternating measurement rounds")
+    parser.add_argument("--min-run-time", type=float, default=1.0, help="seconds per statement")
+    parser.add_argument("--output", type=Path, default=OUT)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    results = []
+    for dtype in (torch.bfloat16, torch.float32):
+        x = torch.randn(*args.shape).to(dtype)
+        for bits in (2, 4, 8):
+            for symmetric in (False, True):
+                spec = QuantSpec(bits, 32, symmetric)
+                results.append(measure(x, spec, args.rounds, args.min_run_time))
+    hardware = {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "load_avg_1min_at_end": round(os.getloadavg()[0], 2),  # others share this machine
+    }
+    print(f"shape {args.shape}, {hardware}")
+    print(table(results))
+    print("GB/s of the input tensor; ratio = pack+unpack GB/s / clone GB/s")
+    write_json_atomic(
+        args.output,
+        {
+            "shape": args.shape,
+            "hardware": hardware,
+            "created": datetime.now(UTC).isoformat(),
+            "command": " ".join(["python", "benchmarks/quant_throughput.py", *sys.argv[1:]]),
+            "results": results,
+        },
+    )
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()
