@@ -32,7 +32,7 @@ class QuantSpec:
     rotation: str = "none"
 
     def __post_init__(self) -> None:
-        if isinstance(self.bits, bool) or self.bits not in SUPPORTED_BITS:
+        if type(self.bits) is not int or self.bits not in SUPPORTED_BITS:  # 4.0 == 4: reject floats
             raise ValueError(f"bits must be one of {SUPPORTED_BITS}, got {self.bits!r}")
         if isinstance(self.group_size, bool) or not isinstance(self.group_size, int):
             raise ValueError(f"group_size must be an int, got {self.group_size!r}")

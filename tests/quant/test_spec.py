@@ -12,6 +12,7 @@ from kvtuner.quant import QuantSpec
     [
         (dict(bits=3), "bits"),
         (dict(bits=True), "bits"),
+        (dict(bits=4.0), "bits"),  # JSON 4.0 must not pass as 4 and fail later in bit shifts
         (dict(bits=4, group_size=24), "group_size"),
         (dict(bits=4, group_size=1), "group_size"),
         (dict(bits=4, group_size=32.0), "group_size"),
