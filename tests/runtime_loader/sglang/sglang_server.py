@@ -51,7 +51,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def server_argv(model_dir: Path, port: int, *extra: str, module: str = "sglang.launch_server"):
+def server_argv(
+    model_dir: Path,
+    port: int,
+    *extra: str,
+    module: str = "sglang.launch_server",
+    device: str = "cpu",
+    dtype: str = "float32",
+) -> list[str]:
+    """CPU: torch_native attention (SGLang's CPU choice). CUDA: triton attention, graphs off
+    (the v1 kvtuner pool reads through a per-step slot list that graphs cannot replay)."""
+    backend = (
+        ["--attention-backend", "torch_native"]
+        if device == "cpu"
+        else [
+            "--attention-backend",
+            "triton",
+            "--cuda-graph-backend-decode",
+            "disabled",
+            "--cuda-graph-backend-prefill",
+            "disabled",
+        ]
+    )
     return [
         sys.executable,
         "-m",
@@ -59,15 +80,14 @@ def server_argv(model_dir: Path, port: int, *extra: str, module: str = "sglang.l
         "--model-path",
         str(model_dir),
         "--device",
-        "cpu",
+        device,
         "--host",
         "127.0.0.1",
         "--port",
         str(port),
-        "--attention-backend",
-        "torch_native",
+        *backend,
         "--dtype",
-        "float32",
+        dtype,
         "--max-total-tokens",
         "4096",
         "--context-length",
@@ -99,13 +119,16 @@ class SGLangServer:
         *flags: str,
         log_path: Path | None = None,
         module: str = "sglang.launch_server",
-        env: dict[str, str] | None = None,
+        device: str = "cpu",
+        dtype: str = "float32",
     ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.argv = server_argv(model_dir, self.port, *flags, module=module)
+        self.argv = server_argv(
+            model_dir, self.port, *flags, module=module, device=device, dtype=dtype
+        )
         self.log_path = log_path or Path(tempfile.mkstemp(prefix="sglang-", suffix=".log")[1])
-        self.env = env or cpu_env()
+        self.env = cpu_env() if device == "cpu" else dict(os.environ)
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 300.0) -> SGLangServer:

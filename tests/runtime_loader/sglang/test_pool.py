@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from tiny_profiles import tiny_profile
 
 from kvtuner.errors import KVTunerError
 from kvtuner.quant import QuantSpec, dequantize, quantize
@@ -13,6 +14,7 @@ from kvtuner.runtime_loader.sglang.plugin import batch_read_slots
 from kvtuner.runtime_loader.sglang.sizing import cell_size
 
 pytestmark = pytest.mark.sglang
+pytest.importorskip("sglang")  # the sglang tier: collected only where sglang is installed
 
 SIZE, HEADS, D = 48, 2, 64
 SPECS = [  # per layer (k, v): mixed bits, a rotated key, a symmetric value, an unquantized layer
@@ -46,7 +48,7 @@ class Layer:  # what set_kv_buffer reads from SGLang's RadixAttention
 
 
 @pytest.fixture(scope="module")
-def profile(tiny_profile):
+def profile():
     return tiny_profile(SPECS, heads=HEADS, head_dim=D)
 
 
@@ -129,7 +131,7 @@ def test_packed_bytes_equal_the_profile_prediction(profile):
 
 
 @pytest.mark.parametrize("bits,ratio", [(8, 256 / 144), (4, 256 / 80)])
-def test_capacity_vs_the_stock_pool_at_equal_bytes(tiny_profile, bits, ratio):
+def test_capacity_vs_the_stock_pool_at_equal_bytes(bits, ratio):
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
     prof = tiny_profile([(QuantSpec(bits), QuantSpec(bits))] * 3, heads=HEADS, head_dim=D)
@@ -172,7 +174,7 @@ def test_unsupported_setups_are_refused(profile, kwargs, match):
         make_pool(profile, **kwargs)
 
 
-def test_channel_axis_and_fp8_are_refused(tiny_profile, profile):
+def test_channel_axis_and_fp8_are_refused(profile):
     kivi = tiny_profile([(QuantSpec(4, axis="channel"), QuantSpec(4))] * 3, heads=HEADS, head_dim=D)
     with pytest.raises(KVTunerError, match="token-axis"):
         make_pool(kivi)

@@ -8,10 +8,12 @@ import os
 
 import pytest
 import torch
+from tiny_profiles import tiny_profile
 
 from kvtuner.quant import QuantSpec
 
 pytestmark = [pytest.mark.sglang, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
+pytest.importorskip("sglang")  # the sglang tier: collected only where sglang is installed
 
 SIZE, HEADS, D = 12, 2, 64
 SPECS = [
@@ -56,7 +58,7 @@ class Layer:
         self.layer_id = layer_id
 
 
-def test_triton_pool_equals_torch_pool(kernels, tiny_profile):
+def test_triton_pool_equals_torch_pool(kernels):
     from kvtuner.runtime_loader.sglang.pool import KVTunerMHATokenToKVPool
 
     class TritonPool(KVTunerMHATokenToKVPool):

@@ -8,26 +8,28 @@ import subprocess
 import sys
 
 import pytest
+from tiny_profiles import model_profile
 
 from kvtuner.profile import ModelFingerprint, Profile, save_profile
 from kvtuner.quant import QuantSpec
 from kvtuner.runtime_loader.sglang.sizing import cell_size
 
 pytestmark = pytest.mark.sglang
+pytest.importorskip("sglang")  # the sglang tier: collected only where sglang is installed
 
 HELP_TIMEOUT = 180
 
 
-def _profile(model_dir, k: QuantSpec, v: QuantSpec) -> Profile:
-    import transformers
+@pytest.fixture(scope="module")
+def smollm2_dir():
+    from sglang_server import smollm2_hf_dir
 
-    fp = ModelFingerprint.from_config(transformers.AutoConfig.from_pretrained(model_dir))
-    return Profile.uniform("smollm2-135m", fp, k, v)
+    return smollm2_hf_dir()
 
 
 @pytest.fixture(scope="module")
 def profile8(smollm2_dir, tmp_path_factory):
-    profile = _profile(smollm2_dir, QuantSpec(8), QuantSpec(8))
+    profile = model_profile(smollm2_dir, QuantSpec(8), QuantSpec(8))
     path = tmp_path_factory.mktemp("profiles") / "smollm2-kv8.json"
     save_profile(profile, path)
     return profile, path

@@ -8,6 +8,7 @@ import multiprocessing as mp
 import pytest
 
 pytestmark = pytest.mark.sglang
+pytest.importorskip("sglang")  # the sglang tier: collected only where sglang is installed
 
 
 def _rank(rank: int, init_file: str, queue) -> None:

@@ -8,6 +8,7 @@ from kvtuner.errors import KVTunerError
 from kvtuner.runtime_loader.sglang import SUPPORTED_SGLANG, check_sglang_version
 
 pytestmark = pytest.mark.sglang
+pytest.importorskip("sglang")  # the sglang tier: collected only where sglang is installed
 
 
 @pytest.mark.parametrize("version", ["0.5.23", "0.5.23.post1", "0.5.30rc1", "0.5.99"])

@@ -1,0 +1,237 @@
+"""Serving benchmark: the real SGLang server, stock KV pool vs kvtuner profiles, in one run.
+
+For each configuration (stock, then each profile) one server is started, measured and stopped:
+- token capacity for the same KV byte budget, by SGLang's own sizing: the cell size (bytes/token)
+  SGLang computed in the server (logged by the kvtuner plugin) fed to SGLang's
+  ``DefaultPoolConfigurator.calculate_pool_sizes(budget)``;
+- decode tok/s of one stream, and aggregate tok/s of 8 concurrent streams (ignore_eos);
+- greedy-output agreement with stock over a fixed prompt set (token ids of the outputs).
+
+CPU (default): SmolLM2-135M-Instruct exported from its GGUF, the recipe of SGLANG_CPU.md (test-only
+``sgl_kernel`` stand-in, torch_native attention, OMP_NUM_THREADS=1 per server). On a GPU box:
+``--device cuda --model-path <hf dir>`` is the same benchmark. Profiles: ``--profiles a.json ...``,
+default the searched SmolLM2 profiles in exported_configs/ when present, else uniform per-token
+profiles built here (K Hadamard-rotated, g32): KV8, KV4, K4V2 (8, 4 and 3 nominal bits).
+
+    python benchmarks/sglang_serve.py [--dtype bfloat16] [--budget-gib 1] [--out ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "runtime_loader" / "sglang"))
+
+from sglang_server import SGLangServer, smollm2_hf_dir  # noqa: E402
+
+from kvtuner.profile import ModelFingerprint, Profile, load_profile, save_profile  # noqa: E402
+from kvtuner.quant import QuantSpec  # noqa: E402
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Explain in two sentences why the sky is blue.",
+    "Write a haiku about autumn leaves.",
+    "List three uses of a paperclip.",
+    "What is 17 times 3? Show your steps.",
+    "Give a short definition of photosynthesis.",
+    "Name the planets of the solar system in order.",
+    "Translate 'good morning' into Spanish and French.",
+]
+UNIFORM = {  # nominal bits -> (K spec, V spec): the per-token preset's shape
+    8: (QuantSpec(8, rotation="hadamard"), QuantSpec(8)),
+    4: (QuantSpec(4, rotation="hadamard"), QuantSpec(4)),
+    3: (QuantSpec(4, rotation="hadamard"), QuantSpec(2)),
+}
+
+
+def hardware() -> dict:
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "server_torch_threads": 1,
+        "python": platform.python_version(),
+    }
+
+
+def default_profiles(model_dir: Path, out_dir: Path) -> list[Path]:
+    """Searched SmolLM2 profiles from exported_configs/ if there, else uniform ones built here."""
+    import transformers
+
+    fp = ModelFingerprint.from_config(transformers.AutoConfig.from_pretrained(model_dir))
+    paths = []
+    for bits, (k, v) in UNIFORM.items():
+        found = sorted((REPO / "exported_configs").glob(f"smollm2*{bits}bit*.json"))
+        if found:
+            paths.append(found[0])
+            continue
+        path = out_dir / f"smollm2-135m-uniform-{bits}bit.json"
+        save_profile(Profile.uniform("smollm2-135m-instruct", fp, k, v), path)
+        paths.append(path)
+    return paths
+
+
+def sglang_capacity(cell_bytes: int, budget: int) -> int:
+    """Tokens SGLang's DefaultPoolConfigurator gives a KV budget of ``budget`` bytes."""
+    from sglang.srt.model_executor.pool_configurator import DefaultPoolConfigurator
+
+    sizer = DefaultPoolConfigurator.__new__(DefaultPoolConfigurator)  # only the sizing state
+    sizer._cell_size, sizer._fixed_overhead_bytes, sizer._zero_kv_max_tokens = cell_bytes, 0, 0
+    return sizer.calculate_pool_sizes(budget, 1).max_total_num_tokens
+
+
+def cell_from_log(log: str) -> int:
+    ours = re.search(r"kvtuner: KV cell size (\d+) B/token", log)
+    stock = re.search(r"kvtuner: no profile; SGLang KV cell size (\d+) B/token", log)
+    return int((ours or stock)[1])
+
+
+def stream_tokens(client, prompt: str, max_tokens: int) -> tuple[int, float]:
+    """(tokens, decode seconds after the first token) of one streamed greedy completion."""
+    first = last = None
+    count = 0
+    stream = client.completions.create(
+        model="default",
+        prompt=prompt,
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].text:
+            last = time.perf_counter()
+            first = first or last
+            count += 1
+    return count, (last - first) if count > 1 else float("nan")
+
+
+def throughput(client, max_tokens: int, concurrency: int) -> float:
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(concurrency)]
+    start = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        results = list(pool.map(lambda p: stream_tokens(client, p, max_tokens), prompts))
+    if concurrency == 1:
+        tokens, decode_s = results[0]
+        return (tokens - 1) / decode_s
+    return sum(t for t, _ in results) / (time.perf_counter() - start)
+
+
+def greedy_outputs(client, tokenizer, max_tokens: int) -> list[list[int]]:
+    outs = []
+    for prompt in PROMPTS:
+        reply = client.chat.completions.create(
+            model="default",
+            temperature=0,
+            max_tokens=max_tokens,
+            messages=[{"role": "user", "content": prompt}],
+        )
+        outs.append(tokenizer.encode(reply.choices[0].message.content, add_special_tokens=False))
+    return outs
+
+
+def agreement(stock: list[list[int]], ours: list[list[int]]) -> tuple[float, float]:
+    """(fraction of prompts with identical outputs, mean common-prefix fraction of stock tokens)."""
+    exact = sum(a == b for a, b in zip(stock, ours, strict=True)) / len(stock)
+    prefix = []
+    for a, b in zip(stock, ours, strict=True):
+        n = next(
+            (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+        )
+        prefix.append(n / max(len(a), 1))
+    return exact, sum(prefix) / len(prefix)
+
+
+def measure(args, model_dir: Path, profile: Path | None, tokenizer) -> dict:
+    import openai
+
+    flags = ["--kvtuner-profile", str(profile)] if profile else []
+    log = args.out.parent / f"sglang_serve.{profile.stem if profile else 'stock'}.log"
+    with SGLangServer(model_dir, *flags, log_path=log, device=args.device, dtype=args.dtype) as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", timeout=600)
+        row = {
+            "config": profile.stem if profile else "stock",
+            "cell_bytes": cell_from_log(srv.log_text()),
+        }
+        row["greedy"] = greedy_outputs(client, tokenizer, args.greedy_tokens)
+        row["decode_tok_s_1"] = throughput(client, args.decode_tokens, 1)
+        row["decode_tok_s_8"] = throughput(client, args.decode_tokens, 8)
+    if profile:
+        p = load_profile(profile)
+        row.update(hash=p.hash, nominal_bits=p.nominal_bits, effective_bits=p.effective_bits)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model-path", type=Path, default=None, help="HF folder (default: SmolLM2)")
+    ap.add_argument("--profiles", type=Path, nargs="*", default=None)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--budget-gib", type=float, default=1.0, help="KV byte budget for capacity")
+    ap.add_argument("--decode-tokens", type=int, default=128)
+    ap.add_argument("--greedy-tokens", type=int, default=48)
+    ap.add_argument("--out", type=Path, default=REPO / "benchmarks/results/sglang_serve.json")
+    args = ap.parse_args(argv)
+    import transformers
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    model_dir = args.model_path or smollm2_hf_dir()
+    profiles = args.profiles or default_profiles(model_dir, args.out.parent / "profiles")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    started = time.perf_counter()
+    rows = [measure(args, model_dir, p, tokenizer) for p in [None, *profiles]]
+    report(args, rows, time.perf_counter() - started)
+    return 0
+
+
+def report(args, rows: list[dict], wall: float) -> None:
+    budget = int(args.budget_gib * (1 << 30))
+    stock = rows[0]
+    for row in rows:
+        row["tokens_for_budget"] = sglang_capacity(row["cell_bytes"], budget)
+        row["capacity_x"] = row["tokens_for_budget"] / stock["tokens_for_budget"]
+        row["agree_exact"], row["agree_prefix"] = agreement(stock["greedy"], row["greedy"])
+    head = (
+        f"{'config':<32} {'bits':>5} {'B/token':>8} {'tokens/' + str(args.budget_gib) + 'GiB':>13}"
+        f" {'x stock':>7} {'tok/s 1':>8} {'tok/s 8':>8} {'same out':>8} {'prefix':>7}"
+    )
+    print(head)
+    for r in rows:
+        print(
+            f"{r['config']:<32} {r.get('nominal_bits', 16):>5.2f} {r['cell_bytes']:>8} "
+            f"{r['tokens_for_budget']:>13} {r['capacity_x']:>7.2f} {r['decode_tok_s_1']:>8.1f} "
+            f"{r['decode_tok_s_8']:>8.1f} {r['agree_exact']:>8.2f} {r['agree_prefix']:>7.2f}"
+        )
+    result = {
+        "command": " ".join([sys.executable, *sys.argv]),
+        "hardware": hardware(),
+        "device": args.device,
+        "dtype": args.dtype,
+        "budget_bytes": budget,
+        "wall_s": round(wall, 1),
+        "prompts": PROMPTS,
+        "rows": rows,
+    }
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"hardware: {result['hardware']}; wall {wall:.0f} s; wrote {args.out}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

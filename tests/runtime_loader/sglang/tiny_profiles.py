@@ -1,0 +1,22 @@
+"""Profiles for the SGLang tier: tiny LLaMA-shaped ones, and SmolLM2 ones from its HF config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvtuner.profile import LayerSpec, ModelFingerprint, Profile
+from kvtuner.quant import QuantSpec
+
+
+def tiny_profile(specs, *, heads: int = 2, head_dim: int = 64) -> Profile:
+    """Profile over len(specs) layers; specs = [(k_spec, v_spec), ...]."""
+    fp = ModelFingerprint("LlamaForCausalLM", len(specs), heads, head_dim)
+    return Profile("tiny", fp, tuple(LayerSpec(i, k, v) for i, (k, v) in enumerate(specs)))
+
+
+def model_profile(model_dir: Path, k: QuantSpec, v: QuantSpec) -> Profile:
+    """Uniform profile fitted to the HF model folder's config."""
+    import transformers
+
+    fp = ModelFingerprint.from_config(transformers.AutoConfig.from_pretrained(model_dir))
+    return Profile.uniform(Path(model_dir).name, fp, k, v)
