@@ -17,8 +17,12 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 import textwrap  # noqa: E402
 
+import hypothesis.extra.numpy as hnp  # noqa: E402
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 from kvtuner.quant import QuantSpec, dequantize, quantize  # noqa: E402
 
@@ -93,6 +97,29 @@ def test_scatter_gather_match_reference(tk, spec, head_dim):
             ref = dequantize(expected[LOC], spec, head_dim, out_dtype)
             assert out.dtype == out_dtype and out.shape == (len(LOC), HEADS, head_dim)
             assert _same_values(out, ref)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    data=hnp.arrays(
+        np.float32,
+        st.tuples(st.integers(1, 4), st.just(2), st.just(32)),
+        elements=st.floats(width=32),
+    ),  # any float32: subnormals, huge, NaN, Inf
+    spec=st.sampled_from(
+        [QuantSpec(2, 8), QuantSpec(4, 32, True), QuantSpec(8, 16), QuantSpec(4, 2)]
+    ),
+)
+def test_scatter_matches_reference_on_any_float(tk, data, spec):
+    """Directed fp16 rounding of the metadata is where torch and Triton could part ways."""
+    x = torch.from_numpy(data)
+    loc = torch.arange(x.shape[0]).flip(0)
+    buf = torch.zeros(x.shape[0], 2, spec.row_bytes(32), dtype=torch.uint8)
+    tk.triton_scatter_quantized(buf, loc, x, spec)
+    assert torch.equal(buf[loc], quantize(x, spec))
+    assert _same_values(
+        tk.triton_gather_dequantized(buf, loc, spec, 32), dequantize(buf[loc], spec, 32)
+    )
 
 
 def test_many_rows_span_several_programs(tk):
