@@ -1,0 +1,149 @@
+"""evaluate(): fp and every requested config on the same windows, in one run, one table."""
+
+from __future__ import annotations
+
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..errors import KVTunerError
+from ..profile import ModelFingerprint
+from .configs import EvalConfig
+from .data import EvalWindows
+from .perplexity import PerplexityResult, perplexity
+from .speed import DecodeSettings, measure_decode
+
+__all__ = ["EvalReport", "evaluate", "hardware"]
+
+
+def hardware() -> dict[str, Any]:
+    """CPU model (from /proc/cpuinfo), logical cores, torch threads, versions."""
+    cpu = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    import os
+
+    import transformers
+
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": sys.version.split()[0],
+    }
+
+
+@dataclass
+class EvalReport:
+    model: str
+    fingerprint: ModelFingerprint
+    data: dict[str, Any]
+    settings: dict[str, Any]
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    hardware: dict[str, Any] = field(default_factory=hardware)
+    wall_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": "kvtuner-eval",
+            "version": 1,
+            "model": self.model,
+            "fingerprint": self.fingerprint.to_dict(),
+            "data": self.data,
+            "settings": self.settings,
+            "hardware": self.hardware,
+            "wall_s": round(self.wall_s, 1),
+            "rows": self.rows,
+        }
+
+
+def _stored_bytes(cache: Any) -> int:
+    if hasattr(cache, "nbytes"):
+        return cache.nbytes()
+    from .quanto import quanto_nbytes
+
+    return quanto_nbytes(cache)
+
+
+def _row(
+    config: EvalConfig,
+    fingerprint: ModelFingerprint,
+    res: PerplexityResult,
+    fp: PerplexityResult,
+    stored_per_token: float | None,
+) -> dict[str, Any]:
+    """One table row; bytes/token as measured on the first window's cache when there is one."""
+    acct = config.accounting(fingerprint)
+    fp16 = 4 * fingerprint.num_layers * fingerprint.num_kv_heads * fingerprint.head_dim
+    per_token = acct["bytes_per_token"] if stored_per_token is None else stored_per_token
+    return {
+        "name": config.name,
+        "kind": config.kind,
+        "source": config.source,
+        "nominal_bits": round(acct["nominal_bits"], 4),
+        "effective_bits": round(16.0 * per_token / fp16, 4),
+        "bytes_per_token": round(per_token, 2),
+        "ratio_to_fp16": round(per_token / fp16, 4),
+        "ppl": round(res.ppl, 4),
+        "delta_ppl_pct": round(res.delta_pct(fp), 3),
+        "delta_se_pct": round(res.delta_se_pct(fp), 3),
+        "window_nll": [round(x, 4) for x in res.window_nll],
+    }
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def evaluate(
+    model: Any,
+    windows: EvalWindows,
+    configs: list[EvalConfig],
+    *,
+    model_name: str = "",
+    decode: DecodeSettings | None = None,
+) -> EvalReport:
+    """fp first, then each config: perplexity (+ bytes stored), then decode speed if asked."""
+    start = time.perf_counter()
+    fingerprint = ModelFingerprint.from_config(model.config)
+    settings = {"ppl_residual_length": 0}
+    if decode is not None:
+        settings.update(decode=decode.__dict__)
+    report = EvalReport(model_name, fingerprint, windows.describe(), settings)
+    fp_cfg = EvalConfig("fp", "fp")
+    results: dict[str, PerplexityResult] = {}
+    for config in [fp_cfg, *configs]:
+        t0, stored = time.perf_counter(), []
+
+        def first_window_bytes(i: int, cache: Any, stored: list = stored) -> None:
+            if i == 0 and cache is not None:
+                stored.append(_stored_bytes(cache) / windows.seq_len)
+
+        res = perplexity(model, windows.tokens, config, on_window=first_window_bytes)
+        results[config.name] = res
+        per_token = stored[0] if stored else None
+        report.rows.append(_row(config, fingerprint, res, results["fp"], per_token))
+        _log(f"[eval] {config.name}: ppl {res.ppl:.4f} ({time.perf_counter() - t0:.0f} s)")
+    if decode is not None:
+        if decode.prompt_tokens > windows.tokens.numel():
+            raise KVTunerError(
+                f"decode prompt of {decode.prompt_tokens} tokens is longer than "
+                f"the evaluation text ({windows.tokens.numel()} tokens)"
+            )
+        prompt = windows.tokens.flatten()[: decode.prompt_tokens]
+        speeds = measure_decode(model, prompt, configs, decode)
+        for row in report.rows:
+            row["decode_tok_s"] = round(speeds[row["name"]]["tok_s"], 2)
+            row["decode_ratio"] = round(speeds[row["name"]]["ratio"], 3)
+        _log(f"[eval] decode speed measured ({decode.repeats} repeats)")
+    report.wall_s = time.perf_counter() - start
+    return report

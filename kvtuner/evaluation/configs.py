@@ -1,0 +1,117 @@
+"""EvalConfig: one row of an evaluation (fp, a uniform baseline, a profile, or HF's quanto cache).
+
+Uniform baseline names (all asymmetric, group size 32, the ``QuantSpec`` default, so every config
+pays the same metadata: 8 bytes of fp16 scale+zero per 32 elements = +1 bit per element):
+- ``kvB``  = K and V at B bits, per-token (groups of 32 along head_dim), e.g. ``kv8 kv4 kv2``;
+- ``kBvC`` = K at B bits, V at C bits, per-token, e.g. ``k8v4 k4v2``;
+- ``kiviB`` = KIVI-style: keys per-channel (groups of 32 tokens), values per-token, both B bits;
+  ``kivi-kBvC`` for unequal bits (e.g. ``kivi-k4v2``);
+- ``had-kvB`` / ``had-kBvC``: per-token with a Hadamard rotation over head_dim on K and V (the
+  ``per-token`` search preset's key format).
+Group 32 (not DESIGN.md's first table's 64) because the search presets and the SGLang pool use 32.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import KVTunerError
+from ..profile import LayerSpec, ModelFingerprint, Profile
+from ..quant import QuantSpec
+
+KINDS = ("fp", "uniform", "profile", "hf-quanto")
+GROUP_SIZE = 32
+DEFAULT_UNIFORM = ("kv8", "kv4", "kv2", "k8v4", "k4v2", "kivi4", "kivi2")
+QUANTO_BITS = (4, 2)
+_NAME = re.compile(r"^(?:(kivi|had)-)?(?:kv(\d+)|k(\d+)v(\d+))$")
+
+__all__ = ["DEFAULT_UNIFORM", "EvalConfig", "parse_uniform", "profile_config", "uniform_specs"]
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """``specs`` for uniform/profile rows, ``quanto_bits`` for the HF quanto peer, none for fp."""
+
+    name: str
+    kind: str
+    specs: tuple[LayerSpec, ...] | None = None
+    quanto_bits: int | None = None
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise KVTunerError(f"unknown evaluation kind {self.kind!r}")
+        if (self.specs is not None) != (self.kind in ("uniform", "profile")):
+            raise KVTunerError(f"{self.name}: layer specs go with uniform/profile rows only")
+        if (self.quanto_bits is not None) != (self.kind == "hf-quanto"):
+            raise KVTunerError(f"{self.name}: quanto bits go with hf-quanto rows only")
+        if self.quanto_bits is not None and self.quanto_bits not in QUANTO_BITS:
+            raise KVTunerError(f"quanto supports {QUANTO_BITS} bits, got {self.quanto_bits}")
+
+    def accounting(self, fingerprint: ModelFingerprint) -> dict[str, float]:
+        """Nominal and effective bits and KV bytes per token (all layers, K+V, metadata in)."""
+        if self.specs is not None:
+            p = Profile(self.name, fingerprint, self.specs)
+            return {
+                "nominal_bits": p.nominal_bits,
+                "effective_bits": p.effective_bits,
+                "bytes_per_token": p.bytes_per_token,
+            }
+        fp16 = fingerprint.num_layers * fingerprint.num_kv_heads * fingerprint.head_dim * 2 * 2
+        if self.kind == "fp":
+            return {"nominal_bits": 16.0, "effective_bits": 16.0, "bytes_per_token": float(fp16)}
+        # quanto (fp32 model): codes + an fp32 scale and an fp32 shift per GROUP_SIZE elements;
+        # evaluate() replaces this with the bytes it measures on quanto's stored tensors
+        bits = self.quanto_bits + 2 * 32 / GROUP_SIZE
+        return {
+            "nominal_bits": float(self.quanto_bits),
+            "effective_bits": bits,
+            "bytes_per_token": fp16 * bits / 16,
+        }
+
+
+def _spec(bits: int, axis: str = "token", rotation: str = "none") -> QuantSpec:
+    try:
+        return QuantSpec(bits, GROUP_SIZE, False, axis if bits < 16 else "token", rotation)
+    except ValueError as exc:
+        raise KVTunerError(str(exc)) from None
+
+
+def uniform_specs(name: str, fingerprint: ModelFingerprint) -> tuple[LayerSpec, ...]:
+    """Layer specs of a uniform baseline name (see the module docstring)."""
+    key = name.strip().lower()
+    key = re.sub(r"^kivi(\d+)$", r"kivi-kv\1", key)
+    m = _NAME.match(key)
+    if not m:
+        raise KVTunerError(
+            f"unknown uniform config {name!r} (use kvB, kBvC, kiviB, kivi-kBvC, had-kvB; "
+            "B, C in 2, 4, 8, 16)"
+        )
+    prefix, both, kb, vb = m.groups()
+    k_bits, v_bits = (int(both), int(both)) if both else (int(kb), int(vb))
+    rot = "hadamard" if prefix == "had" else "none"
+    k = _spec(k_bits, "channel" if prefix == "kivi" else "token", rot)
+    v = _spec(v_bits, "token", rot)
+    return tuple(LayerSpec(i, k, v) for i in range(fingerprint.num_layers))
+
+
+def parse_uniform(names: str | list[str], fingerprint: ModelFingerprint) -> list[EvalConfig]:
+    """``"kv8,kv4"`` (or a list of such strings) -> uniform EvalConfigs, order kept, no repeats."""
+    items = names if isinstance(names, list) else [names]
+    flat = [n.strip() for item in items for n in item.split(",") if n.strip()]
+    seen: dict[str, EvalConfig] = {}
+    for n in flat:
+        seen.setdefault(n.lower(), EvalConfig(n.lower(), "uniform", uniform_specs(n, fingerprint)))
+    return list(seen.values())
+
+
+def profile_config(path: str, model_config: Any) -> EvalConfig:
+    """A profile file as an evaluation row, validated against the model (one-line errors)."""
+    from pathlib import Path
+
+    from ..profile import load_profile
+
+    profile = load_profile(path, model_config)
+    return EvalConfig(Path(path).stem, "profile", profile.layers, source=str(path))

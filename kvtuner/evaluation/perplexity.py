@@ -1,0 +1,81 @@
+"""Perplexity by DESIGN.md's protocol: each window one forward, K/V quantized before any query
+reads them (prefill included: kvtuner's cache with ``residual_length=0``)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .configs import EvalConfig
+
+__all__ = ["PerplexityResult", "perplexity", "ppl_cache"]
+
+
+@dataclass(frozen=True)
+class PerplexityResult:
+    """Per-window summed NLL (nats) over ``tokens_per_window`` predicted tokens each."""
+
+    window_nll: tuple[float, ...]
+    tokens_per_window: int
+
+    @property
+    def ppl(self) -> float:
+        return math.exp(sum(self.window_nll) / (len(self.window_nll) * self.tokens_per_window))
+
+    def delta_pct(self, ref: PerplexityResult) -> float:
+        return 100.0 * (self.ppl / ref.ppl - 1.0)
+
+    def delta_se_pct(self, ref: PerplexityResult) -> float:
+        """Standard error (in % of ppl) of the paired per-window difference: Δppl% ± this."""
+        n = len(self.window_nll)
+        if n < 2:
+            return float("nan")
+        d = [
+            (a - b) / self.tokens_per_window
+            for a, b in zip(self.window_nll, ref.window_nll, strict=True)
+        ]
+        mean = sum(d) / n
+        var = sum((x - mean) ** 2 for x in d) / (n - 1)
+        return 100.0 * math.exp(mean) * math.sqrt(var / n)
+
+
+def ppl_cache(config: EvalConfig, model: Any):
+    """A fresh cache for one perplexity window (None: the model's default cache)."""
+    if config.kind == "fp":
+        return None
+    if config.kind == "hf-quanto":
+        from .quanto import quanto_ppl_cache
+
+        return quanto_ppl_cache(model, config.quanto_bits)
+    from ..runtime_loader.hf import make_cache
+
+    return make_cache(model, config.specs, residual_length=0)
+
+
+@torch.inference_mode()
+def window_nll(model: Any, ids: torch.Tensor, cache: Any) -> float:
+    """Summed next-token NLL of one window ids[T] (T-1 predictions)."""
+    out = model(ids[None], past_key_values=cache, use_cache=cache is not None)
+    return F.cross_entropy(out.logits[0, :-1].float(), ids[1:], reduction="sum").item()
+
+
+def perplexity(
+    model: Any,
+    windows: torch.Tensor,
+    config: EvalConfig,
+    *,
+    on_window: Callable[[int, Any], None] | None = None,
+) -> PerplexityResult:
+    """Perplexity of ``windows`` [N, T] under ``config``; ``on_window(i, cache)`` after each."""
+    nll = []
+    for i, ids in enumerate(windows):
+        cache = ppl_cache(config, model)
+        nll.append(window_nll(model, ids, cache))
+        if on_window is not None:
+            on_window(i, cache)
+    return PerplexityResult(tuple(nll), windows.shape[1] - 1)

@@ -1,0 +1,94 @@
+"""Presenting an EvalReport: a text table, JSON (atomic), and a Δppl-vs-bits PNG (matplotlib)."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+from ..errors import KVTunerError
+from ..profile import write_json_atomic
+from .compare import EvalReport
+
+__all__ = ["format_table", "plot_report", "write_report"]
+
+
+def _fmt(value, spec: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return format(value, spec)
+
+
+def format_table(report: EvalReport) -> str:
+    d, hw = report.data, report.hardware
+    head = (
+        f"{'config':<22} {'kind':<9} {'nom.bits':>8} {'eff.bits':>8} {'B/token':>9} "
+        f"{'x fp16':>6} {'ppl':>9} {'Δppl %':>16} {'decode tok/s':>12} {'vs default':>10}"
+    )
+    lines = [
+        f"model {report.model}  ({report.fingerprint.architecture}, {report.fingerprint.num_layers}"
+        f" layers)  data {d['dataset']}: {d['num_windows']} x {d['seq_len']} tokens",
+        f"hardware {hw['cpu']}, {hw['cores']} cores, torch threads {hw['torch_threads']}; "
+        f"wall {report.wall_s:.0f} s",
+        head,
+        "-" * len(head),
+    ]
+    for r in report.rows:
+        delta = (
+            ""
+            if r["kind"] == "fp"
+            else (f"{r['delta_ppl_pct']:+.2f} ± {_fmt(r['delta_se_pct'], '.2f')}")
+        )
+        lines.append(
+            f"{r['name']:<22} {r['kind']:<9} {r['nominal_bits']:>8.2f} {r['effective_bits']:>8.2f} "
+            f"{r['bytes_per_token']:>9.1f} {r['ratio_to_fp16']:>6.3f} {r['ppl']:>9.4f} "
+            f"{delta:>16} {_fmt(r.get('decode_tok_s'), '.1f'):>12} "
+            f"{_fmt(r.get('decode_ratio'), '.2f'):>10}"
+        )
+    return "\n".join(lines)
+
+
+def write_report(report: EvalReport, path: str | os.PathLike) -> Path:
+    write_json_atomic(path, report.to_dict())
+    return Path(path)
+
+
+def plot_report(report: EvalReport, path: str | os.PathLike) -> Path:
+    """PNG of Δppl % (log scale) vs effective bits; profiles and baselines marked apart."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise KVTunerError("--plot needs matplotlib: pip install 'kvtuner[viz]'") from None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    styles = {
+        "uniform": ("o", "tab:blue"),
+        "profile": ("*", "tab:red"),
+        "hf-quanto": ("s", "tab:gray"),
+    }
+    for kind, (marker, color) in styles.items():
+        rows = [r for r in report.rows if r["kind"] == kind]
+        if not rows:
+            continue
+        xs = [r["effective_bits"] for r in rows]
+        ys = [max(r["delta_ppl_pct"], 1e-3) for r in rows]
+        ax.scatter(
+            xs, ys, marker=marker, color=color, s=80 if kind == "profile" else 40, label=kind
+        )
+        for r, x, y in zip(rows, xs, ys, strict=True):
+            ax.annotate(r["name"], (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    ax.set_yscale("log")
+    ax.set_xlabel("effective bits per element (scales/zeros included)")
+    ax.set_ylabel("Δ perplexity vs fp, % (log)")
+    ax.set_title(f"{report.model}: {report.data['num_windows']}×{report.data['seq_len']} tokens")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path
