@@ -3,11 +3,15 @@
 from .batches import CalibrationData, load_calibration_data, load_token_batches
 from .kl import FpReference, fp_reference, measure_kl
 from .models import SUPPORTED_MODEL_TYPES, fingerprint_of, load_model, model_fingerprint
+from .sensitivity import Sensitivity
+from .sweep import calibrate
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
     "CalibrationData",
+    "Sensitivity",
     "FpReference",
+    "calibrate",
     "fingerprint_of",
     "fp_reference",
     "load_calibration_data",

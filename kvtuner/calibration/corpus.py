@@ -25,7 +25,7 @@ BUILDERS = {
 }
 MAX_CHARS = 20_000_000  # tokenizing more text than this buys nothing for calibration
 
-__all__ = ["EMBEDDED_NAME", "read_corpus"]
+__all__ = ["EMBEDDED_NAME", "check_dataset", "read_corpus"]
 
 
 def _first_line(exc: BaseException) -> str:
@@ -102,20 +102,33 @@ def _read_hub(spec: str) -> tuple[str, str]:
     return _join(ds, spec, "hub"), split
 
 
-def read_corpus(dataset: str | None) -> tuple[str, str, str]:
-    """Return ``(text, dataset_name, split)`` for a ``--dataset`` value (None: embedded)."""
+def check_dataset(dataset: str | None) -> None:
+    """Cheap checks of a ``--dataset`` value (syntax, existence) before any model is loaded."""
     if dataset is None:
-        text, split = _read_local(EMBEDDED_FILE, EMBEDDED_NAME)
-        return text, EMBEDDED_NAME, "validation"
+        return
     if not isinstance(dataset, str) or not dataset.strip():
         raise KVTunerError("empty dataset name")
     if dataset.startswith("hf:"):
-        text, split = _read_hub(dataset)
-        return text, dataset, split
+        if len(dataset.split(":")) != 4:
+            raise KVTunerError(f"bad hub dataset {dataset!r}: expected hf:NAME:CONFIG:SPLIT")
+        return
     path = Path(dataset).expanduser()
     if not path.exists():
         raise KVTunerError(
             f"dataset not found: {dataset} (a local file/folder or hf:NAME:CONFIG:SPLIT)"
         )
+    _local_files(path)
+
+
+def read_corpus(dataset: str | None) -> tuple[str, str, str]:
+    """Return ``(text, dataset_name, split)`` for a ``--dataset`` value (None: embedded)."""
+    if dataset is None:
+        text, split = _read_local(EMBEDDED_FILE, EMBEDDED_NAME)
+        return text, EMBEDDED_NAME, "validation"
+    check_dataset(dataset)
+    if dataset.startswith("hf:"):
+        text, split = _read_hub(dataset)
+        return text, dataset, split
+    path = Path(dataset).expanduser()
     text, split = _read_local(path, dataset)
     return text, str(path.resolve()), split

@@ -13,16 +13,7 @@ import sys
 from ..errors import KVTunerError
 
 # Subcommand modules, in the order `kvtuner --help` lists them (the pipeline's order).
-COMMANDS = (
-    "show",
-    "validate",
-    "calibrate",
-    "search",
-    "import_kvtuner",
-    "eval",
-    "serve",
-    "generate",
-)
+COMMANDS = ("show", "validate", "calibrate", "search", "import_kvtuner", "eval", "serve")
 
 
 class _OneLineParser(argparse.ArgumentParser):

@@ -1,0 +1,149 @@
+"""`calibrate()`: the per-layer K/V sensitivity sweep, cached on disk layer by layer.
+
+Cost: one fp forward, then for layer l the 2*len(bits) variants each run layer l alone and run
+together through layers l+1..L-1, norm and lm_head: 2*len(bits)*(L-l) layer-forwards per layer
+instead of 2*len(bits)*L for full forwards.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from ..errors import KVTunerError
+from ..profile import LayerSpec
+from ..quant import QuantSpec
+from .batches import CalibrationData
+from .models import fingerprint_of
+from .runner import FpActivations, capture_fp, run_layer_variants
+from .sensitivity import PARTS, Sensitivity, spec_template
+from .sweep_cache import SweepCache, default_cache_dir, weights_digest
+
+DEFAULT_BITS = (2, 4, 8)
+PER_TOKEN_KEY = QuantSpec(4, 32, rotation="hadamard")  # the `per-token` search preset
+PER_TOKEN_VALUE = QuantSpec(4, 32)
+_FP16 = QuantSpec(16)
+
+__all__ = ["DEFAULT_BITS", "calibrate", "layer_forwards", "measure_layer"]
+
+
+def layer_forwards(num_layers: int, num_bits: int) -> int:
+    """Decoder-layer forwards of a full sweep (on the calibration tokens), fp pass included."""
+    variants = 2 * num_bits
+    return num_layers + sum(variants * (num_layers - li) for li in range(num_layers))
+
+
+def _variants(layer: int, bits: Sequence[int], key: QuantSpec, value: QuantSpec):
+    ks = [LayerSpec(layer, replace(key, bits=b), _FP16) for b in bits]
+    vs = [LayerSpec(layer, _FP16, replace(value, bits=b)) for b in bits]
+    return ks + vs
+
+
+def measure_layer(model, fp: FpActivations, layer, bits, key, value) -> dict:
+    """One layer's entry of the sensitivity file: {"layer", "k": {bits: {...}}, "v": ...},
+    each tensor of this layer alone at each of ``bits`` (``key``/``value``: spec templates)."""
+    variants = _variants(layer, bits, key, value)
+    sums = [[0.0, 0.0, 0.0] for _ in variants]
+    for c in range(len(fp.chunks)):
+        for acc, r in zip(sums, run_layer_variants(model, fp, c, variants), strict=True):
+            acc[0] += r.kl_sum
+            acc[1] += r.err_sq
+            acc[2] += r.ref_sq
+    positions = fp.reference.tokens.numel()
+    entry = {"layer": layer, "k": {}, "v": {}}
+    for i, (kl, err, ref) in enumerate(sums):
+        part, b = PARTS[i // len(bits)], bits[i % len(bits)]
+        rel = math.sqrt(err / ref) if ref > 0 else 0.0
+        entry[part][str(b)] = {"kl": max(0.0, kl / positions), "attn_rel_err": rel}
+    return entry
+
+
+def _progress(total: int, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(
+        total=total, disable=not enabled, desc="calibrate", unit="layer-fwd", dynamic_ncols=True
+    )
+
+
+def _cache_for(model, data, bits, key, value, cache_dir) -> SweepCache:
+    root = default_cache_dir() if cache_dir is None else Path(cache_dir)
+    key_facts = {
+        "fingerprint": fingerprint_of(model).to_dict(),
+        "weights": weights_digest(model),
+        "tokens": data.token_hash,
+        "shape": list(data.tokens.shape),
+        "bits": list(bits),
+        "key_spec": spec_template(key),
+        "value_spec": spec_template(value),
+    }
+    return SweepCache(root, key_facts)
+
+
+def _check_specs(model, bits, key: QuantSpec, value: QuantSpec) -> None:
+    head_dim = fingerprint_of(model).head_dim
+    if not bits or any(b not in DEFAULT_BITS for b in bits):
+        raise KVTunerError(f"bits must be among {DEFAULT_BITS}, got {tuple(bits)}")
+    for name, spec in (("key", key), ("value", value)):
+        try:
+            replace(spec, bits=bits[0]).check_head_dim(head_dim)
+        except ValueError as exc:
+            raise KVTunerError(f"{name} spec: {exc}") from None
+
+
+def _sweep(model, fp, todo, bits, specs, cache, progress) -> dict[int, dict]:
+    """Measure layers ``todo``, persisting each as soon as it is done."""
+    num_layers, out = len(fp.inputs[0]), {}
+    with _progress(sum(2 * len(bits) * (num_layers - li) for li in todo), progress) as bar:
+        for li in todo:
+            out[li] = measure_layer(model, fp, li, bits, *specs)
+            if cache:
+                cache.put_layer(li, out[li])
+            bar.update(2 * len(bits) * (num_layers - li))
+    return out
+
+
+def calibrate(
+    model,
+    data: CalibrationData,
+    *,
+    model_id: str,
+    bits: Sequence[int] = DEFAULT_BITS,
+    key_spec: QuantSpec = PER_TOKEN_KEY,
+    value_spec: QuantSpec = PER_TOKEN_VALUE,
+    cache_dir: str | Path | None = None,
+    use_cache: bool = True,
+    progress: bool = True,
+) -> Sensitivity:
+    """Per-layer K and V sensitivity of ``model`` on ``data`` (``key_spec``/``value_spec``
+    give axis, group, symmetry and rotation; their ``bits`` is ignored).
+
+    cache_dir: where per-layer results persist (None: ``$KVTUNER_CACHE_DIR`` or
+        ``~/.cache/kvtuner``); ``use_cache=False`` measures everything and stores nothing.
+        With the cache a re-run is instant and an interrupted run resumes.
+    """
+    bits = tuple(sorted(set(bits)))
+    _check_specs(model, bits, key_spec, value_spec)
+    cache = _cache_for(model, data, bits, key_spec, value_spec, cache_dir) if use_cache else None
+    num_layers = fingerprint_of(model).num_layers
+    entries = {li: cache.layer(li) for li in range(num_layers)} if cache else {}
+    todo = [li for li in range(num_layers) if entries.get(li) is None]
+    fp_ppl = cache.fp_ppl() if cache else None
+    if todo or fp_ppl is None:  # a full cache hit runs no forward pass at all
+        fp = capture_fp(model, data.tokens)
+        fp_ppl = fp.reference.ppl
+        if cache:
+            cache.put_fp_ppl(fp_ppl)
+        entries.update(_sweep(model, fp, todo, bits, (key_spec, value_spec), cache, progress))
+    return Sensitivity(
+        model_id=model_id,
+        fingerprint=fingerprint_of(model),
+        data=data.describe(),
+        bits=bits,
+        key_spec=spec_template(key_spec),
+        value_spec=spec_template(value_spec),
+        fp_ppl=fp_ppl,
+        layers=tuple(entries[li] for li in range(num_layers)),
+    )

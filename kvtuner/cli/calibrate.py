@@ -1,0 +1,137 @@
+"""`kvtuner calibrate --model M [--dataset D] --output sensitivity.json [--plot heat.png]`."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import replace
+
+from ..errors import KVTunerError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    from ..calibration.batches import DEFAULT_NUM_SAMPLES, DEFAULT_SEED, DEFAULT_SEQ_LEN
+
+    p = sub.add_parser(
+        "calibrate",
+        help="measure per-layer K and V quantization sensitivity (KL vs fp)",
+        description="For every layer, K and V separately, at each bit width: KL(fp || quantized) "
+        "of next-token distributions with only that tensor of that layer quantized.",
+    )
+    p.add_argument(
+        "--model",
+        default="smollm2-135m",
+        help="hub id, local dir, .gguf or alias (default %(default)s)",
+    )
+    p.add_argument(
+        "--dataset",
+        help="local text/jsonl/parquet file or folder, or "
+        "hf:NAME:CONFIG:SPLIT (default: the embedded WikiText-2 valid slice)",
+    )
+    p.add_argument("--num-samples", type=int, default=DEFAULT_NUM_SAMPLES)
+    p.add_argument("--seq-len", type=int, default=DEFAULT_SEQ_LEN)
+    p.add_argument("--seed", type=int, default=DEFAULT_SEED, help="which windows are sampled")
+    p.add_argument("--output", required=True, help="sensitivity JSON to write")
+    p.add_argument("--plot", help="layer x (K2..V8) heatmap PNG (needs matplotlib)")
+    p.add_argument(
+        "--preset",
+        default="per-token",
+        help="per-token (Hadamard keys, token axis, g32), kivi (channel keys g32) or "
+        "a preset JSON file; the flags below override it",
+    )
+    p.add_argument("--key-axis", choices=("token", "channel"))
+    p.add_argument("--key-rotation", choices=("hadamard", "none"))
+    p.add_argument("--group-size", type=int, help="group size of keys and values")
+    p.add_argument("--symmetric", action="store_true", help="absmax grids for keys and values")
+    p.add_argument("--bits", default="2,4,8", help="bit widths to measure (default %(default)s)")
+    p.add_argument("--cache-dir", help="per-layer result cache (default ~/.cache/kvtuner)")
+    p.add_argument("--no-cache", action="store_true", help="measure everything again")
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=run)
+
+
+def _bits(text: str) -> tuple[int, ...]:
+    try:
+        bits = tuple(int(b) for b in text.split(","))
+    except ValueError:
+        raise KVTunerError(f"--bits must be a comma list like 2,4,8, got {text!r}") from None
+    if not bits or any(b not in (2, 4, 8) for b in bits):
+        raise KVTunerError(f"--bits must be among 2,4,8, got {text!r}")
+    return bits
+
+
+def specs_from_args(args: argparse.Namespace):
+    """(key template, value template) from --preset and the override flags."""
+    from ..search_spaces import load_preset
+
+    preset = load_preset(args.preset)
+    key, value = preset.key, preset.value
+    shared = {"symmetric": True} if args.symmetric else {}
+    if args.group_size is not None:
+        shared["group_size"] = args.group_size
+    own = {"axis": args.key_axis, "rotation": args.key_rotation}
+    try:
+        key = replace(key, **shared, **{k: v for k, v in own.items() if v is not None})
+        value = replace(value, **shared)
+    except ValueError as exc:
+        raise KVTunerError(str(exc)) from None
+    return key, value
+
+
+def _summary(sens, seconds: float) -> str:
+    low = sens.bits[0]
+    lines = [f"fp ppl {sens.fp_ppl:.3f} on {sens.data['tokens']} tokens; {seconds:.1f} s"]
+    for part, name in (("k", "key"), ("v", "value")):
+        ranked = sorted(range(len(sens.layers)), key=lambda i: -sens.kl(i, part, low))[:5]
+        top = ", ".join(f"{i} ({sens.kl(i, part, low):.2e})" for i in ranked)
+        lines.append(f"most {name}-sensitive layers at {low} bits: {top}")
+    return "\n".join(lines)
+
+
+def _quiet_loaders() -> None:
+    """--no-progress also silences the weight-loading and dataset progress bars."""
+    import datasets
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..calibration import calibrate, load_calibration_data, load_model
+    from ..calibration.corpus import check_dataset
+
+    key, value = specs_from_args(args)  # bad flags fail before anything loads
+    bits = _bits(args.bits)
+    check_dataset(args.dataset)
+    if args.no_progress:
+        _quiet_loaders()
+    start = time.perf_counter()
+    model, tokenizer = load_model(args.model, trust_remote_code=args.trust_remote_code)
+    data = load_calibration_data(
+        tokenizer,
+        dataset=args.dataset,
+        num_samples=args.num_samples,
+        seq_len=args.seq_len,
+        seed=args.seed,
+    )
+    sens = calibrate(
+        model,
+        data,
+        model_id=args.model,
+        bits=bits,
+        key_spec=key,
+        value_spec=value,
+        cache_dir=args.cache_dir,
+        use_cache=not args.no_cache,
+        progress=not args.no_progress,
+    )
+    sens.save(args.output)
+    print(_summary(sens, time.perf_counter() - start))
+    print(f"wrote {args.output}")
+    if args.plot:
+        from ..calibration.plot import plot_sensitivity
+
+        print(f"wrote {plot_sensitivity(sens, args.plot)}")
+    return 0

@@ -1,0 +1,131 @@
+"""calibrate(): per-layer sensitivity equals the full-model measurement, is deterministic, and
+is cached on disk (a re-run runs no forward pass; an interrupted run resumes)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import tiny_model
+
+from kvtuner import LayerSpec, QuantSpec
+from kvtuner.calibration import CalibrationData, calibrate, fp_reference, measure_kl
+from kvtuner.calibration.runner import decoder_layers
+from kvtuner.calibration.sweep import PER_TOKEN_VALUE, layer_forwards
+
+FP16 = QuantSpec(16)
+
+
+def data(n=3, t=64, seed=0):
+    tokens = torch.randint(0, 256, (n, t), generator=torch.Generator().manual_seed(seed))
+    return CalibrationData("test", "train", n, t, seed, tokens)
+
+
+def only(model, layer, part, spec):
+    n = model.config.num_hidden_layers
+    one = [FP16, FP16]
+    one["kv".index(part)] = spec
+    return [LayerSpec(i, *(one if i == layer else (FP16, FP16))) for i in range(n)]
+
+
+class LayerForwards:
+    """Counts decoder-layer forwards: calls, and rows run (the unit of sweep cost)."""
+
+    def __init__(self, model):
+        self.calls = self.rows = 0
+        for m in decoder_layers(model):
+            m.register_forward_pre_hook(self._hit, with_kwargs=True)
+
+    def _hit(self, _module, args, kwargs):
+        self.calls += 1
+        self.rows += (args[0] if args else kwargs["hidden_states"]).shape[0]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_single_layer_kl_equals_the_full_model_measurement(family):
+    model, d = tiny_model(family, num_hidden_layers=3), data()
+    sens = calibrate(model, d, model_id="tiny", use_cache=False, progress=False)
+    ref = fp_reference(model, d.tokens)
+    for layer in range(3):
+        for bits in (2, 4):
+            k = measure_kl(
+                model,
+                d.tokens,
+                only(model, layer, "k", QuantSpec(bits, 32, rotation="hadamard")),
+                ref,
+            )
+            v = measure_kl(model, d.tokens, only(model, layer, "v", QuantSpec(bits, 32)), ref)
+            assert math.isclose(sens.kl(layer, "k", bits), max(k, 0.0), rel_tol=1e-6, abs_tol=1e-12)
+            assert math.isclose(sens.kl(layer, "v", bits), max(v, 0.0), rel_tol=1e-6, abs_tol=1e-12)
+
+
+def test_file_shape_and_orders():
+    model = tiny_model("llama")
+    sens = calibrate(model, data(), model_id="tiny", use_cache=False, progress=False)
+    doc = sens.to_dict()
+    assert doc["format"] == "kvtuner-sensitivity" and doc["version"] == 1
+    assert doc["settings"] == {
+        "bits": [2, 4, 8],
+        "key_spec": {"group_size": 32, "symmetric": False, "axis": "token", "rotation": "hadamard"},
+        "value_spec": {"group_size": 32, "symmetric": False, "axis": "token", "rotation": "none"},
+    }
+    assert doc["data"]["tokens"] == 192 and doc["fp"]["ppl"] > 1
+    assert [e["layer"] for e in doc["layers"]] == [0, 1]
+    for layer in range(2):
+        for part in "kv":
+            errs = [sens.attn_rel_err(layer, part, b) for b in (2, 4, 8)]
+            assert errs[0] > errs[1] > errs[2] > 0
+            assert sens.kl(layer, part, 2) > sens.kl(layer, part, 8)
+            assert sens.kl(layer, part, 16) == 0.0
+
+
+def test_deterministic():
+    model = tiny_model("qwen2")
+    a = calibrate(model, data(), model_id="t", use_cache=False, progress=False).to_dict()
+    b = calibrate(model, data(), model_id="t", use_cache=False, progress=False).to_dict()
+    assert a["layers"] == b["layers"] and a["fp"] == b["fp"]
+
+
+def test_kivi_keys_and_symmetric_specs_run():
+    model = tiny_model("llama")
+    key = QuantSpec(4, 32, axis="channel")
+    sens = calibrate(
+        model,
+        data(t=48),
+        model_id="t",
+        key_spec=key,
+        value_spec=QuantSpec(4, 16, symmetric=True),
+        bits=(2, 4),
+        use_cache=False,
+        progress=False,
+    )
+    assert sens.key_spec["axis"] == "channel" and sens.value_spec["symmetric"] is True
+    assert sens.bits == (2, 4) and sens.kl(1, "k", 2) > 0
+
+
+def test_cache_hit_runs_no_forward_and_resume_runs_only_missing_layers(tmp_path):
+    model, d = tiny_model("llama", num_hidden_layers=3), data()
+    counter = LayerForwards(model)
+    first = calibrate(model, d, model_id="t", cache_dir=tmp_path, progress=False)
+    # fp pass: 3 layers; layer l: 6 variants of layer l, then layers l+1.. once, batched 6x
+    assert counter.rows == d.num_samples * layer_forwards(3, 3) == 3 * (3 + 6 * (3 + 2 + 1))
+    assert counter.calls == 3 + (6 + 2) + (6 + 1) + 6
+    counter.calls = counter.rows = 0
+    again = calibrate(model, d, model_id="t", cache_dir=tmp_path, progress=False)
+    assert counter.calls == 0 and again.layers == first.layers
+    (layer0,) = tmp_path.glob("sensitivity/*/layer_0.json")
+    layer0.unlink()  # as if interrupted before layer 0 was written
+    resumed = calibrate(model, d, model_id="t", cache_dir=tmp_path, progress=False)
+    assert counter.rows == d.num_samples * (3 + 6 * 3) and resumed.layers == first.layers
+
+
+def test_cache_key_covers_tokens_specs_and_weights(tmp_path):
+    model = tiny_model("llama")
+    calibrate(model, data(), model_id="t", cache_dir=tmp_path, progress=False)
+    calibrate(model, data(seed=1), model_id="t", cache_dir=tmp_path, progress=False)
+    calibrate(
+        model, data(), model_id="t", cache_dir=tmp_path, progress=False, key_spec=PER_TOKEN_VALUE
+    )
+    calibrate(tiny_model("llama", seed=1), data(), model_id="t", cache_dir=tmp_path, progress=False)
+    assert len(list(tmp_path.glob("sensitivity/*"))) == 4
