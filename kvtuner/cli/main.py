@@ -13,7 +13,16 @@ import sys
 from ..errors import KVTunerError
 
 # Subcommand modules, in the order `kvtuner --help` lists them (the pipeline's order).
-COMMANDS = ("show", "validate", "calibrate", "search", "import_kvtuner", "eval", "serve")
+COMMANDS = (
+    "show",
+    "validate",
+    "calibrate",
+    "search",
+    "import_kvtuner",
+    "eval",
+    "serve",
+    "generate",
+)
 
 
 class _OneLineParser(argparse.ArgumentParser):
