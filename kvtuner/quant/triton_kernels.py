@@ -249,8 +249,13 @@ def _gather_fp16_kernel(
 
 
 def interpreted() -> bool:
-    """True when this module's kernels were built for Triton's CPU interpreter."""
-    return type(_scatter_kernel).__name__ == "InterpretedFunction"
+    """True when this module's kernels, and Triton's own ``triton.language`` functions they call
+    (``tl.zeros``, ``tl.max``...), were built for Triton's CPU interpreter. The latter are built
+    once, when triton is first imported: TRITON_INTERPRET=1 must be set before that."""
+    from triton.language import standard
+
+    built = (_scatter_kernel, standard.zeros)
+    return all(type(f).__name__ == "InterpretedFunction" for f in built)
 
 
 def _check(buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_dim: int) -> None:
@@ -273,7 +278,7 @@ def _check(buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_dim: i
     if not buffer.is_cuda and not interpreted():
         raise ValueError(
             "Triton kernels need CUDA tensors; for CPU tensors set TRITON_INTERPRET=1 before "
-            "importing kvtuner.quant.triton_kernels"
+            "triton is first imported in this process"
         )
 
 

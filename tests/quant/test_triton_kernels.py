@@ -1,15 +1,17 @@
 """Triton kernels vs the torch reference, on CPU tensors under Triton's interpreter.
 
-``TRITON_INTERPRET=1`` must be set before the kernels are built (when
-``kvtuner.quant.triton_kernels`` is imported); the ``tk`` fixture rebuilds them if some other test
-imported the module first without it.
+Triton builds its own language functions (``tl.zeros``, ``tl.max``...) when it is first imported,
+for the interpreter only if ``TRITON_INTERPRET=1`` is set by then. So this module sets it before
+importing triton. If another test imported triton earlier in this process, the kernels cannot be
+interpreted here: the module's tests then say so and ``test_in_fresh_process`` runs them all in
+a new interpreter.
 """
 
 from __future__ import annotations
 
 import os
 
-os.environ["TRITON_INTERPRET"] = "1"  # before triton builds any kernel in this process
+os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported in this process
 
 import importlib  # noqa: E402
 import itertools  # noqa: E402
@@ -32,13 +34,37 @@ SLOTS, HEADS = 11, 3
 LOC = torch.tensor([7, 1, 3, 10, 0])
 
 
-@pytest.fixture(scope="module")
-def tk():
+def _interpreted_kernels():
+    """kvtuner.quant.triton_kernels built for the interpreter, or None if this process can't."""
     module = importlib.import_module("kvtuner.quant.triton_kernels")
     if not module.interpreted():
-        module = importlib.reload(module)
-    assert module.interpreted()
-    return module
+        module = importlib.reload(module)  # the module was imported before the env var was set
+    return module if module.interpreted() else None
+
+
+TK = _interpreted_kernels()
+TOO_LATE = "triton was imported before TRITON_INTERPRET=1; see test_in_fresh_process"
+
+
+@pytest.fixture(scope="module")
+def tk():
+    if TK is None:
+        pytest.skip(TOO_LATE)
+    return TK
+
+
+if TK is None:
+
+    def test_in_fresh_process():
+        """Run this module where TRITON_INTERPRET=1 is set before triton is imported."""
+        res = subprocess.run(
+            [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider"],
+            env={**os.environ, "TRITON_INTERPRET": "1"},
+            capture_output=True,
+            text=True,
+            timeout=1200,
+        )
+        assert res.returncode == 0, res.stdout[-4000:]
 
 
 def _cases():
