@@ -22,7 +22,9 @@ class ModelFingerprint:
         for name in ("num_layers", "num_kv_heads", "head_dim"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise KVTunerError(f"model fingerprint: {name} must be a positive int, got {value!r}")
+                raise KVTunerError(
+                    f"model fingerprint: {name} must be a positive int, got {value!r}"
+                )
         if not isinstance(self.architecture, str) or not self.architecture:
             raise KVTunerError("model fingerprint: architecture must be a non-empty string")
 
