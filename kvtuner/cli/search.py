@@ -48,14 +48,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--storage", help="optuna storage URL (default sqlite file beside --output)")
     p.add_argument("--study-name", help="default: derived from budget, preset and search space")
     p.add_argument("--dataset", help="calibration text (default: the embedded WikiText-2 slice)")
-    p.add_argument("--num-samples", type=int, default=4)
-    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument(
+        "--num-samples",
+        type=int,
+        default=2,
+        help="calibration windows (default %(default)s; each trial runs them all)",
+    )
+    p.add_argument("--seq-len", type=int, default=256, help="tokens per window (%(default)s)")
     p.add_argument("--pareto-dir", help="write every Pareto-optimal profile here")
     p.add_argument("--plot", help="Pareto-front PNG (needs matplotlib)")
     p.add_argument(
-        "--skip-baselines",
+        "--all-baselines",
         action="store_true",
-        help="do not measure uniform configs over the budget for the summary",
+        help="also measure the uniform configs over the budget, for the summary",
     )
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)
@@ -87,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         seq_len=args.seq_len,
         pareto_dir=args.pareto_dir,
         plot=args.plot,
-        baselines=not args.skip_baselines,
+        baselines=args.all_baselines,
         progress=not args.no_progress,
     )
     print(outcome.summary)

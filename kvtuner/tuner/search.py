@@ -154,12 +154,12 @@ def search(
     study: StudySettings | None = None,
     num_clusters: int | None = None,
     dataset: str | None = None,
-    num_samples: int = 4,
+    num_samples: int = 2,
     seq_len: int = 256,
     data_seed: int = 0,
     pareto_dir: str | Path | None = None,
     plot: str | Path | None = None,
-    baselines: bool = True,
+    baselines: bool = False,
     progress: bool = True,
     log: Callable[[str], None] = print,
 ) -> SearchOutcome:
@@ -177,6 +177,7 @@ def search(
     )
 
     study = study or StudySettings()
+    output.parent.mkdir(parents=True, exist_ok=True)  # the default storage lives beside it
     if study.storage is None:
         study = dataclasses.replace(study, storage=default_storage(output))
     lm, tokenizer = load_model(model)

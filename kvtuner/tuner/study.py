@@ -98,10 +98,20 @@ def _sampler(space: SearchSpace, settings: StudySettings) -> optuna.samplers.Bas
     return LocalSearchSampler(space, seed=settings.seed)
 
 
+def _storage(url: str) -> optuna.storages.RDBStorage:
+    import sqlalchemy.exc
+
+    try:
+        return optuna.storages.RDBStorage(url)
+    except (sqlalchemy.exc.SQLAlchemyError, ValueError, ImportError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise KVTunerError(f"cannot open --storage {url}: {first}") from None
+
+
 def open_study(space: SearchSpace, settings: StudySettings) -> optuna.Study:
     """Create or resume; trials a killed run left RUNNING are marked FAIL and their seeds redone."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = optuna.storages.RDBStorage(settings.storage) if settings.storage else None
+    storage = _storage(settings.storage) if settings.storage else None
     name = settings.study_name or f"kvtuner-{space.budget.label}-{space.preset.name}-{space.hash}"
     study = optuna.create_study(
         storage=storage,
