@@ -129,3 +129,27 @@ def test_cache_key_covers_tokens_specs_and_weights(tmp_path):
     )
     calibrate(tiny_model("llama", seed=1), data(), model_id="t", cache_dir=tmp_path, progress=False)
     assert len(list(tmp_path.glob("sensitivity/*"))) == 4
+
+
+def test_eager_attention_and_row_chunks_give_the_same_numbers(monkeypatch):
+    import transformers
+    from conftest import tiny_config
+
+    from kvtuner.calibration import kl
+
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(
+        tiny_config("llama"), attn_implementation="eager"
+    ).eval()
+    d = data()
+    whole = calibrate(model, d, model_id="t", use_cache=False, progress=False)
+    ref = fp_reference(model, d.tokens)
+    v2 = measure_kl(model, d.tokens, only(model, 0, "v", QuantSpec(2, 32)), ref)
+    assert math.isclose(whole.kl(0, "v", 2), v2, rel_tol=1e-6)
+    monkeypatch.setattr(kl, "LOGITS_CHUNK_BYTES", 1)  # one sample per chunk
+    chunked = calibrate(model, d, model_id="t", use_cache=False, progress=False)
+    for layer in range(2):
+        for part in "kv":
+            for b in (2, 4, 8):
+                a, c = whole.kl(layer, part, b), chunked.kl(layer, part, b)
+                assert math.isclose(a, c, rel_tol=1e-4, abs_tol=1e-9)
