@@ -128,6 +128,7 @@ def test_mismatched_profile_stops_startup_with_one_line(smollm2_dir, tmp_path):
         ("sglang.launch_server", False, True),
         ("sglang.launch_server", True, False),
         ("kvtuner.runtime_loader.sglang.launch_server", True, True),  # the fallback launcher
+        ("kvtuner.cli.main serve", True, True),  # `kvtuner serve` execs the fallback launcher
     ],
 )
 def test_help_lists_the_flag_and_the_fallback_launcher_needs_no_plugins(
@@ -138,7 +139,7 @@ def test_help_lists_the_flag_and_the_fallback_launcher_needs_no_plugins(
     # SGLANG_PLUGINS naming another plugin disables ours
     env = cpu_env(SGLANG_PLUGINS="none-such") if plugins_disabled else cpu_env()
     run = subprocess.run(
-        [sys.executable, "-m", module, "--help"],
+        [sys.executable, "-m", *module.split(), "--help"],
         env=env,
         capture_output=True,
         text=True,
