@@ -35,10 +35,13 @@ from .spec import QuantSpec
 
 @functools.lru_cache(maxsize=8)
 def _hadamard_cpu(dim: int) -> torch.Tensor:
-    h = torch.ones(1, 1)
-    while h.shape[0] < dim:  # Sylvester construction
-        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    return h / dim**0.5
+    # Never cache an inference tensor: a first call under torch.inference_mode() would make
+    # every later autograd-tracked x @ H fail ("Inference tensors cannot be saved for backward").
+    with torch.inference_mode(False):
+        h = torch.ones(1, 1)
+        while h.shape[0] < dim:  # Sylvester construction
+            h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+        return h / dim**0.5
 
 
 def hadamard(dim: int, device: torch.device | str = "cpu") -> torch.Tensor:

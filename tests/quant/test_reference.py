@@ -108,6 +108,18 @@ def test_hadamard_round_trip_l2_bound(bits, data):
     assert (err <= bound * (1 + 1e-3) + 1e-4 * x.norm(dim=-1) + 1e-6).all()
 
 
+def test_hadamard_cache_survives_inference_mode():
+    """The cached matrix first built under inference_mode must still work with autograd."""
+    from kvtuner.quant.reference import _hadamard_cpu
+
+    _hadamard_cpu.cache_clear()
+    spec = QuantSpec(4, 32, rotation="hadamard")
+    with torch.inference_mode():
+        fake_quantize(torch.randn(2, 64), spec)
+    x = torch.randn(2, 64, requires_grad=True)
+    assert fake_quantize(x, spec).shape == (2, 64)
+
+
 def test_hadamard_is_orthonormal_and_self_inverse():
     h = hadamard(64)
     assert torch.allclose(h @ h, torch.eye(64), atol=1e-6)
