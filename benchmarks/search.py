@@ -16,6 +16,7 @@ and the index is regenerated. Prints a table, writes benchmarks/results/search.j
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import shutil
@@ -206,33 +207,23 @@ def export(results: list[dict], folder: Path) -> None:
     write_index(folder.parent)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--budgets", default="4bit,3bit,2.5bit")
-    ap.add_argument("--presets", default="per-token")
-    ap.add_argument("--work", default="/tmp/kvtuner-bench-search")
-    ap.add_argument("--heldout-samples", type=int, default=4)
-    ap.add_argument(
-        "--fresh-calibration",
-        choices=("all", "first", "none"),
-        default="all",
-        help="which runs start with an empty calibration cache (default: all)",
-    )
-    ap.add_argument("--export", help="copy profiles here and regenerate the index above it")
-    ap.add_argument("search_args", nargs="*", help="extra flags for kvtuner search (after --)")
-    args = ap.parse_args()
-    work = Path(args.work)
-    runs = [(p, b) for p in args.presets.split(",") for b in args.budgets.split(",")]
+def run_all(args, work: Path) -> dict:
     searched = {}
-    for p, b in runs:
-        fresh = args.fresh_calibration == "all" or (
-            args.fresh_calibration == "first" and not any(k[0] == p for k in searched)
-        )
-        searched[(p, b)] = (*run_search(p, b, work, args.search_args, fresh), fresh)
+    for p in args.presets.split(","):
+        for b in args.budgets.split(","):
+            fresh = args.fresh_calibration == "all" or (
+                args.fresh_calibration == "first" and not any(k[0] == p for k in searched)
+            )
+            searched[(p, b)] = (*run_search(p, b, work, args.search_args, fresh), fresh)
+    return searched
+
+
+def measure(searched: dict, presets: list[str], heldout_samples: int):
+    """KL of every searched profile and every uniform config, calibration and held-out tokens."""
     first = load_profile(next(iter(searched.values()))[0])
     cal = first.calibration
-    meter = Meter(cal["num_samples"], cal["seq_len"], args.heldout_samples)
-    uniforms = {p: uniform_rows(meter, p, first.fingerprint) for p in args.presets.split(",")}
+    meter = Meter(cal["num_samples"], cal["seq_len"], heldout_samples)
+    uniforms = {p: uniform_rows(meter, p, first.fingerprint) for p in presets}
     results = []
     for (p, b), (path, seconds, fresh) in searched.items():
         profile, budget = load_profile(path), Budget.parse(b)
@@ -248,8 +239,8 @@ def main() -> None:
                 "profile": str(path),
                 "trials": profile.metrics.get("trials"),
                 "search_kl": profile.metrics["kl"],
-                "nominal_bits": profile.nominal_bits,
                 "hash": profile.hash,
+                "nominal_bits": profile.nominal_bits,
                 "effective_bits": profile.effective_bits,
                 "bytes_per_token": profile.bytes_per_token,
                 **kls,
@@ -258,6 +249,39 @@ def main() -> None:
                 "heldout_data": meter.held.describe(),
             }
         )
+    return results, uniforms
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--budgets", default="4bit,3bit,2.5bit")
+    ap.add_argument("--presets", default="per-token")
+    ap.add_argument("--work", default="/tmp/kvtuner-bench-search")
+    ap.add_argument("--heldout-samples", type=int, default=4)
+    ap.add_argument(
+        "--fresh-calibration",
+        choices=("all", "first", "none"),
+        default="all",
+        help="which runs start with an empty calibration cache (default: all)",
+    )
+    ap.add_argument(
+        "--skip-search",
+        action="store_true",
+        help="re-measure the searches recorded in WORK/searched.json",
+    )
+    ap.add_argument("--export", help="copy profiles here and regenerate the index above it")
+    ap.add_argument("search_args", nargs="*", help="extra flags for kvtuner search (after --)")
+    args = ap.parse_args()
+    work = Path(args.work)
+    record = work / "searched.json"
+    if args.skip_search:  # re-measure the runs a previous invocation recorded
+        searched = {
+            tuple(k.split("|")): tuple(v) for k, v in json.loads(record.read_text()).items()
+        }
+    else:
+        searched = run_all(args, work)
+        write_json_atomic(record, {"|".join(k): [str(v[0]), *v[1:]] for k, v in searched.items()})
+    results, uniforms = measure(searched, args.presets.split(","), args.heldout_samples)
     print(table(results, uniforms))
     hardware = {
         "cpu": cpu_model(),
@@ -274,7 +298,7 @@ def main() -> None:
             "hardware": hardware,
             "results": results,
             "uniform": uniforms,
-            "calibration": cal,
+            "calibration": load_profile(results[0]["profile"]).calibration,
         },
     )
     print(f"\n{hardware}\nwrote {OUT}")

@@ -167,6 +167,8 @@ def search(
     start = time.monotonic()
     budget = budget if isinstance(budget, Budget) else Budget.parse(budget)
     search_preset, output = load_preset(preset), Path(output)  # bad input fails before loading
+    if sensitivity is not None and not Path(sensitivity).is_file():
+        raise KVTunerError(f"sensitivity file not found: {sensitivity}")
 
     from ..calibration import (
         fingerprint_of,
