@@ -56,11 +56,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=d.residual_length,
         help="unquantized newest tokens while decoding (perplexity always uses 0)",
     )
-    p.add_argument(
-        "--keep-dequantized",
-        action="store_true",
-        help="decode with a dequantized working copy of the packed history",
-    )
     p.add_argument("--threads", type=int, default=None, help="torch threads")
     p.add_argument("--output", default=None, help="write the report as JSON here")
     p.add_argument("--plot", default=None, help="write a PNG of Δppl vs effective bits here")
@@ -120,7 +115,6 @@ def run(args: argparse.Namespace) -> int:
             args.decode_steps,
             args.decode_repeats,
             args.residual_length,
-            args.keep_dequantized,
         )
     )
     configs = build_configs(args, model_fingerprint(args.model))

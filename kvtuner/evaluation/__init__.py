@@ -4,7 +4,7 @@ from .compare import EvalReport, evaluate, hardware
 from .configs import DEFAULT_UNIFORM, EvalConfig, parse_uniform, uniform_specs
 from .data import EvalWindows, default_dataset, load_eval_windows
 from .perplexity import PerplexityResult, perplexity
-from .report import format_table, plot_report, write_report
+from .report import format_markdown, format_table, plot_report, write_report
 from .speed import DecodeSettings, measure_decode
 
 __all__ = [
@@ -16,6 +16,7 @@ __all__ = [
     "PerplexityResult",
     "default_dataset",
     "evaluate",
+    "format_markdown",
     "format_table",
     "hardware",
     "load_eval_windows",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import platform
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,6 +105,27 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def _check_prompt(decode: DecodeSettings | None, windows: EvalWindows) -> None:
+    if decode is not None and decode.prompt_tokens > windows.tokens.numel():
+        raise KVTunerError(
+            f"decode prompt of {decode.prompt_tokens} tokens is longer than "
+            f"the evaluation text ({windows.tokens.numel()} tokens)"
+        )
+
+
+def _ppl_row(model, windows, config, fingerprint, fp_result) -> tuple[dict, PerplexityResult]:
+    t0, stored = time.perf_counter(), []
+
+    def first_window_bytes(i: int, cache: Any) -> None:
+        if i == 0 and cache is not None:
+            stored.append(_stored_bytes(cache) / windows.seq_len)
+
+    res = perplexity(model, windows.tokens, config, on_window=first_window_bytes)
+    row = _row(config, fingerprint, res, fp_result or res, stored[0] if stored else None)
+    _log(f"[eval] {config.name}: ppl {res.ppl:.4f} ({time.perf_counter() - t0:.0f} s)")
+    return row, res
+
+
 def evaluate(
     model: Any,
     windows: EvalWindows,
@@ -111,39 +133,28 @@ def evaluate(
     *,
     model_name: str = "",
     decode: DecodeSettings | None = None,
+    on_row: Callable[[EvalReport], None] | None = None,
 ) -> EvalReport:
-    """fp first, then each config: perplexity (+ bytes stored), then decode speed if asked."""
+    """fp first, then each config: perplexity (+ bytes stored), then its decode speed (paired
+    with a default-cache run) if asked; ``on_row(report)`` after each row (partial results)."""
+    _check_prompt(decode, windows)
     start = time.perf_counter()
     fingerprint = ModelFingerprint.from_config(model.config)
-    settings = {"ppl_residual_length": 0}
+    settings: dict[str, Any] = {"ppl_residual_length": 0}
     if decode is not None:
         settings.update(decode=decode.__dict__)
     report = EvalReport(model_name, fingerprint, windows.describe(), settings)
-    fp_cfg = EvalConfig("fp", "fp")
-    results: dict[str, PerplexityResult] = {}
-    for config in [fp_cfg, *configs]:
-        t0, stored = time.perf_counter(), []
-
-        def first_window_bytes(i: int, cache: Any, stored: list = stored) -> None:
-            if i == 0 and cache is not None:
-                stored.append(_stored_bytes(cache) / windows.seq_len)
-
-        res = perplexity(model, windows.tokens, config, on_window=first_window_bytes)
-        results[config.name] = res
-        per_token = stored[0] if stored else None
-        report.rows.append(_row(config, fingerprint, res, results["fp"], per_token))
-        _log(f"[eval] {config.name}: ppl {res.ppl:.4f} ({time.perf_counter() - t0:.0f} s)")
-    if decode is not None:
-        if decode.prompt_tokens > windows.tokens.numel():
-            raise KVTunerError(
-                f"decode prompt of {decode.prompt_tokens} tokens is longer than "
-                f"the evaluation text ({windows.tokens.numel()} tokens)"
-            )
-        prompt = windows.tokens.flatten()[: decode.prompt_tokens]
-        speeds = measure_decode(model, prompt, configs, decode)
-        for row in report.rows:
-            row["decode_tok_s"] = round(speeds[row["name"]]["tok_s"], 2)
-            row["decode_ratio"] = round(speeds[row["name"]]["ratio"], 3)
-        _log(f"[eval] decode speed measured ({decode.repeats} repeats)")
-    report.wall_s = time.perf_counter() - start
+    fp_result = None
+    for config in [EvalConfig("fp", "fp"), *configs]:
+        row, res = _ppl_row(model, windows, config, fingerprint, fp_result)
+        fp_result = fp_result or res
+        if decode is not None:
+            prompt = windows.tokens.flatten()[: decode.prompt_tokens]
+            speeds = measure_decode(model, prompt, [config] if configs else [], decode)
+            for key, value in speeds[config.name].items():
+                row[f"decode_{key}"] = round(value, 3)
+        report.rows.append(row)
+        report.wall_s = time.perf_counter() - start
+        if on_row is not None:
+            on_row(report)
     return report

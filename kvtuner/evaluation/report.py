@@ -10,7 +10,7 @@ from ..errors import KVTunerError
 from ..profile import write_json_atomic
 from .compare import EvalReport
 
-__all__ = ["format_table", "plot_report", "write_report"]
+__all__ = ["format_markdown", "format_table", "plot_report", "write_report"]
 
 
 def _fmt(value, spec: str) -> str:
@@ -19,12 +19,47 @@ def _fmt(value, spec: str) -> str:
     return format(value, spec)
 
 
-def format_table(report: EvalReport) -> str:
-    d, hw = report.data, report.hardware
-    head = (
-        f"{'config':<22} {'kind':<9} {'nom.bits':>8} {'eff.bits':>8} {'B/token':>9} "
-        f"{'x fp16':>6} {'ppl':>9} {'Δppl %':>16} {'decode tok/s':>12} {'vs default':>10}"
+_COLUMNS = (
+    ("config", "<22"),
+    ("kind", "<9"),
+    ("nom.bits", ">8"),
+    ("eff.bits", ">8"),
+    ("B/token", ">9"),
+    ("x fp16", ">6"),
+    ("ppl", ">9"),
+    ("Δppl % ± se", ">16"),
+    ("tok/s", ">7"),
+    ("x dflt", ">6"),
+    ("copy tok/s", ">10"),
+    ("x dflt", ">6"),
+)
+
+
+def _cells(r: dict) -> list[str]:
+    delta = (
+        "" if r["kind"] == "fp" else f"{r['delta_ppl_pct']:+.2f} ± {_fmt(r['delta_se_pct'], '.2f')}"
     )
+    return [
+        r["name"],
+        r["kind"],
+        f"{r['nominal_bits']:.2f}",
+        f"{r['effective_bits']:.2f}",
+        f"{r['bytes_per_token']:.1f}",
+        f"{r['ratio_to_fp16']:.3f}",
+        f"{r['ppl']:.4f}",
+        delta,
+        _fmt(r.get("decode_tok_s"), ".1f"),
+        _fmt(r.get("decode_ratio"), ".2f"),
+        _fmt(r.get("decode_tok_s_copy"), ".1f"),
+        _fmt(r.get("decode_ratio_copy"), ".2f"),
+    ]
+
+
+def format_table(report: EvalReport) -> str:
+    """Text table; ``tok/s`` = decode with the packed cache (or default / quanto cache), ``copy`` =
+    kvtuner's cache with its dequantized working copy; ``x dflt`` = paired ratio to default."""
+    d, hw = report.data, report.hardware
+    head = " ".join(format(name, fmt) for name, fmt in _COLUMNS)
     lines = [
         f"model {report.model}  ({report.fingerprint.architecture}, {report.fingerprint.num_layers}"
         f" layers)  data {d['dataset']}: {d['num_windows']} x {d['seq_len']} tokens",
@@ -34,18 +69,18 @@ def format_table(report: EvalReport) -> str:
         "-" * len(head),
     ]
     for r in report.rows:
-        delta = (
-            ""
-            if r["kind"] == "fp"
-            else (f"{r['delta_ppl_pct']:+.2f} ± {_fmt(r['delta_se_pct'], '.2f')}")
-        )
         lines.append(
-            f"{r['name']:<22} {r['kind']:<9} {r['nominal_bits']:>8.2f} {r['effective_bits']:>8.2f} "
-            f"{r['bytes_per_token']:>9.1f} {r['ratio_to_fp16']:>6.3f} {r['ppl']:>9.4f} "
-            f"{delta:>16} {_fmt(r.get('decode_tok_s'), '.1f'):>12} "
-            f"{_fmt(r.get('decode_ratio'), '.2f'):>10}"
+            " ".join(format(c, fmt) for c, (_, fmt) in zip(_cells(r), _COLUMNS, strict=True))
         )
     return "\n".join(lines)
+
+
+def format_markdown(report: EvalReport) -> str:
+    """The same rows as a Markdown table (for the README)."""
+    head = "| " + " | ".join(name for name, _ in _COLUMNS) + " |"
+    rule = "|" + "|".join("---" if fmt.startswith("<") else "---:" for _, fmt in _COLUMNS) + "|"
+    body = ["| " + " | ".join(_cells(r)) + " |" for r in report.rows]
+    return "\n".join([head, rule, *body])
 
 
 def write_report(report: EvalReport, path: str | os.PathLike) -> Path:

@@ -1,7 +1,10 @@
 """Decode speed: greedy single-token steps after a prompt, with a given cache.
 
-Each config is timed ``repeats`` times, interleaved with the default cache (so CPU-load swings hit
-both alike); the median tokens/s is reported, and the ratio to the default cache's median.
+Each config is timed ``repeats`` times, each run right after a default-cache run (so CPU-load
+swings hit both alike); reported: the median tokens/s and the median of the paired ratios.
+kvtuner rows are timed in two modes: ``packed`` (only packed rows + the residual window are kept;
+every step dequantizes the history) and ``copy`` (``keep_dequantized=True``: a dequantized working
+copy is extended by the newly packed tokens only; same outputs, more memory).
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ class DecodeSettings:
     steps: int = DEFAULT_DECODE_STEPS
     repeats: int = DEFAULT_REPEATS
     residual_length: int = DEFAULT_RESIDUAL
-    keep_dequantized: bool = False
 
     def __post_init__(self) -> None:
         from ..errors import KVTunerError
@@ -41,7 +43,9 @@ class DecodeSettings:
             raise KVTunerError("residual length must be >= 0")
 
 
-def decode_cache(config: EvalConfig, model: Any, settings: DecodeSettings):
+def decode_cache(
+    config: EvalConfig, model: Any, settings: DecodeSettings, keep_dequantized: bool = False
+):
     """The cache a user would decode with: default, kvtuner's packed cache, or quanto's."""
     if config.kind == "fp":
         from transformers import DynamicCache
@@ -57,7 +61,7 @@ def decode_cache(config: EvalConfig, model: Any, settings: DecodeSettings):
         model,
         config.specs,
         residual_length=settings.residual_length,
-        keep_dequantized=settings.keep_dequantized,
+        keep_dequantized=keep_dequantized,
     )
 
 
@@ -73,24 +77,30 @@ def decode_tokens_per_s(model: Any, prompt: torch.Tensor, cache: Any, steps: int
     return steps / (time.perf_counter() - start)
 
 
+def _modes(config: EvalConfig) -> list[tuple[str, bool]]:
+    """(column suffix, keep_dequantized) pairs to time for this row."""
+    return [("", False), ("_copy", True)] if config.specs is not None else [("", False)]
+
+
 def measure_decode(
     model: Any, prompt: torch.Tensor, configs: list[EvalConfig], settings: DecodeSettings
 ) -> dict[str, dict[str, float]]:
-    """Per config name: median decode ``tok_s`` and ``ratio`` = median over repeats of its tok/s
-    divided by the default cache's tok/s measured right before it (paired, load-robust)."""
+    """Per config name: ``tok_s`` / ``ratio`` (and ``tok_s_copy`` / ``ratio_copy`` for kvtuner
+    rows); ratio = median over repeats of tok/s over the default cache's tok/s right before."""
     fp = EvalConfig("fp", "fp")
-    tok_s: dict[str, list[float]] = {c.name: [] for c in [fp, *configs]}
-    ratio: dict[str, list[float]] = {c.name: [] for c in [fp, *configs]}
+    runs: dict[tuple[str, str], list[float]] = {}
     for _ in range(settings.repeats):
         for c in configs or [fp]:
-            pair = []
-            for cfg in (fp, c):
-                cache = decode_cache(cfg, model, settings)
-                pair.append(decode_tokens_per_s(model, prompt, cache, settings.steps))
-                tok_s[cfg.name].append(pair[-1])
-            ratio[c.name].append(pair[1] / pair[0])
-    ratio["fp"] = ratio["fp"] or [1.0]
-    return {
-        name: {"tok_s": statistics.median(tok_s[name]), "ratio": statistics.median(ratio[name])}
-        for name in tok_s
-    }
+            for suffix, keep in _modes(c):
+                pair = []
+                for cfg in (fp, c):
+                    cache = decode_cache(cfg, model, settings, keep and cfg is c)
+                    pair.append(decode_tokens_per_s(model, prompt, cache, settings.steps))
+                runs.setdefault(("fp", "tok_s"), []).append(pair[0])
+                runs.setdefault((c.name, "tok_s" + suffix), []).append(pair[1])
+                runs.setdefault((c.name, "ratio" + suffix), []).append(pair[1] / pair[0])
+    out: dict[str, dict[str, float]] = {"fp": {"ratio": 1.0}}
+    for (name, key), values in runs.items():
+        out.setdefault(name, {})[key] = statistics.median(values)
+    out["fp"]["ratio"] = 1.0
+    return out

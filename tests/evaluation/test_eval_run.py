@@ -14,6 +14,7 @@ from kvtuner.evaluation import (
     EvalConfig,
     EvalWindows,
     evaluate,
+    format_markdown,
     format_table,
     parse_uniform,
     perplexity,
@@ -59,8 +60,10 @@ def test_evaluate_reports_measured_bytes_and_decode_speed(tiny_llama, tmp_path):
         assert by_name[c.name]["bytes_per_token"] == c.accounting(fingerprint)["bytes_per_token"]
     assert by_name["fp"]["delta_ppl_pct"] == 0 and by_name["kivi2"]["delta_ppl_pct"] != 0
     assert all(r["decode_tok_s"] > 0 and r["decode_ratio"] > 0 for r in report.rows)
+    assert all(by_name[c.name]["decode_ratio_copy"] > 0 for c in rows)  # both packed modes
     table = format_table(report)
-    assert "kivi2" in table and "vs default" in table
+    assert "kivi2" in table and "copy tok/s" in table
+    assert format_markdown(report).count("\n| kivi2 |") == 1
     data = json.loads(write_report(report, tmp_path / "r.json").read_text())
     assert data["format"] == "kvtuner-eval" and len(data["rows"]) == 4
     assert data["hardware"]["torch_threads"] >= 1

@@ -1,0 +1,145 @@
+"""The project's results table: quality, memory and decode speed of KV configs on SmolLM2-135M.
+
+Rows (one run, same windows): fp; uniform KV8/KV4/KV2/K8V4/K4V2 (per-token, g32 asym), KIVI-4/KIVI-2
+(keys per-channel g32), had-kv4 (Hadamard-rotated per-token KV4, the `per-token` search preset's
+format); every profile in exported_configs/ that fits the model (picked up automatically);
+transformers' QuantizedCache (quanto backend, 4 and 2 bits) when optimum-quanto imports.
+Perplexity: WikiText-2 test, first N non-overlapping 1024-token windows, K/V quantized before any
+query reads them (residual 0). Decode (defaults): 512-token prompt, 64 greedy steps, residual
+window 128, median of 3 runs each paired with a default-cache run.
+
+    OMP_NUM_THREADS=2 python benchmarks/quality.py [--num-windows 32] [--resume]
+
+Writes benchmarks/results/quality.json (after every row: partial results survive), quality.md
+(Markdown table) and quality.png (Δppl vs effective bits). ``--resume`` keeps the rows already in
+quality.json (same model/windows) and evaluates only the missing ones (e.g. new profiles).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+import torch
+
+from kvtuner.calibration import load_model
+from kvtuner.errors import KVTunerError
+from kvtuner.evaluation import (
+    DecodeSettings,
+    EvalReport,
+    evaluate,
+    format_markdown,
+    format_table,
+    load_eval_windows,
+    parse_uniform,
+    plot_report,
+)
+from kvtuner.evaluation.configs import QUANTO_BITS, EvalConfig, profile_config
+from kvtuner.evaluation.quanto import quanto_missing
+from kvtuner.profile import ModelFingerprint, read_json, write_json_atomic
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = Path(__file__).parent / "results"
+UNIFORM = "kv8,kv4,kivi4,k8v4,k4v2,kv2,kivi2"  # most telling first: rows are saved as they come
+
+
+def exported_profiles(fingerprint: ModelFingerprint, folder: Path) -> list[EvalConfig]:
+    """Every profile JSON under ``folder`` that fits the model (others are listed and skipped)."""
+    rows = []
+    for path in sorted(folder.glob("**/*.json")) if folder.is_dir() else []:
+        try:
+            rows.append(profile_config(str(path), fingerprint))
+        except KVTunerError as exc:
+            print(f"[quality] skip {path.relative_to(ROOT)}: {exc}", file=sys.stderr)
+    return rows
+
+
+def all_configs(fingerprint: ModelFingerprint, folder: Path) -> list[EvalConfig]:
+    rows = parse_uniform(UNIFORM, fingerprint) + exported_profiles(fingerprint, folder)
+    rows += parse_uniform("had-kv4", fingerprint)
+    missing = quanto_missing()
+    if missing:
+        print(f"[quality] no hf-quanto rows: {missing}", file=sys.stderr)
+    else:
+        rows += [EvalConfig(f"hf-quanto{b}", "hf-quanto", quanto_bits=b) for b in QUANTO_BITS]
+    return rows
+
+
+def previous_rows(path: Path, data: dict) -> list[dict]:
+    """Rows of an earlier run on the same model and windows (for --resume)."""
+    if not path.is_file():
+        return []
+    old = read_json(path, "results")
+    return old["rows"] if old.get("data") == data else []
+
+
+def save(report: EvalReport, kept: list[dict], command: str) -> None:
+    names = {r["name"] for r in report.rows}
+    report_rows = [r for r in kept if r["name"] not in names] + report.rows
+    fp = next(r for r in report_rows if r["kind"] == "fp")
+    report_rows = [fp] + [r for r in report_rows if r["kind"] != "fp"]
+    full = EvalReport(
+        report.model,
+        report.fingerprint,
+        report.data,
+        report.settings,
+        report_rows,
+        report.hardware,
+        report.wall_s,
+    )
+    write_json_atomic(RESULTS / "quality.json", {**full.to_dict(), "command": command})
+    (RESULTS / "quality.md").write_text(
+        f"`{command}`  \n{full.hardware['cpu']}, {full.hardware['cores']} cores, torch threads "
+        f"{full.hardware['torch_threads']}, wall {full.wall_s:.0f} s (this invocation)\n\n"
+        + format_markdown(full)
+        + "\n"
+    )
+    plot_report(full, RESULTS / "quality.png")
+    print(format_table(full), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--dataset", default=None)
+    p.add_argument("--num-windows", type=int, default=32)
+    p.add_argument("--seq-len", type=int, default=1024)
+    p.add_argument("--profiles", default=str(ROOT / "exported_configs"))
+    p.add_argument("--no-decode", action="store_true")
+    d = DecodeSettings()
+    p.add_argument("--decode-prompt-tokens", type=int, default=d.prompt_tokens)
+    p.add_argument("--decode-steps", type=int, default=d.steps)
+    p.add_argument("--decode-repeats", type=int, default=d.repeats)
+    p.add_argument("--resume", action="store_true", help="keep rows already in quality.json")
+    args = p.parse_args(argv)
+    cli = shlex.join(sys.argv[1:] if argv is None else argv)
+    command = f"OMP_NUM_THREADS={torch.get_num_threads()} python benchmarks/quality.py {cli}"
+    model, tokenizer = load_model(args.model)
+    fingerprint = ModelFingerprint.from_config(model.config)
+    windows = load_eval_windows(
+        tokenizer, dataset=args.dataset, num_windows=args.num_windows, seq_len=args.seq_len
+    )
+    kept = previous_rows(RESULTS / "quality.json", windows.describe()) if args.resume else []
+    done = {r["name"] for r in kept}
+    configs = [c for c in all_configs(fingerprint, Path(args.profiles)) if c.name not in done]
+    print(f"[quality] evaluating: fp, {', '.join(c.name for c in configs)}", file=sys.stderr)
+    decode = (
+        None
+        if args.no_decode
+        else DecodeSettings(args.decode_prompt_tokens, args.decode_steps, args.decode_repeats)
+    )
+    evaluate(
+        model,
+        windows,
+        configs,
+        model_name=args.model,
+        decode=decode,
+        on_row=lambda report: save(report, kept, command),
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

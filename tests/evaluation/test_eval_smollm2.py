@@ -1,0 +1,76 @@
+"""Tier 2: the real SmolLM2-135M through the packed cache (generation, perplexity, CLI)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvtuner import ModelFingerprint, Profile
+from kvtuner.cli.main import main
+from kvtuner.evaluation import EvalConfig, load_eval_windows, parse_uniform, perplexity
+from kvtuner.evaluation.data import SHARED_TEST_FILE
+from kvtuner.evaluation.generation import generate_text
+
+pytestmark = pytest.mark.slow
+needs_data = pytest.mark.skipif(not SHARED_TEST_FILE.is_file(), reason="no WikiText-2 test file")
+
+
+def uniform_profile(model, name: str) -> Profile:
+    fp = ModelFingerprint.from_config(model.config)
+    spec = parse_uniform(name, fp)[0].specs[0]
+    return Profile.uniform("smollm2-135m", fp, spec.k, spec.v)
+
+
+@pytest.mark.parametrize("name,residual", [("had-kv4", 0), ("kivi4", 8)])
+def test_4bit_profile_generates_a_fluent_answer(smollm2, name, residual):
+    model, tokenizer = smollm2
+    done = generate_text(
+        model,
+        tokenizer,
+        "What is the capital of France?",
+        uniform_profile(model, name),
+        max_new_tokens=12,
+        residual_length=residual,
+    )
+    assert "The capital of France is Paris" in done.text
+    assert done.kv_bytes < 0.6 * done.fp16_bytes  # most of the 48 cached tokens are packed
+
+
+@needs_data
+def test_8bit_perplexity_within_half_a_percent_of_fp(smollm2):
+    model, tokenizer = smollm2
+    windows = load_eval_windows(tokenizer, num_windows=2, seq_len=256)
+    assert windows.tokens.shape == (2, 256)
+    fp = perplexity(model, windows.tokens, EvalConfig("fp", "fp"))
+    kv8 = perplexity(
+        model, windows.tokens, parse_uniform("kv8", ModelFingerprint.from_config(model.config))[0]
+    )
+    assert 5 < fp.ppl < 100
+    assert abs(kv8.delta_pct(fp)) < 0.5
+    assert kv8.window_nll != fp.window_nll  # it did quantize
+
+
+@needs_data
+def test_eval_cli_end_to_end(tmp_path, capsys):
+    out = tmp_path / "eval.json"
+    code = main(
+        [
+            "eval",
+            "--uniform",
+            "kv8,kv2",
+            "--num-windows",
+            "1",
+            "--seq-len",
+            "256",
+            "--no-decode",
+            "--hf-quanto",
+            "off",
+            "--output",
+            str(out),
+        ]
+    )
+    assert code == 0
+    rows = {r["name"]: r for r in json.loads(out.read_text())["rows"]}
+    assert rows["kv2"]["delta_ppl_pct"] > 10 * abs(rows["kv8"]["delta_ppl_pct"])
+    assert "kv2" in capsys.readouterr().out
