@@ -11,9 +11,10 @@ CPU (default): SmolLM2-135M-Instruct exported from its GGUF, the recipe of SGLAN
 ``sgl_kernel`` stand-in, torch_native attention, OMP_NUM_THREADS=1 per server). On a GPU box:
 ``--device cuda --model-path <hf dir>`` is the same benchmark. Profiles: ``--profiles a.json ...``,
 default the searched SmolLM2 profiles in exported_configs/ when present, else uniform per-token
-profiles built here (K Hadamard-rotated, g32): KV8, KV4, K4V2 (8, 4 and 3 nominal bits).
+profiles built here (K Hadamard-rotated, g32): KV8, KV4, K4V2 (8, 4 and 3 nominal bits), plus a
+16-bit control profile (fp16 rows: lossless for an fp16 model, so its outputs must equal stock's).
 
-    python benchmarks/sglang_serve.py [--dtype bfloat16] [--budget-gib 1] [--out ...]
+    python benchmarks/sglang_serve.py [--dtype float16] [--budget-gib 1] [--out ...]
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import os
 import platform
 import re
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -47,6 +49,7 @@ PROMPTS = [
     "Translate 'good morning' into Spanish and French.",
 ]
 UNIFORM = {  # nominal bits -> (K spec, V spec): the per-token preset's shape
+    16: (QuantSpec(16), QuantSpec(16)),  # control: lossless in fp16, so outputs = stock's
     8: (QuantSpec(8, rotation="hadamard"), QuantSpec(8)),
     4: (QuantSpec(4, rotation="hadamard"), QuantSpec(4)),
     3: (QuantSpec(4, rotation="hadamard"), QuantSpec(2)),
@@ -78,7 +81,7 @@ def default_profiles(model_dir: Path, out_dir: Path) -> list[Path]:
     paths = []
     for bits, (k, v) in UNIFORM.items():
         found = sorted((REPO / "exported_configs").glob(f"smollm2*{bits}bit*.json"))
-        if found:
+        if found and bits < 16:
             paths.append(found[0])
             continue
         path = out_dir / f"smollm2-135m-uniform-{bits}bit.json"
@@ -162,7 +165,7 @@ def measure(args, model_dir: Path, profile: Path | None, tokenizer) -> dict:
     import openai
 
     flags = ["--kvtuner-profile", str(profile)] if profile else []
-    log = args.out.parent / f"sglang_serve.{profile.stem if profile else 'stock'}.log"
+    log = args.log_dir / f"sglang_serve.{profile.stem if profile else 'stock'}.log"
     with SGLangServer(model_dir, *flags, log_path=log, device=args.device, dtype=args.dtype) as srv:
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", timeout=600)
         row = {
@@ -183,17 +186,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model-path", type=Path, default=None, help="HF folder (default: SmolLM2)")
     ap.add_argument("--profiles", type=Path, nargs="*", default=None)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument(
+        "--dtype",
+        default="float16",
+        help="model dtype (fp16: the 16-bit control profile stores K/V losslessly)",
+    )
     ap.add_argument("--budget-gib", type=float, default=1.0, help="KV byte budget for capacity")
     ap.add_argument("--decode-tokens", type=int, default=128)
     ap.add_argument("--greedy-tokens", type=int, default=48)
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks/results/sglang_serve.json")
+    ap.add_argument("--log-dir", type=Path, default=Path(tempfile.gettempdir()) / "kvtuner-serve")
     args = ap.parse_args(argv)
     import transformers
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.log_dir.mkdir(parents=True, exist_ok=True)
     model_dir = args.model_path or smollm2_hf_dir()
-    profiles = args.profiles or default_profiles(model_dir, args.out.parent / "profiles")
+    profiles = args.profiles or default_profiles(model_dir, args.out.parent / "sglang_profiles")
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
     started = time.perf_counter()
     rows = [measure(args, model_dir, p, tokenizer) for p in [None, *profiles]]

@@ -151,12 +151,12 @@ def test_capacity_vs_the_stock_pool_at_equal_bytes(bits, ratio):
     assert budget // ours_per_token / (SIZE + 1) == pytest.approx(ratio, rel=0.02)
 
 
-def test_batch_read_slots_follow_req_to_token():
+def test_batch_read_slots_follow_req_to_token_and_the_device_seq_lens():
     req_to_token = torch.arange(40).reshape(4, 10)
-    batch = SimpleNamespace(
+    batch = SimpleNamespace(  # seq_lens_cpu one step behind, as under overlap scheduling
         req_pool_indices=torch.tensor([2, 0]),
         seq_lens=torch.tensor([3, 5]),
-        seq_lens_cpu=torch.tensor([3, 5]),
+        seq_lens_cpu=torch.tensor([3, 4]),
     )
     assert batch_read_slots(batch, req_to_token).tolist() == [20, 21, 22, 0, 1, 2, 3, 4]
 
