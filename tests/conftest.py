@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+# Triton kernels run on CPU tensors only under Triton's interpreter, chosen once, when triton is
+# first imported (any test module's imports, e.g. optimum-quanto, may pull it in): choose it here.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def tiny_config(family: str = "llama", **overrides):
