@@ -123,16 +123,21 @@ def _baselines(study, space: SearchSpace, measured: list[Measured], evaluate, ex
     return tuple(out)
 
 
+def _sig(x: float) -> float:
+    """6 significant digits: KLs span 1e-5 .. 1e1."""
+    return float(f"{x:.6g}")
+
+
 def _profile(model_id, space, best, data, sens_path, budget, settings, study, baselines, fp_ppl):
     fits = [b for b in baselines if b.fits]
     top = min(fits, key=lambda b: b.kl, default=None)
     metrics = {
-        "kl": round(best.kl, 6),
+        "kl": _sig(best.kl),
         "kl_tokens": data.tokens.numel(),
-        "additive_kl": round(best.additive_kl, 6),
+        "additive_kl": _sig(best.additive_kl),
         "fp_ppl": fp_ppl,
         "best_uniform": top.label if top else None,
-        "best_uniform_kl": round(top.kl, 6) if top else None,
+        "best_uniform_kl": _sig(top.kl) if top else None,
         "trials": len(study.trials),
         "sampler": settings.sampler,
         "study": study.study_name,

@@ -71,7 +71,7 @@ sys.path.insert(0, {here!r})
 import synthetic
 from kvtuner.tuner.study import StudySettings, run_study
 settings = StudySettings(n_trials=40, storage={url!r}, study_name="resume", seed=1)
-run_study(synthetic.space("3bit"), synthetic.evaluate_factory(delay=0.3), settings,
+run_study(synthetic.space("3bit"), synthetic.evaluate_factory(delay=0.5), settings,
           progress=False)
 """
 

@@ -1,0 +1,76 @@
+"""The whole `search()` pipeline on a tiny real checkpoint (random LLaMA + byte tokenizer):
+calibration, study, profile, Pareto set, plot, resume — every KL measured, nothing mocked."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvtuner import KVTunerError
+from kvtuner.calibration import model_fingerprint
+from kvtuner.profile import load_profile
+from kvtuner.tuner.search import search
+from kvtuner.tuner.study import StudySettings
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "calibration"))
+from calib_helpers import save_tiny  # noqa: E402
+
+
+@pytest.fixture
+def tiny_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVTUNER_CACHE_DIR", str(tmp_path / "cache"))
+    return save_tiny(tmp_path / "tiny", num_hidden_layers=4)
+
+
+def run(tiny_dir, out, logs, **kw):
+    args = dict(
+        model=str(tiny_dir),
+        budget="3bit",
+        output=out,
+        num_samples=2,
+        seq_len=64,
+        study=StudySettings(n_trials=12, seed=1),
+        progress=False,
+        log=logs.append,
+    )
+    return search(**{**args, **kw})
+
+
+def test_search_writes_the_best_feasible_profile_and_resumes(tiny_dir, tmp_path):
+    out, logs = tmp_path / "run" / "profile.json", []
+    outcome = run(
+        tiny_dir, out, logs, pareto_dir=tmp_path / "pareto", plot=tmp_path / "p.png", baselines=True
+    )
+    profile = load_profile(out, model_fingerprint(str(tiny_dir)))
+    assert profile.nominal_bits <= 3.0 and profile.budget["asked"] == "3bit"
+    assert profile.metrics["kl"] == pytest.approx(outcome.best.kl, rel=1e-5)
+    fitting = [b for b in outcome.baselines if b.fits]
+    assert {b.label for b in fitting} == {"k2v2", "k2v4", "k4v2"}
+    assert len(outcome.baselines) == 9  # the over-budget ones were measured too
+    assert outcome.best.kl <= min(b.kl for b in fitting)
+    assert profile.calibration["tokens"] == 128 and profile.budget["preset"] == "per-token"
+    pareto = json.loads((tmp_path / "pareto" / "pareto.json").read_text())["pareto"]
+    assert profile.hash in {p["hash"] for p in pareto}
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+    assert "uniform k4v2" in outcome.summary and (out.parent / "profile.optuna.db").exists()
+    # rerun: cached sensitivity, resumed study (no new trial), same profile
+    logs.clear()
+    again = run(tiny_dir, out, logs)
+    assert any(line.startswith("sensitivity: ") for line in logs)
+    assert again.trials == outcome.trials and again.profile.hash == profile.hash
+
+
+def test_ratio_budget_and_clusters(tiny_dir, tmp_path):
+    outcome = run(tiny_dir, tmp_path / "r.json", [], budget="0.3x", num_clusters=2, preset="kivi")
+    p = outcome.profile
+    assert p.ratio_to_fp16 <= 0.3 and p.budget["asked"] == "0.3x"
+    assert all(s.k.axis == "channel" for s in p.layers if s.k.bits < 16)
+    assert len({(s.k.bits, s.v.bits) for s in p.layers}) <= 2
+
+
+def test_sensitivity_of_another_model_is_rejected(tiny_dir, tmp_path):
+    run(tiny_dir, tmp_path / "a.json", [])
+    other = save_tiny(tmp_path / "other", num_hidden_layers=3)
+    with pytest.raises(KVTunerError, match="another model"):
+        run(other, tmp_path / "b.json", [], sensitivity=tmp_path / "a.sensitivity.json")
