@@ -123,6 +123,16 @@ def _baselines(study, space: SearchSpace, measured: list[Measured], evaluate, ex
     return tuple(out)
 
 
+def _check_feasible(budget: Budget, preset, fp: ModelFingerprint) -> None:
+    cheapest = [preset.layer_spec(i, 2, 2) for i in range(fp.num_layers)]
+    if not budget.fits(cheapest, fp):
+        need, cap = float(budget.cost(cheapest, fp)), float(budget.capacity(fp))
+        raise KVTunerError(
+            f"budget {budget.label} is below the cheapest configuration "
+            f"(all 2-bit: {need:g} vs capacity {cap:g})"
+        )
+
+
 def _sig(x: float) -> float:
     """6 significant digits: KLs span 1e-5 .. 1e1."""
     return float(f"{x:.6g}")
@@ -189,6 +199,7 @@ def search(
         study = dataclasses.replace(study, storage=default_storage(output))
     lm, tokenizer = load_model(model)
     fp = fingerprint_of(lm)
+    _check_feasible(budget, search_preset, fp)  # before the (long) calibration
     data = load_calibration_data(
         tokenizer, dataset=dataset, num_samples=num_samples, seq_len=seq_len, seed=data_seed
     )

@@ -74,3 +74,9 @@ def test_sensitivity_of_another_model_is_rejected(tiny_dir, tmp_path):
     other = save_tiny(tmp_path / "other", num_hidden_layers=3)
     with pytest.raises(KVTunerError, match="another model"):
         run(other, tmp_path / "b.json", [], sensitivity=tmp_path / "a.sensitivity.json")
+
+
+def test_budget_below_all_2bit_fails_before_calibration(tiny_dir, tmp_path):
+    with pytest.raises(KVTunerError, match="below the cheapest"):
+        run(tiny_dir, tmp_path / "c.json", [], budget="0.1x")
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "c.sensitivity.json").exists()
