@@ -90,20 +90,10 @@ def _row_bases(buf_ptr, loc_ptr, pid, n_rows, heads, stride_slot, stride_head, B
 
 @triton.jit
 def _scatter_kernel(
-    x_ptr,
-    loc_ptr,
-    buf_ptr,
-    n_rows,
-    heads,
-    stride_slot,
-    stride_head,
-    D: tl.constexpr,
-    G: tl.constexpr,
-    BITS: tl.constexpr,
-    SYMMETRIC: tl.constexpr,
-    NB_PAD: tl.constexpr,
+    x_ptr, loc_ptr, buf_ptr, n_rows, heads, stride_slot, stride_head, D: tl.constexpr,
+    G: tl.constexpr, BITS: tl.constexpr, SYMMETRIC: tl.constexpr, NB_PAD: tl.constexpr,
     BLOCK: tl.constexpr,
-):
+):  # fmt: skip
     rows, row_ok, dst = _row_bases(
         buf_ptr, loc_ptr, tl.program_id(0), n_rows, heads, stride_slot, stride_head, BLOCK
     )
@@ -157,21 +147,10 @@ def _scatter_kernel(
 
 @triton.jit
 def _gather_kernel(
-    buf_ptr,
-    loc_ptr,
-    out_ptr,
-    n_rows,
-    heads,
-    stride_slot,
-    stride_head,
-    D: tl.constexpr,
-    G: tl.constexpr,
-    BITS: tl.constexpr,
-    SYMMETRIC: tl.constexpr,
-    NB_PAD: tl.constexpr,
-    BLOCK: tl.constexpr,
-    OUT_BF16: tl.constexpr,
-):
+    buf_ptr, loc_ptr, out_ptr, n_rows, heads, stride_slot, stride_head, D: tl.constexpr,
+    G: tl.constexpr, BITS: tl.constexpr, SYMMETRIC: tl.constexpr, NB_PAD: tl.constexpr,
+    BLOCK: tl.constexpr, OUT_BF16: tl.constexpr,
+):  # fmt: skip
     rows, row_ok, src = _row_bases(
         buf_ptr, loc_ptr, tl.program_id(0), n_rows, heads, stride_slot, stride_head, BLOCK
     )
@@ -203,17 +182,9 @@ def _gather_kernel(
 
 @triton.jit
 def _scatter_fp16_kernel(
-    x_ptr,
-    loc_ptr,
-    buf_ptr,
-    n_rows,
-    heads,
-    stride_slot,
-    stride_head,
-    D: tl.constexpr,
-    D_PAD: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
+    x_ptr, loc_ptr, buf_ptr, n_rows, heads, stride_slot, stride_head, D: tl.constexpr,
+    D_PAD: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
     rows, row_ok, dst = _row_bases(
         buf_ptr, loc_ptr, tl.program_id(0), n_rows, heads, stride_slot, stride_head, BLOCK
     )
@@ -227,18 +198,9 @@ def _scatter_fp16_kernel(
 
 @triton.jit
 def _gather_fp16_kernel(
-    buf_ptr,
-    loc_ptr,
-    out_ptr,
-    n_rows,
-    heads,
-    stride_slot,
-    stride_head,
-    D: tl.constexpr,
-    D_PAD: tl.constexpr,
-    BLOCK: tl.constexpr,
-    OUT_BF16: tl.constexpr,
-):
+    buf_ptr, loc_ptr, out_ptr, n_rows, heads, stride_slot, stride_head, D: tl.constexpr,
+    D_PAD: tl.constexpr, BLOCK: tl.constexpr, OUT_BF16: tl.constexpr,
+):  # fmt: skip
     rows, row_ok, src = _row_bases(
         buf_ptr, loc_ptr, tl.program_id(0), n_rows, heads, stride_slot, stride_head, BLOCK
     )
