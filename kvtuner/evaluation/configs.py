@@ -72,11 +72,11 @@ class EvalConfig:
         }
 
 
-def _spec(bits: int, axis: str = "token", rotation: str = "none") -> QuantSpec:
+def _spec(name: str, bits: int, axis: str = "token", rotation: str = "none") -> QuantSpec:
     try:
         return QuantSpec(bits, GROUP_SIZE, False, axis if bits < 16 else "token", rotation)
     except ValueError as exc:
-        raise KVTunerError(str(exc)) from None
+        raise KVTunerError(f"unknown uniform config {name!r}: {exc}") from None
 
 
 def uniform_specs(name: str, fingerprint: ModelFingerprint) -> tuple[LayerSpec, ...]:
@@ -92,8 +92,8 @@ def uniform_specs(name: str, fingerprint: ModelFingerprint) -> tuple[LayerSpec, 
     prefix, both, kb, vb = m.groups()
     k_bits, v_bits = (int(both), int(both)) if both else (int(kb), int(vb))
     rot = "hadamard" if prefix == "had" else "none"
-    k = _spec(k_bits, "channel" if prefix == "kivi" else "token", rot)
-    v = _spec(v_bits, "token", rot)
+    k = _spec(name, k_bits, "channel" if prefix == "kivi" else "token", rot)
+    v = _spec(name, v_bits, "token", rot)
     return tuple(LayerSpec(i, k, v) for i in range(fingerprint.num_layers))
 
 
