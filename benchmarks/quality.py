@@ -32,7 +32,9 @@ from kvtuner.evaluation import (
     evaluate,
     format_markdown,
     format_table,
+    hardware,
     load_eval_windows,
+    measure_decode,
     parse_uniform,
     plot_report,
 )
@@ -100,6 +102,37 @@ def save(report: EvalReport, kept: list[dict], command: str) -> None:
     print(format_table(full), flush=True)
 
 
+def decode_only(model, windows, configs, decode: DecodeSettings, command: str) -> None:
+    """Decode speed alone (paired with the default cache) -> results/quality_decode.json."""
+    prompt = windows.tokens.flatten()[: decode.prompt_tokens]
+    rows: list[dict] = []
+    for config in configs:
+        speeds = measure_decode(model, prompt, [config], decode)
+        rows.append(
+            {
+                "name": config.name,
+                "kind": config.kind,
+                "fp_tok_s": speeds["fp"]["tok_s"],
+                **speeds[config.name],
+            }
+        )
+        data = {
+            "format": "kvtuner-decode",
+            "command": command,
+            "settings": decode.__dict__,
+            "hardware": hardware(),
+            "rows": rows,
+        }
+        write_json_atomic(RESULTS / "quality_decode.json", data)
+        r = rows[-1]
+        print(
+            f"{r['name']:<22} {r['kind']:<9} default {r['fp_tok_s']:6.2f} tok/s  packed "
+            f"{r['tok_s']:6.2f} ({r['ratio']:.2f}x)  copy {r.get('tok_s_copy', float('nan')):6.2f}"
+            f" ({r.get('ratio_copy', float('nan')):.2f}x)",
+            flush=True,
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m")
@@ -113,6 +146,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--decode-steps", type=int, default=d.steps)
     p.add_argument("--decode-repeats", type=int, default=d.repeats)
     p.add_argument("--resume", action="store_true", help="keep rows already in quality.json")
+    p.add_argument(
+        "--decode-only",
+        default=None,
+        metavar="NAMES",
+        help="only time decoding of these rows (comma list, or 'all')",
+    )
     args = p.parse_args(argv)
     cli = shlex.join(sys.argv[1:] if argv is None else argv)
     command = f"OMP_NUM_THREADS={torch.get_num_threads()} python benchmarks/quality.py {cli}"
@@ -121,6 +160,16 @@ def main(argv: list[str] | None = None) -> int:
     windows = load_eval_windows(
         tokenizer, dataset=args.dataset, num_windows=args.num_windows, seq_len=args.seq_len
     )
+    if args.decode_only:
+        wanted = set(args.decode_only.split(","))
+        configs = [
+            c
+            for c in all_configs(fingerprint, Path(args.profiles))
+            if "all" in wanted or c.name in wanted
+        ]
+        decode = DecodeSettings(args.decode_prompt_tokens, args.decode_steps, args.decode_repeats)
+        decode_only(model, windows, configs, decode, command)
+        return 0
     kept = previous_rows(RESULTS / "quality.json", windows.describe()) if args.resume else []
     done = {r["name"] for r in kept}
     configs = [c for c in all_configs(fingerprint, Path(args.profiles)) if c.name not in done]
