@@ -1,11 +1,13 @@
-"""LocalSearchSampler: an Optuna sampler that proposes budget-feasible neighbours of the best
-measured configurations.
+"""LocalSearchSampler: an Optuna sampler that proposes only budget-feasible, unmeasured
+configurations close to what the additive model and the measurements favour.
 
-A proposal takes a parent (one of the best completed trials), moves one or two groups to a
-random other pair, then repairs with the additive model: downgrade the group that loses least per
-unit of cost saved until the budget holds, then upgrade the group that gains most per unit of
-cost while it still fits. Every proposal is feasible, so no trial is spent on an infeasible
-configuration, and already measured configurations are not proposed again.
+Two kinds of proposal, alternating at random:
+- perturbed knapsack: the exact additive optimum under the sensitivity table multiplied by
+  log-normal noise (single-layer KLs are only a proxy of the in-context damage; the noise explores
+  the near-optimal alternatives the proxy cannot rank), noise growing while proposals repeat;
+- neighbour: one of the best measured trials with one or two groups moved to an adjacent option,
+  then repaired with the additive model (downgrade whatever loses least per unit of cost saved
+  until the budget holds, then upgrade whatever gains most per unit of cost while it fits).
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from ..search_spaces import Pair, SearchSpace, pair_label
+from .dp import dp_optimum
 
-__all__ = ["LocalSearchSampler", "neighbour", "repair"]
+__all__ = ["LocalSearchSampler", "neighbour", "perturbed_optimum", "repair"]
 
 
 def _step(space: SearchSpace, choice: list[Pair], g: int, delta: int) -> tuple[float, Any] | None:
@@ -64,14 +67,20 @@ def repair(space: SearchSpace, choice: Sequence[Pair], frozen: set[int] = frozen
 
 
 def neighbour(space: SearchSpace, parent: Sequence[Pair], rng: np.random.Generator):
-    """One or two groups moved to a random other option, then repaired."""
+    """One or two groups moved one option up or down (cost order), then repaired."""
     child = list(parent)
     moved = rng.choice(len(child), size=min(len(child), rng.integers(1, 3)), replace=False)
     for g in moved:
-        others = [p for p in space.groups[g].options if p != child[g]]
-        if others:
-            child[g] = others[rng.integers(len(others))]
+        options = space.groups[g].options
+        j = options.index(child[g]) + int(rng.choice((-1, 1)))
+        child[g] = options[min(max(j, 0), len(options) - 1)]
     return repair(space, child, frozen={int(g) for g in moved})
+
+
+def perturbed_optimum(space: SearchSpace, rng: np.random.Generator, sigma: float):
+    """Additive optimum at the budget with every table entry times exp(sigma * N(0, 1))."""
+    noise = np.exp(sigma * rng.standard_normal(space.losses.kl.shape))  # [L, 2, len(BITS)]
+    return dp_optimum(space, kl=space.losses.kl * noise)
 
 
 class LocalSearchSampler(optuna.samplers.BaseSampler):
@@ -100,9 +109,12 @@ class LocalSearchSampler(optuna.samplers.BaseSampler):
         if not done:
             return {}  # nothing to improve on yet: independent sampling
         child = None
-        for _ in range(self.tries):
-            parent = done[min(int(rng.geometric(0.5)) - 1, self.elite - 1, len(done) - 1)]
-            child = neighbour(self.space, self.space.from_params(parent.params), rng)
+        for attempt in range(self.tries):
+            if rng.random() < 0.5:
+                child = perturbed_optimum(self.space, rng, sigma=0.3 * 1.1**attempt)
+            else:
+                parent = done[min(int(rng.geometric(0.5)) - 1, self.elite - 1, len(done) - 1)]
+                child = neighbour(self.space, self.space.from_params(parent.params), rng)
             if child and tuple(sorted(self.space.to_params(child).items())) not in seen:
                 break
         return self.space.to_params(child) if child else {}

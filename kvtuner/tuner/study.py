@@ -20,7 +20,7 @@ from optuna.trial import TrialState
 from ..errors import KVTunerError
 from ..profile import LayerSpec
 from ..search_spaces import Pair, SearchSpace, pair_label
-from .knapsack import solve_knapsack
+from .dp import dp_optimum
 from .local_search import LocalSearchSampler
 
 __all__ = ["SAMPLERS", "Evaluate", "StudySettings", "dp_optimum", "run_study", "seed_choices"]
@@ -56,18 +56,6 @@ class StudySettings:
             raise KVTunerError(
                 f"--storage must be a database URL like sqlite:///kvtuner.db, got {self.storage!r}"
             )
-
-
-def dp_optimum(space: SearchSpace, scale: Fraction = Fraction(1)) -> tuple[Pair, ...] | None:
-    """Exact optimum of the additive model within ``scale`` x the budget (None: nothing fits)."""
-    costs = [[space.cost(g, p) for p in grp.options] for g, grp in enumerate(space.groups)]
-    losses = [[space.loss(g, p) for p in grp.options] for g, grp in enumerate(space.groups)]
-    picks = solve_knapsack(costs, losses, space.budget.capacity(space.fingerprint) * scale)
-    return (
-        None
-        if picks is None
-        else tuple(g.options[o] for g, o in zip(space.groups, picks, strict=True))
-    )
 
 
 def seed_choices(space: SearchSpace) -> list[tuple[str, tuple[Pair, ...]]]:
