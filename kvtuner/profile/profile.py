@@ -46,6 +46,14 @@ class LayerSpec:
     def to_dict(self) -> dict[str, Any]:
         return {"layer": self.layer, "k": self.k.to_dict(), "v": self.v.to_dict()}
 
+    def runtime_dict(self) -> dict[str, Any]:
+        """Like :meth:`to_dict`, but 16-bit specs reduced to their bits (nothing else applies)."""
+
+        def canon(qs: QuantSpec) -> dict[str, Any]:
+            return qs.to_dict() if qs.is_quantized else {"bits": 16}
+
+        return {"layer": self.layer, "k": canon(self.k), "v": canon(self.v)}
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LayerSpec:
         if not isinstance(data, dict) or not {"layer", "k", "v"} <= set(data):
@@ -137,10 +145,12 @@ class Profile:
     # -- identity --------------------------------------------------------------------------------
     def runtime_dict(self) -> dict[str, Any]:
         """The part a runtime needs; what the canonical hash covers."""
+        fp = self.fingerprint.to_dict()
+        del fp["dtype"]  # one profile serves the model in any dtype
         return {
             "schema_version": self.schema_version,
-            "fingerprint": self.fingerprint.to_dict(),
-            "layers": [s.to_dict() for s in self.layers],
+            "fingerprint": fp,
+            "layers": [s.runtime_dict() for s in self.layers],
         }
 
     @property
@@ -152,8 +162,11 @@ class Profile:
         self.fingerprint.check_matches(model_fingerprint)
 
     def to_dict(self) -> dict[str, Any]:
-        model = {"id": self.model_id, "revision": self.model_revision,
-                 "fingerprint": self.fingerprint.to_dict()}
+        model = {
+            "id": self.model_id,
+            "revision": self.model_revision,
+            "fingerprint": self.fingerprint.to_dict(),
+        }
         return {
             "schema_version": self.schema_version,
             "producer": dict(self.producer),

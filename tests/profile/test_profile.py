@@ -64,7 +64,7 @@ def test_fields_are_exactly_the_schema(tmp_path):
 
 def test_hash_is_stable_and_covers_only_the_runtime_part():
     p = _profile()
-    assert p.hash == "84fb3f92d8022435"  # canonical JSON of schema version, fingerprint, layers
+    assert p.hash == "f5e3eca5087648e7"  # canonical JSON of schema version, fingerprint, layers
     other = Profile(
         "another-id",
         FP,
@@ -75,6 +75,12 @@ def test_hash_is_stable_and_covers_only_the_runtime_part():
         budget={"asked": "3bit"},
     )
     assert other.hash == p.hash
+    # the dtype and the unused fields of a 16-bit spec do not change what a runtime does
+    fp_bf16 = ModelFingerprint(
+        FP.architecture, FP.num_layers, FP.num_kv_heads, FP.head_dim, "bfloat16"
+    )
+    v16 = LayerSpec(1, p.layers[1].k, QuantSpec(16, group_size=64, symmetric=True))
+    assert Profile("tiny", fp_bf16, (p.layers[0], v16)).hash == p.hash
     changed = Profile("tiny", FP, (p.layers[0], LayerSpec(1, K4, QuantSpec(8, 32))))
     assert changed.hash != p.hash
 
