@@ -185,12 +185,19 @@ def table(results: list[dict], uniforms: dict) -> str:
     return "\n".join(lines)
 
 
+def _exported_heldout(path: Path) -> float | None:
+    """Held-out KL of an already exported profile (same held-out windows by construction)."""
+    return load_profile(path).metrics.get("heldout_kl") if path.exists() else None
+
+
 def export(results: list[dict], folder: Path) -> None:
     """per-token always; kivi where it beats per-token at the same budget on held-out KL."""
-    per_token = {r["budget"]: r for r in results if r["preset"] == "per-token"}
+    per_token = {r["budget"]: r["heldout"] for r in results if r["preset"] == "per-token"}
     for r in results:
-        rival = per_token.get(r["budget"])
-        if r["preset"] != "per-token" and rival and r["heldout"] >= rival["heldout"]:
+        rival = per_token.get(
+            r["budget"], _exported_heldout(folder / f"per-token-{r['budget']}.json")
+        )
+        if r["preset"] != "per-token" and rival is not None and r["heldout"] >= rival:
             continue
         p = load_profile(r["profile"])
         metrics = {
@@ -269,6 +276,7 @@ def main() -> None:
         action="store_true",
         help="re-measure the searches recorded in WORK/searched.json",
     )
+    ap.add_argument("--json", default=str(OUT), help="results file (default %(default)s)")
     ap.add_argument("--export", help="copy profiles here and regenerate the index above it")
     ap.add_argument("search_args", nargs="*", help="extra flags for kvtuner search (after --)")
     args = ap.parse_args()
@@ -292,7 +300,7 @@ def main() -> None:
     }
     command = "python benchmarks/search.py " + " ".join(sys.argv[1:])
     write_json_atomic(
-        OUT,
+        args.json,
         {
             "command": command,
             "hardware": hardware,
@@ -301,7 +309,7 @@ def main() -> None:
             "calibration": load_profile(results[0]["profile"]).calibration,
         },
     )
-    print(f"\n{hardware}\nwrote {OUT}")
+    print(f"\n{hardware}\nwrote {args.json}")
     if args.export:
         export(results, Path(args.export))
         print(f"exported to {args.export}")
