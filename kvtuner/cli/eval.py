@@ -56,6 +56,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=d.residual_length,
         help="unquantized newest tokens while decoding (perplexity always uses 0)",
     )
+    p.add_argument(
+        "--pack-chunk",
+        type=int,
+        default=d.pack_chunk,
+        help="while decoding, tokens leave the residual window this many at a time",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch threads")
     p.add_argument("--output", default=None, help="write the report as JSON here")
     p.add_argument("--plot", default=None, help="write a PNG of Δppl vs effective bits here")
@@ -115,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
             args.decode_steps,
             args.decode_repeats,
             args.residual_length,
+            args.pack_chunk,
         )
     )
     configs = build_configs(args, model_fingerprint(args.model))

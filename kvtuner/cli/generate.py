@@ -22,6 +22,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="newest tokens kept unquantized (KIVI-style window)",
     )
     p.add_argument(
+        "--pack-chunk",
+        type=int,
+        default=32,
+        help="tokens leave the residual window this many at a time (1 = exactly the window)",
+    )
+    p.add_argument(
         "--no-chat-template",
         action="store_true",
         help="feed the prompt as raw text even if the tokenizer has a chat template",
@@ -52,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
         specs,
         max_new_tokens=args.max_new_tokens,
         residual_length=args.residual_length,
+        pack_chunk=args.pack_chunk,
         chat=not args.no_chat_template,
     )
     print(done.text)

@@ -53,12 +53,15 @@ def generate_text(
     *,
     max_new_tokens: int = 64,
     residual_length: int = 128,
+    pack_chunk: int = 32,
     chat: bool = True,
 ) -> Completion:
     """Greedy completion of ``prompt`` (chat template when the tokenizer has one)."""
     from ..runtime_loader.hf import make_cache
 
-    cache = make_cache(model, profile_or_layer_specs, residual_length=residual_length)
+    cache = make_cache(
+        model, profile_or_layer_specs, residual_length=residual_length, pack_chunk=pack_chunk
+    )
     ids = _encode(tokenizer, prompt, chat)
     out = model.generate(
         ids,

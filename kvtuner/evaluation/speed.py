@@ -22,6 +22,7 @@ DEFAULT_PROMPT_TOKENS = 512
 DEFAULT_DECODE_STEPS = 64
 DEFAULT_REPEATS = 3
 DEFAULT_RESIDUAL = 128
+DEFAULT_PACK_CHUNK = 32  # tokens leave the window 32 at a time: one quantize call per 32 steps
 
 __all__ = ["DecodeSettings", "decode_cache", "decode_tokens_per_s", "measure_decode"]
 
@@ -32,6 +33,7 @@ class DecodeSettings:
     steps: int = DEFAULT_DECODE_STEPS
     repeats: int = DEFAULT_REPEATS
     residual_length: int = DEFAULT_RESIDUAL
+    pack_chunk: int = DEFAULT_PACK_CHUNK
 
     def __post_init__(self) -> None:
         from ..errors import KVTunerError
@@ -39,8 +41,8 @@ class DecodeSettings:
         for name in ("prompt_tokens", "steps", "repeats"):
             if getattr(self, name) <= 0:
                 raise KVTunerError(f"decode {name} must be positive")
-        if self.residual_length < 0:
-            raise KVTunerError("residual length must be >= 0")
+        if self.residual_length < 0 or self.pack_chunk < 1:
+            raise KVTunerError("decode residual length must be >= 0 and pack chunk >= 1")
 
 
 def decode_cache(
@@ -62,6 +64,7 @@ def decode_cache(
         config.specs,
         residual_length=settings.residual_length,
         keep_dequantized=keep_dequantized,
+        pack_chunk=settings.pack_chunk,
     )
 
 

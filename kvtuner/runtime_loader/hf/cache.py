@@ -25,20 +25,18 @@ class KVTunerCache(Cache):
         *,
         residual_length: int,
         keep_dequantized: bool,
+        pack_chunk: int = 1,
     ):
-        layers = [
-            KVTunerLayer(
-                s,
-                fingerprint.head_dim,
-                residual_length=residual_length,
-                keep_dequantized=keep_dequantized,
-            )
-            for s in specs
-        ]
-        super().__init__(layers=layers)
+        kw = dict(
+            residual_length=residual_length,
+            keep_dequantized=keep_dequantized,
+            pack_chunk=pack_chunk,
+        )
+        super().__init__(layers=[KVTunerLayer(s, fingerprint.head_dim, **kw) for s in specs])
         self.specs = tuple(specs)
         self.fingerprint = fingerprint
         self.residual_length = residual_length
+        self.pack_chunk = pack_chunk
 
     def nbytes(self) -> int:
         """KV bytes stored now: packed rows as stored, unpacked elements (16-bit layers, residual
@@ -53,7 +51,11 @@ class KVTunerCache(Cache):
         """
         fp = self.fingerprint
         kw = dict(
-            tokens=tokens, residual_length=self.residual_length, heads=fp.num_kv_heads, batch=batch
+            tokens=tokens,
+            residual_length=self.residual_length,
+            heads=fp.num_kv_heads,
+            batch=batch,
+            pack_chunk=self.pack_chunk,
         )
         return sum(
             predicted_stream_nbytes(s.k, fp.head_dim, **kw)
@@ -110,6 +112,7 @@ def make_cache(
     *,
     residual_length: int = 0,
     keep_dequantized: bool = False,
+    pack_chunk: int = 1,
 ) -> KVTunerCache:
     """A packed per-layer K/V cache for ``model`` (``generate(past_key_values=...)`` or forward).
 
@@ -119,16 +122,24 @@ def make_cache(
         decode step dequantizes only the newly packed tokens (faster decode, but the working copy
         costs model-dtype memory; ``nbytes()`` counts the packed storage only). Results are
         identical either way.
+    pack_chunk: token-axis tokens leave the residual window in chunks of this many (1 = exactly
+        ``residual_length`` tokens stay unquantized). A chunk of e.g. 32 quantizes once every 32
+        decode steps instead of every step; waiting tokens are read like the window (exact when
+        ``residual_length=0``: they are read fake-quantized, identical to packed).
     """
-    if (
-        isinstance(residual_length, bool)
-        or not isinstance(residual_length, int)
-        or residual_length < 0
+    for name, value, low in (
+        ("residual_length", residual_length, 0),
+        ("pack_chunk", pack_chunk, 1),
     ):
-        raise KVTunerError(f"residual_length must be an int >= 0, got {residual_length!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise KVTunerError(f"{name} must be an int >= {low}, got {value!r}")
     config = getattr(model, "config", model)
     _check_attention_types(config)
     specs, model_fp = layer_specs_for(config, profile_or_layer_specs)
     return KVTunerCache(
-        specs, model_fp, residual_length=residual_length, keep_dequantized=keep_dequantized
+        specs,
+        model_fp,
+        residual_length=residual_length,
+        keep_dequantized=keep_dequantized,
+        pack_chunk=pack_chunk,
     )

@@ -21,13 +21,19 @@ class KVTunerLayer(DynamicLayer):
     is_croppable = False
 
     def __init__(
-        self, spec: LayerSpec, head_dim: int, *, residual_length: int, keep_dequantized: bool
+        self,
+        spec: LayerSpec,
+        head_dim: int,
+        *,
+        residual_length: int,
+        keep_dequantized: bool,
+        pack_chunk: int = 1,
     ):
         super().__init__()
         self.spec = spec
-        self.k = PackedStream(spec.k, head_dim, residual_length, keep_dequantized)
-        self.v = PackedStream(spec.v, head_dim, residual_length, keep_dequantized)
-        self._args = (spec, head_dim, residual_length, keep_dequantized)
+        self._args = (head_dim, residual_length, keep_dequantized, pack_chunk)
+        self.k = PackedStream(spec.k, *self._args)
+        self.v = PackedStream(spec.v, *self._args)
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
@@ -47,9 +53,8 @@ class KVTunerLayer(DynamicLayer):
         return self.k.nbytes() + self.v.nbytes()
 
     def reset(self) -> None:
-        spec, head_dim, residual_length, keep = self._args
-        self.k = PackedStream(spec.k, head_dim, residual_length, keep)
-        self.v = PackedStream(spec.v, head_dim, residual_length, keep)
+        self.k = PackedStream(self.spec.k, *self._args)
+        self.v = PackedStream(self.spec.v, *self._args)
         super().reset()
 
     def crop(self, tokens_to_remove: int) -> None:

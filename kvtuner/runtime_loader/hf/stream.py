@@ -13,6 +13,10 @@ Layout (B batch, H KV heads, D head_dim, G = spec.group_size):
   extended by only the newly packed tokens, so decode does not re-dequantize the whole history
   every step. It holds exactly the values a fresh dequantize would give (same function, rows).
 
+``pack_chunk`` (token axis): tokens leave the window in chunks of this many, which amortizes the
+per-call cost of quantizing during decode; tokens waiting for their chunk are read like the window
+(unquantized when r > 0, fake-quantized — identical to packing them — when r = 0).
+
 16-bit specs never pack: the tail keeps the original tensor (exact), whatever ``residual_length``.
 """
 
@@ -33,12 +37,18 @@ class PackedStream:
     """Packed history + fp tail of one tensor (K or V) of one decoder layer."""
 
     def __init__(
-        self, spec: QuantSpec, head_dim: int, residual_length: int, keep_dequantized: bool
+        self,
+        spec: QuantSpec,
+        head_dim: int,
+        residual_length: int,
+        keep_dequantized: bool,
+        pack_chunk: int = 1,
     ):
         spec.check_head_dim(head_dim)
         self.spec, self.head_dim = spec, head_dim
         self.residual_length = residual_length
         self.keep_dequantized = keep_dequantized
+        self.pack_chunk = pack_chunk
         self.packed: torch.Tensor | None = None
         self.tail: torch.Tensor | None = None
         self.deq: torch.Tensor | None = None
@@ -71,8 +81,9 @@ class PackedStream:
         """How many of the oldest tail tokens leave the residual window now."""
         if not self.spec.is_quantized:
             return 0
+        unit = self._tokens_per_packed_row if self.spec.axis == "channel" else self.pack_chunk
         over = self.tail_tokens - self.residual_length
-        return max(0, over - over % self._tokens_per_packed_row)
+        return max(0, over - over % unit)
 
     def append(self, x: torch.Tensor) -> torch.Tensor:
         """Store new tokens x[B, H, T, D]; return the whole history [B, H, T_all, D] as attention
@@ -116,12 +127,19 @@ class PackedStream:
 
 
 def predicted_stream_nbytes(
-    spec: QuantSpec, head_dim: int, *, tokens: int, residual_length: int, heads: int, batch: int = 1
+    spec: QuantSpec,
+    head_dim: int,
+    *,
+    tokens: int,
+    residual_length: int,
+    heads: int,
+    batch: int = 1,
+    pack_chunk: int = 1,
 ) -> int:
     """What :meth:`PackedStream.nbytes` reports after ``tokens`` tokens, from the spec alone."""
     if not spec.is_quantized:
         return batch * heads * tokens * head_dim * FP_ACCOUNTING_BYTES
-    g = spec.group_size if spec.axis == "channel" else 1
+    g = spec.group_size if spec.axis == "channel" else pack_chunk
     over = max(0, tokens - residual_length)
     packed = over - over % g
     per_token = spec.bytes_per_token(head_dim)

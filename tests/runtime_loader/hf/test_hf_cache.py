@@ -190,3 +190,32 @@ def test_beam_search_reorders_packed_rows(tiny_llama):
         tiny_llama, uniform(tiny_llama, QuantSpec(8), QuantSpec(8)), residual_length=2
     )
     assert tiny_llama.generate(ids, past_key_values=cache, **kw).shape == ref.shape
+
+
+def test_pack_chunk_changes_nothing_with_residual_zero(tiny_llama):
+    profile = uniform(tiny_llama, QuantSpec(4), QuantSpec(2, group_size=16))
+    ids = tokens(2, 21)
+    ref = forward_steps(tiny_llama, make_cache(tiny_llama, profile), ids, 9)
+    chunked = make_cache(tiny_llama, profile, pack_chunk=8)
+    got = forward_steps(tiny_llama, chunked, ids, 9)
+    assert all(torch.equal(a, b) for a, b in zip(ref, got, strict=True))
+    assert chunked.layers[0].k.tail_tokens == 30 % 8  # 30 cached tokens, 3 chunks packed
+    assert chunked.nbytes() == chunked.predicted_nbytes(30, 2)
+
+
+def test_pack_chunk_packs_in_chunks_beyond_the_window(tiny_llama):
+    cache = make_cache(
+        tiny_llama,
+        uniform(tiny_llama, QuantSpec(8), QuantSpec(4)),
+        residual_length=4,
+        pack_chunk=8,
+    )
+    out = tiny_llama(tokens(1, 10), past_key_values=cache)
+    for step in range(20):
+        seen = 10 + step
+        tail = cache.layers[1].v.tail_tokens
+        assert 4 <= tail < 4 + 8 and cache.layers[1].v.packed_tokens % 8 == 0
+        assert cache.nbytes() == cache.predicted_nbytes(seen)
+        out = tiny_llama(out.logits[:, -1:].argmax(-1), past_key_values=cache)
+    with pytest.raises(KVTunerError, match="pack_chunk"):
+        make_cache(tiny_llama, uniform(tiny_llama, QuantSpec(8), QuantSpec(4)), pack_chunk=0)
