@@ -5,6 +5,9 @@ sequence through one layer) against the naive sweep (one full forward per varian
 per-layer sensitivity picture and, with --reference, how well this run's per-layer ranking agrees
 with another sensitivity file (Spearman rank correlation per column).
 
+CPU time (all threads of this process) is reported beside wall time: on a shared machine it
+shows what the sweep costs when it has the cores to itself.
+
     python benchmarks/calibration_time.py [--num-samples 4 --seq-len 256 --threads 2]
         [--save-sensitivity s.json] [--reference big.json] [--json benchmarks/results/X.json]
 """
@@ -24,6 +27,7 @@ from kvtuner.calibration.batches import DEFAULT_NUM_SAMPLES, DEFAULT_SEQ_LEN
 from kvtuner.calibration.runner import decoder_layers
 from kvtuner.calibration.sweep import layer_forwards
 from kvtuner.profile import write_json_atomic
+from kvtuner.search_spaces import load_preset
 
 RESULTS = Path(__file__).parent / "results" / "calibration_time.json"
 
@@ -91,18 +95,29 @@ def run(args: argparse.Namespace) -> dict:
     )
     counter = Counter(model)
     load_before = os.getloadavg()
-    start = time.perf_counter()
-    sens = calibrate(model, data, model_id="smollm2-135m", use_cache=False, progress=True)
-    seconds = time.perf_counter() - start
+    start, cpu_start = time.perf_counter(), time.process_time()
+    preset = load_preset(args.preset)
+    sens = calibrate(
+        model,
+        data,
+        model_id="smollm2-135m",
+        key_spec=preset.key,
+        value_spec=preset.value,
+        use_cache=False,
+        progress=True,
+    )
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     if args.save_sensitivity:
         sens.save(args.save_sensitivity)
     num_layers, n = len(sens.layers), data.num_samples
     result = {
         "model": "smollm2-135m",
+        "preset": args.preset,
         "tokens": data.tokens.numel(),
         "num_samples": n,
         "seq_len": data.seq_len,
         "seconds": round(seconds, 2),
+        "cpu_seconds": round(cpu_seconds, 2),
         "layer_forward_calls": counter.calls,
         "layer_forwards": counter.rows // n,
         "layer_forwards_predicted": layer_forwards(num_layers, len(sens.bits)),
@@ -127,8 +142,10 @@ def run(args: argparse.Namespace) -> dict:
 
 def table(r: dict) -> str:
     rows = [
+        ("preset", r["preset"]),
         ("calibration tokens", f"{r['num_samples']} x {r['seq_len']} = {r['tokens']}"),
         ("sweep wall time", f"{r['seconds']:.1f} s"),
+        ("sweep CPU time (all threads)", f"{r['cpu_seconds']:.1f} s"),
         ("decoder-layer forward calls", r["layer_forward_calls"]),
         (
             "layer-forwards (per sequence)",
@@ -160,6 +177,7 @@ def main() -> None:
     p.add_argument("--num-samples", type=int, default=DEFAULT_NUM_SAMPLES)
     p.add_argument("--seq-len", type=int, default=DEFAULT_SEQ_LEN)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--preset", default="per-token", help="per-token or kivi K/V specs")
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--save-sensitivity", help="also write the sensitivity JSON here")
     p.add_argument("--reference", help="sensitivity JSON to compare the per-layer ranking with")

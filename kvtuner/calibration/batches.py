@@ -11,7 +11,7 @@ import torch
 from ..errors import KVTunerError
 from .corpus import read_corpus
 
-DEFAULT_NUM_SAMPLES = 4
+DEFAULT_NUM_SAMPLES = 1  # 1 x 256: see README 'Calibration' for the measured trade-off
 DEFAULT_SEQ_LEN = 256
 DEFAULT_SEED = 0
 
@@ -67,7 +67,7 @@ def _windows(ids: torch.Tensor, num_samples: int, seq_len: int, seed: int) -> to
     count = ids.numel() // seq_len
     if count < num_samples:
         raise KVTunerError(
-            f"calibration text has {ids.numel()} tokens: too few for {num_samples} samples of "
+            f"calibration text has {ids.numel()} tokens: too few for {num_samples} sample(s) of "
             f"{seq_len} tokens; lower --num-samples/--seq-len or pass a larger --dataset"
         )
     gen = torch.Generator().manual_seed(seed)

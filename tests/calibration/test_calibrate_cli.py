@@ -126,5 +126,5 @@ def test_bad_dataset_content_after_model_load(tiny_dir, tmp_path):
         "--output",
         str(tmp_path / "s.json"),
     )
-    assert run.returncode == 2 and "too few for 4 samples" in run.stderr
+    assert run.returncode == 2 and "too few for 1 sample(s) of 256 tokens" in run.stderr
     assert len(run.stderr.strip().splitlines()) == 1, run.stderr

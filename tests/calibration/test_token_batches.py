@@ -101,7 +101,7 @@ def test_hub_dataset_offline_fails_fast(tok, monkeypatch):
 
 def test_too_little_text_and_bad_sizes(tmp_path, tok):
     (tmp_path / "t.txt").write_text("short text")
-    with pytest.raises(KVTunerError, match="too few for 2 samples of 8 tokens"):
+    with pytest.raises(KVTunerError, match="too few for 2 sample\\(s\\) of 8 tokens"):
         load_token_batches(tok, dataset=str(tmp_path / "t.txt"), num_samples=2, seq_len=8)
     with pytest.raises(KVTunerError, match="seq_len must be a positive integer"):
         load_token_batches(tok, num_samples=1, seq_len=0)
