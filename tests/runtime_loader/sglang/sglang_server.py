@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -46,9 +47,18 @@ def cpu_env(**extra: str) -> dict[str, str]:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A bindable port below Linux's ephemeral range (32768+), where outgoing connections of
+    other processes cannot take it between this check and the server's bind."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 30000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port in 20000-29999")
 
 
 def server_argv(
@@ -110,6 +120,10 @@ def live_group_members(pgid: int) -> list[int]:
     return live
 
 
+class _PortTaken(RuntimeError):
+    pass
+
+
 class SGLangServer:
     """``with SGLangServer(model_dir, *flags) as srv:`` -> srv.url, srv.log_text()."""
 
@@ -122,29 +136,41 @@ class SGLangServer:
         device: str = "cpu",
         dtype: str = "float32",
     ):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.argv = server_argv(
-            model_dir, self.port, *flags, module=module, device=device, dtype=dtype
+        self._argv = lambda port: server_argv(
+            model_dir, port, *flags, module=module, device=device, dtype=dtype
         )
+        self._new_port()
         self.log_path = log_path or Path(tempfile.mkstemp(prefix="sglang-", suffix=".log")[1])
         self.env = cpu_env() if device == "cpu" else dict(os.environ)
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 300.0) -> SGLangServer:
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                self.argv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self.env,
-                start_new_session=True,
-            )
-        try:
-            self._wait_healthy(timeout)
-        except BaseException:
-            self.stop()
-            raise
+    def _new_port(self) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.argv = self._argv(self.port)
+
+    def start(self, timeout: float = 300.0, attempts: int = 3) -> SGLangServer:
+        """Launch and wait for /health_generate; a port taken meanwhile retries on another."""
+        for attempt in range(attempts):
+            with open(self.log_path, "wb") as log:
+                self.proc = subprocess.Popen(
+                    self.argv,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=self.env,
+                    start_new_session=True,
+                )
+            try:
+                self._wait_healthy(timeout)
+                return self
+            except _PortTaken:
+                self.stop()
+                if attempt == attempts - 1:
+                    raise
+                self._new_port()
+            except BaseException:
+                self.stop()
+                raise
         return self
 
     def _wait_healthy(self, timeout: float) -> None:
@@ -152,6 +178,8 @@ class SGLangServer:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.tail()}")
+            if "address already in use" in self.log_text():
+                raise _PortTaken(f"port {self.port} taken:\n{self.tail(5)}")
             try:
                 with urllib.request.urlopen(self.url + "/health_generate", timeout=30) as r:
                     if r.status == 200:

@@ -118,8 +118,9 @@ def test_mismatched_profile_stops_startup_with_one_line(smollm2_dir, tmp_path):
             start_new_session=True,
         )
         errors = [line for line in run.stderr.splitlines() if line.startswith("kvtuner: error")]
-        assert run.returncode == 2 and len(errors) == 1 and message in errors[0]
-        assert "Traceback" not in run.stderr
+        detail = f"exit {run.returncode}, stderr tail:\n{run.stderr[-3000:]}"
+        assert run.returncode == 2 and len(errors) == 1 and message in errors[0], detail
+        assert "Traceback" not in run.stderr, detail
 
 
 @pytest.mark.parametrize(
