@@ -9,8 +9,8 @@ from .sweep import calibrate
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
     "CalibrationData",
-    "Sensitivity",
     "FpReference",
+    "Sensitivity",
     "calibrate",
     "fingerprint_of",
     "fp_reference",
