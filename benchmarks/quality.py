@@ -29,6 +29,7 @@ from kvtuner.errors import KVTunerError
 from kvtuner.evaluation import (
     DecodeSettings,
     EvalReport,
+    PerplexityResult,
     evaluate,
     format_markdown,
     format_table,
@@ -44,7 +45,9 @@ from kvtuner.profile import ModelFingerprint, read_json, write_json_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results"
-UNIFORM = "kv8,kv4,kivi4,k8v4,k4v2,kv2,kivi2"  # most telling first: rows are saved as they come
+NAME = "quality"  # results file stem (--name)
+# most telling first: rows are saved as they come
+UNIFORM = "kv8,kv4,kivi4,k8v4,k4v2,kivi-k4v2,kv2,kivi2"
 
 
 def exported_profiles(fingerprint: ModelFingerprint, folder: Path) -> list[EvalConfig]:
@@ -78,6 +81,8 @@ def previous_rows(path: Path, data: dict) -> list[dict]:
 
 
 def save(report: EvalReport, kept: list[dict], command: str) -> None:
+    if not report.rows:
+        return
     names = {r["name"] for r in report.rows}
     report_rows = [r for r in kept if r["name"] not in names] + report.rows
     fp = next(r for r in report_rows if r["kind"] == "fp")
@@ -91,14 +96,14 @@ def save(report: EvalReport, kept: list[dict], command: str) -> None:
         report.hardware,
         report.wall_s,
     )
-    write_json_atomic(RESULTS / "quality.json", {**full.to_dict(), "command": command})
-    (RESULTS / "quality.md").write_text(
+    write_json_atomic(RESULTS / f"{NAME}.json", {**full.to_dict(), "command": command})
+    (RESULTS / f"{NAME}.md").write_text(
         f"`{command}`  \n{full.hardware['cpu']}, {full.hardware['cores']} cores, torch threads "
         f"{full.hardware['torch_threads']}, wall {full.wall_s:.0f} s (this invocation)\n\n"
         + format_markdown(full)
         + "\n"
     )
-    plot_report(full, RESULTS / "quality.png")
+    plot_report(full, RESULTS / f"{NAME}.png")
     print(format_table(full), flush=True)
 
 
@@ -152,7 +157,10 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAMES",
         help="only time decoding of these rows (comma list, or 'all')",
     )
+    p.add_argument("--name", default="quality", help="results file stem under benchmarks/results")
     args = p.parse_args(argv)
+    global NAME
+    NAME = args.name
     cli = shlex.join(sys.argv[1:] if argv is None else argv)
     command = f"OMP_NUM_THREADS={torch.get_num_threads()} python benchmarks/quality.py {cli}"
     model, tokenizer = load_model(args.model)
@@ -170,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         decode = DecodeSettings(args.decode_prompt_tokens, args.decode_steps, args.decode_repeats)
         decode_only(model, windows, configs, decode, command)
         return 0
-    kept = previous_rows(RESULTS / "quality.json", windows.describe()) if args.resume else []
+    kept = previous_rows(RESULTS / f"{NAME}.json", windows.describe()) if args.resume else []
     done = {r["name"] for r in kept}
     configs = [c for c in all_configs(fingerprint, Path(args.profiles)) if c.name not in done]
     print(f"[quality] evaluating: fp, {', '.join(c.name for c in configs)}", file=sys.stderr)
@@ -179,6 +187,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.no_decode
         else DecodeSettings(args.decode_prompt_tokens, args.decode_steps, args.decode_repeats)
     )
+    fp_row = next((r for r in kept if r["kind"] == "fp"), None)
+    fp_result = None
+    if fp_row is not None:  # same windows: reuse its per-window NLL instead of re-running fp
+        fp_result = PerplexityResult(tuple(fp_row["window_nll"]), windows.seq_len - 1)
     evaluate(
         model,
         windows,
@@ -186,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         model_name=args.model,
         decode=decode,
         on_row=lambda report: save(report, kept, command),
+        fp_result=fp_result,
     )
     return 0
 

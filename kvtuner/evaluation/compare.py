@@ -134,9 +134,11 @@ def evaluate(
     model_name: str = "",
     decode: DecodeSettings | None = None,
     on_row: Callable[[EvalReport], None] | None = None,
+    fp_result: PerplexityResult | None = None,
 ) -> EvalReport:
     """fp first, then each config: perplexity (+ bytes stored), then its decode speed (paired
-    with a default-cache run) if asked; ``on_row(report)`` after each row (partial results)."""
+    with a default-cache run) if asked; ``on_row(report)`` after each row (partial results).
+    ``fp_result``: fp perplexity of these windows from an earlier run (no fp row is added)."""
     _check_prompt(decode, windows)
     start = time.perf_counter()
     fingerprint = ModelFingerprint.from_config(model.config)
@@ -144,8 +146,8 @@ def evaluate(
     if decode is not None:
         settings.update(decode=decode.__dict__)
     report = EvalReport(model_name, fingerprint, windows.describe(), settings)
-    fp_result = None
-    for config in [EvalConfig("fp", "fp"), *configs]:
+    first = [] if fp_result is not None else [EvalConfig("fp", "fp")]
+    for config in [*first, *configs]:
         row, res = _ppl_row(model, windows, config, fingerprint, fp_result)
         fp_result = fp_result or res
         if decode is not None:
