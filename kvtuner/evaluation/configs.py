@@ -59,7 +59,7 @@ class EvalConfig:
                 "effective_bits": p.effective_bits,
                 "bytes_per_token": p.bytes_per_token,
             }
-        fp16 = fingerprint.num_layers * fingerprint.num_kv_heads * fingerprint.head_dim * 2 * 2
+        fp16 = fingerprint.fp16_bytes_per_token
         if self.kind == "fp":
             return {"nominal_bits": 16.0, "effective_bits": 16.0, "bytes_per_token": float(fp16)}
         # quanto (fp32 model): codes + an fp32 scale and an fp32 shift per GROUP_SIZE elements;

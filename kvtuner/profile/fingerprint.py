@@ -29,6 +29,11 @@ class ModelFingerprint:
             raise KVTunerError("model fingerprint: architecture must be a non-empty string")
 
     @property
+    def fp16_bytes_per_token(self) -> int:
+        """K and V of every layer and KV head stored as fp16: the baseline of every ratio."""
+        return self.num_layers * self.num_kv_heads * 2 * self.head_dim * 2
+
+    @property
     def hash(self) -> str:
         """Stable hash of the shape facts (dtype excluded: a profile serves any dtype)."""
         facts = [self.architecture, self.num_layers, self.num_kv_heads, self.head_dim]

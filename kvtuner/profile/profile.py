@@ -10,6 +10,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from fractions import Fraction
 from typing import Any
 
 from ..errors import KVTunerError
@@ -38,10 +39,13 @@ class LayerSpec:
         if isinstance(self.layer, bool) or not isinstance(self.layer, int) or self.layer < 0:
             raise KVTunerError(f"layer index must be a non-negative int, got {self.layer!r}")
 
-    def bytes_per_token(self, num_kv_heads: int, head_dim: int) -> float:
+    def exact_bytes_per_token(self, num_kv_heads: int, head_dim: int) -> Fraction:
         """K plus V bytes this layer stores per token (all KV heads, metadata included)."""
-        per_head = self.k.bytes_per_token(head_dim) + self.v.bytes_per_token(head_dim)
+        per_head = self.k.exact_bytes_per_token(head_dim) + self.v.exact_bytes_per_token(head_dim)
         return num_kv_heads * per_head
+
+    def bytes_per_token(self, num_kv_heads: int, head_dim: int) -> float:
+        return float(self.exact_bytes_per_token(num_kv_heads, head_dim))
 
     def to_dict(self) -> dict[str, Any]:
         return {"layer": self.layer, "k": self.k.to_dict(), "v": self.v.to_dict()}
@@ -113,8 +117,7 @@ class Profile:
 
     @property
     def fp16_bytes_per_token(self) -> int:
-        fp = self.fingerprint
-        return fp.num_layers * fp.num_kv_heads * 2 * fp.head_dim * 2
+        return self.fingerprint.fp16_bytes_per_token
 
     @property
     def ratio_to_fp16(self) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from fractions import Fraction
 from typing import Any
 
 SUPPORTED_BITS = (2, 4, 8, 16)
@@ -86,11 +87,15 @@ class QuantSpec:
             raise ValueError("block_bytes() is for quantized channel-axis specs")
         return self.code_bytes(head_dim) * self.group_size + head_dim * self._metadata_per_group
 
-    def bytes_per_token(self, head_dim: int) -> float:
-        """Bytes one token-head costs, metadata included (amortized over a channel block)."""
+    def exact_bytes_per_token(self, head_dim: int) -> Fraction:
+        """Bytes one token-head costs, metadata included (amortized over a channel block);
+        exact, so budget arithmetic never rounds."""
         if self.axis == "channel" and self.is_quantized:
-            return self.block_bytes(head_dim) / self.group_size
-        return float(self.row_bytes(head_dim))
+            return Fraction(self.block_bytes(head_dim), self.group_size)
+        return Fraction(self.row_bytes(head_dim))
+
+    def bytes_per_token(self, head_dim: int) -> float:
+        return float(self.exact_bytes_per_token(head_dim))
 
     def effective_bits(self, head_dim: int) -> float:
         """Bits per element including scales and zeros."""

@@ -15,25 +15,16 @@ from fractions import Fraction
 
 from ..errors import KVTunerError
 from ..profile import LayerSpec, ModelFingerprint
-from ..quant.spec import QuantSpec
 
-__all__ = ["Budget", "spec_bytes", "layer_bytes"]
+__all__ = ["Budget", "layer_bytes"]
 
 _BITS = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*bits?\s*$", re.IGNORECASE)
 _RATIO = re.compile(r"^\s*(\d*\.?\d+)\s*x\s*$", re.IGNORECASE)
 
 
-def spec_bytes(spec: QuantSpec, head_dim: int) -> Fraction:
-    """Exact bytes one token-head costs (row bytes, or a channel block amortised per token)."""
-    if spec.axis == "channel" and spec.is_quantized:
-        return Fraction(spec.block_bytes(head_dim), spec.group_size)
-    return Fraction(spec.row_bytes(head_dim))
-
-
 def layer_bytes(spec: LayerSpec, fingerprint: ModelFingerprint) -> Fraction:
     """Exact K+V bytes per token of one layer, all KV heads, metadata included."""
-    hd = fingerprint.head_dim
-    return fingerprint.num_kv_heads * (spec_bytes(spec.k, hd) + spec_bytes(spec.v, hd))
+    return spec.exact_bytes_per_token(fingerprint.num_kv_heads, fingerprint.head_dim)
 
 
 @dataclass(frozen=True)
@@ -82,8 +73,7 @@ class Budget:
         """The most the layer costs may add up to."""
         if self.kind == "bits":
             return self.value * 2 * fingerprint.num_layers
-        fp16 = fingerprint.num_layers * fingerprint.num_kv_heads * 2 * fingerprint.head_dim * 2
-        return self.value * fp16
+        return self.value * fingerprint.fp16_bytes_per_token
 
     def cost(self, specs: Sequence[LayerSpec], fingerprint: ModelFingerprint) -> Fraction:
         return sum((self.layer_cost(s, fingerprint) for s in specs), Fraction(0))

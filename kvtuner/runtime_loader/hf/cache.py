@@ -66,7 +66,7 @@ class KVTunerCache(Cache):
     def fp16_nbytes(self, tokens: int, batch: int = 1) -> int:
         """Bytes the same tokens take in an fp16 cache (the reference for memory ratios)."""
         fp = self.fingerprint
-        return 2 * 2 * fp.num_layers * fp.num_kv_heads * fp.head_dim * tokens * batch
+        return fp.fp16_bytes_per_token * tokens * batch
 
 
 def _check_attention_types(config: Any) -> None:
