@@ -36,7 +36,8 @@ from kvtuner.tuner.index import write_index
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results" / "search.json"
-HELDOUT = "/work/shared/data/wikitext-2/test.txt"
+HELDOUT = ROOT.parent / "shared" / "data" / "wikitext-2" / "test.txt"  # ../shared beside the repo
+HELDOUT_NAME = "wikitext-2 test (shared/data/wikitext-2/test.txt)"
 MODEL = "smollm2-135m"
 UNIFORM_BITS = (2, 4, 8)
 
@@ -95,7 +96,7 @@ class Meter:
         self.model, tok = load_model(MODEL)
         self.cal = load_calibration_data(tok, num_samples=num_samples, seq_len=seq_len)
         self.held = load_calibration_data(
-            tok, dataset=HELDOUT, num_samples=heldout_samples, seq_len=seq_len
+            tok, dataset=str(HELDOUT), num_samples=heldout_samples, seq_len=seq_len
         )
         self.refs = {
             name: fp_reference(self.model, d.tokens)
@@ -191,13 +192,15 @@ def _exported_heldout(path: Path) -> float | None:
 
 
 def export(results: list[dict], folder: Path) -> None:
-    """per-token always; kivi where it beats per-token at the same budget on held-out KL."""
+    """SGLang-servable presets always; others (kivi) where they beat per-token at the same
+    budget on held-out KL."""
     per_token = {r["budget"]: r["heldout"] for r in results if r["preset"] == "per-token"}
     for r in results:
         rival = per_token.get(
             r["budget"], _exported_heldout(folder / f"per-token-{r['budget']}.json")
         )
-        if r["preset"] != "per-token" and rival is not None and r["heldout"] >= rival:
+        servable = load_preset(r["preset"]).servable_by_sglang
+        if not servable and rival is not None and r["heldout"] >= rival:
             continue
         p = load_profile(r["profile"])
         metrics = {
@@ -253,7 +256,11 @@ def measure(searched: dict, presets: list[str], heldout_samples: int):
                 **kls,
                 "compare": cmp,
                 "heldout_best_uniform": best_u["heldout"],
-                "heldout_data": meter.held.describe(),
+                "heldout_data": {
+                    **meter.held.describe(),
+                    "dataset": HELDOUT_NAME,
+                    "split": "test",
+                },
             }
         )
     return results, uniforms

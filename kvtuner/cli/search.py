@@ -28,7 +28,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--preset",
         default="per-token",
-        help="per-token (SGLang-servable), kivi (HF only) or a JSON file of specs",
+        help="per-token or per-token-g64 (SGLang-servable), kivi (HF only) or a JSON file of specs",
     )
     p.add_argument("--num-clusters", type=int, help="layers with similar sensitivity share a pair")
     p.add_argument(

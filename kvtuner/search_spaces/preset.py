@@ -1,9 +1,11 @@
 """Search presets: how a (k_bits, v_bits) pair becomes the two QuantSpecs of a layer.
 
 ``per-token``: token axis for both, keys Hadamard-rotated, group 32, asymmetric — what the
-SGLang pool quantizes at write time. ``kivi``: channel-axis keys (groups of 32 tokens), token-axis
-values group 32 — HF runtime only. A user JSON file gives ``{"name", "key", "value"}`` where
-key/value are QuantSpec fields without ``bits``. Bits 16 always mean "leave alone" (fp16).
+SGLang pool quantizes at write time. ``per-token-g64``: the same with groups of 64 (half the
+scale/zero bytes: 4.5 instead of 5 effective bits at 4 bits, for serving capacity; more loss).
+``kivi``: channel-axis keys (groups of 32 tokens), token-axis values group 32 — HF runtime only.
+A user JSON file gives ``{"name", "key", "value"}`` where key/value are QuantSpec fields without
+``bits``. Bits 16 always mean "leave alone" (fp16).
 """
 
 from __future__ import annotations
@@ -53,6 +55,9 @@ class SearchPreset:
 PRESETS = {
     "per-token": SearchPreset(
         "per-token", QuantSpec(4, 32, rotation="hadamard"), QuantSpec(4, 32), True
+    ),
+    "per-token-g64": SearchPreset(
+        "per-token-g64", QuantSpec(4, 64, rotation="hadamard"), QuantSpec(4, 64), True
     ),
     "kivi": SearchPreset("kivi", QuantSpec(4, 32, axis="channel"), QuantSpec(4, 32), False),
 }

@@ -79,7 +79,7 @@ def _load_sensitivity(path: Path, fp: ModelFingerprint, preset_settings: dict, l
     return Sensitivity.load(path)
 
 
-def _calibrate(lm, model_id: str, data, preset, path: Path, log) -> Any:
+def _calibrate(lm, model_id: str, data, preset, path: Path, log, progress: bool) -> Any:
     from ..calibration import calibrate
 
     log(
@@ -87,7 +87,13 @@ def _calibrate(lm, model_id: str, data, preset, path: Path, log) -> Any:
         f"tokens ({data.dataset}) ..."
     )
     sensitivity = calibrate(
-        lm, data, model_id=model_id, bits=BITS[:-1], key_spec=preset.key, value_spec=preset.value
+        lm,
+        data,
+        model_id=model_id,
+        bits=BITS[:-1],
+        key_spec=preset.key,
+        value_spec=preset.value,
+        progress=progress,
     )
     sensitivity.save(path)
     log(f"wrote {path}")
@@ -208,7 +214,7 @@ def search(
         log(f"sensitivity: {sens_path}")
         sens = _load_sensitivity(sens_path, fp, search_preset.settings(), log)
     else:
-        sens = _calibrate(lm, model, data, search_preset, sens_path, log)
+        sens = _calibrate(lm, model, data, search_preset, sens_path, log, progress)
     space = build_space(
         LossTable.from_sensitivity(sens, fp.num_layers),
         search_preset,

@@ -40,6 +40,13 @@ def test_presets():
     assert pt.layer_spec(0, 16, 16).k == QuantSpec(16)
 
 
+def test_g64_preset_halves_the_metadata_of_per_token():
+    g64, g32 = PRESETS["per-token-g64"], PRESETS["per-token"]
+    assert g64.servable_by_sglang and g64.key.rotation == "hadamard"
+    effective = lambda p: p.layer_spec(0, 4, 4).k.exact_bytes_per_token(64) * 8 / 64  # noqa: E731
+    assert (effective(g32), effective(g64)) == (5, 4.5)
+
+
 def test_user_preset_file(tmp_path):
     path = tmp_path / "mine.json"
     path.write_text(
