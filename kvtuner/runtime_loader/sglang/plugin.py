@@ -6,10 +6,14 @@ SGLang's ``HookRegistry``, applied by ``load_plugins()`` in the launcher and in 
   (``KVTUNER_PROFILE``) and checks the profile against the model's config before anything starts;
   a bad profile prints one line and exits 2.
 - ``DefaultPoolConfigurator._compute_cell_size`` (around): the bytes per token SGLang divides its
-  KV budget by become the profile's packed bytes (plus the v1 read scratch).
+  KV budget by become the profile's packed bytes (plus the read scratch in "scratch" read mode).
 - ``KVCacheConfigurator._resolve_kv_pool_class`` (around): the MHA pool class becomes
-  :class:`KVTunerMHATokenToKVPool` bound to the profile; unsupported setups are refused here.
-- ``ModelRunner._forward_raw`` (before): tells the pool which slots the batch reads.
+  :class:`KVTunerMHATokenToKVPool` bound to the profile and the read mode; unsupported setups are
+  refused here.
+- ``ModelRunner._forward_raw`` (before): tells a scratch-mode pool which slots the batch reads.
+
+Read mode (:func:`read_mode`): "lazy" (no scratch) when every attention backend of the server
+only gathers K/V by slot ids (``LAZY_BACKENDS``), else the safe "scratch" mode.
 """
 
 from __future__ import annotations
@@ -30,9 +34,12 @@ from .version import check_sglang_version
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FLAG", "batch_read_slots", "register"]
+__all__ = ["FLAG", "LAZY_BACKENDS", "batch_read_slots", "read_mode", "register"]
 
 FLAG = "--kvtuner-profile"
+# backends whose only pool reads are ``get_key_buffer(l)[slot_ids]`` / ``get_value_buffer(l)[...]``
+# (sglang 0.5.23 layers/attention/torch_native_backend.py); anything else gets a real tensor
+LAZY_BACKENDS = frozenset({"torch_native"})
 _registered = False
 
 
@@ -99,6 +106,17 @@ def _scheduler_profile(kvc: Any) -> Profile | None:
     return profile
 
 
+def read_mode(server_args: Any) -> str:
+    """ "lazy" if the prefill and the decode attention backends both read by slot ids only,
+    else "scratch" (also for an unset/unknown backend)."""
+    default = getattr(server_args, "attention_backend", None)
+    backends = {
+        getattr(server_args, "prefill_attention_backend", None) or default,
+        getattr(server_args, "decode_attention_backend", None) or default,
+    }
+    return "lazy" if backends <= LAZY_BACKENDS else "scratch"
+
+
 def _cell_size_hook(original: Any, self: Any, kvc: Any, num_layers: int) -> int:
     stock = original(self, kvc, num_layers)
     profile = _scheduler_profile(kvc)
@@ -114,13 +132,15 @@ def _cell_size_hook(original: Any, self: Any, kvc: Any, num_layers: int) -> int:
         start_layer=kvc.layer_info.start_layer,
         num_layers=num_layers,
         dtype_bytes=torch._utils._element_size(kvc.kv_cache_dtype),
+        read_mode=read_mode(kvc.server_args),
     )
     logger.info(
-        "kvtuner: KV cell size %d B/token (packed %d + read scratch %d) instead of "
+        "kvtuner: KV cell size %d B/token (packed %d + read scratch %d, %s reads) instead of "
         "SGLang's %d B/token: %.2fx tokens for the same bytes",
         cell.total,
         cell.packed,
         cell.scratch,
+        read_mode(kvc.server_args),
         stock,
         stock / cell.total,
     )
@@ -141,7 +161,7 @@ def _pool_class_hook(original: Any, self: Any, *, kind: str, default: type) -> t
             f"--kvtuner-profile needs SGLang's MHATokenToKVPool, but this "
             f"platform/layout selects {pool_cls.__name__}"
         )
-    return KVTunerMHATokenToKVPool.bound(profile)
+    return KVTunerMHATokenToKVPool.bound(profile, read_mode(self.server_args))
 
 
 def batch_read_slots(forward_batch: Any, req_to_token: torch.Tensor) -> torch.Tensor:
@@ -161,7 +181,7 @@ def _announce_reads(self: Any, forward_batch: Any, *args: Any, **kwargs: Any) ->
     from .pool import KVTunerMHATokenToKVPool
 
     pool = getattr(self, "token_to_kv_pool", None)
-    if isinstance(pool, KVTunerMHATokenToKVPool):
+    if isinstance(pool, KVTunerMHATokenToKVPool) and pool.read_mode == "scratch":
         pool.prepare_reads(batch_read_slots(forward_batch, self.req_to_token_pool.req_to_token))
 
 

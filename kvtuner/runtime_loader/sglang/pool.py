@@ -3,10 +3,15 @@ the profile's bits (supported: sglang 0.5.23, see ``version.py``).
 
 Storage: per layer, ``k_buffer[l]: uint8[size + page, heads, k_row_bytes(l)]`` (same for V), the
 packed rows of ``kvtuner.quant`` (slot 0's page stays SGLang's padding page). Writes quantize,
-pack and scatter (Triton kernels on CUDA, the torch reference on CPU). Reads: attention backends
-index ``get_key_buffer(layer)`` with slot ids, so the pool hands them a layer-sized scratch
-``[size + page, heads, head_dim]`` in the model dtype into which only the slots of the current
-batch (announced by :meth:`prepare_reads`) are dequantized, once per layer and step.
+pack and scatter (Triton kernels on CUDA, the torch reference on CPU). Reads (``read_mode``):
+
+- ``"lazy"`` (backends that only index ``get_key_buffer(layer)`` with slot ids, e.g. SGLang's
+  ``torch_native``): ``get_key_buffer`` returns a :class:`DequantizedView` whose indexing gathers
+  and dequantizes just the indexed slots. No scratch; the pool costs its packed bytes only.
+- ``"scratch"`` (any other backend, e.g. triton, which needs a real tensor with last dim
+  head_dim): a layer-sized scratch ``[size + page, heads, head_dim]`` in the model dtype into
+  which only the slots of the current batch (announced by :meth:`prepare_reads`) are
+  dequantized, once per layer and step.
 """
 
 from __future__ import annotations
@@ -22,9 +27,10 @@ from sglang.srt.mem_cache.memory_pool import KvBufferDesc, MHATokenToKVPool, unw
 from ...errors import KVTunerError
 from ...profile import Profile
 from ...quant import gather_dequantized, scatter_quantized
-from .sizing import cell_size
+from .sizing import READ_MODES, cell_size
 from .support import check_profile_servable
 from .tp_check import check_same_profile, sglang_tp_group
+from .view import DequantizedView
 
 logger = logging.getLogger(__name__)
 
@@ -50,32 +56,43 @@ def _refusal(args: dict[str, Any]) -> str | None:
 
 
 class KVTunerMHATokenToKVPool(MHATokenToKVPool):
-    """``MHATokenToKVPool(*parent_args, profile=..., tp_group=...)``.
+    """``MHATokenToKVPool(*parent_args, profile=..., read_mode=..., tp_group=...)``.
 
-    ``profile`` (a :class:`kvtuner.profile.Profile`, global layer indices) defaults to the class
-    attribute set by :meth:`bound` (SGLang constructs pools with the parent's arguments only).
+    ``profile`` (a :class:`kvtuner.profile.Profile`, global layer indices) and ``read_mode``
+    (``"lazy"`` or ``"scratch"``, see the module doc) default to the class attributes set by
+    :meth:`bound` (SGLang constructs pools with the parent's arguments only).
     ``tp_group`` is the torch.distributed group whose ranks must hold the same profile (None:
     SGLang's TP CPU group when tensor parallelism is on).
     """
 
     bound_profile: Profile | None = None
+    bound_read_mode: str = "scratch"
     # the quantizer ops (Triton on CUDA, torch on CPU); tests swap in the interpreted kernels
     scatter = staticmethod(scatter_quantized)
     gather = staticmethod(gather_dequantized)
 
     @classmethod
-    def bound(cls, profile: Profile) -> type[KVTunerMHATokenToKVPool]:
-        """Subclass with ``profile`` preset, for SGLang's pool factory."""
-        return type(cls.__name__, (cls,), {"bound_profile": profile, "__module__": cls.__module__})
+    def bound(cls, profile: Profile, read_mode: str = "scratch") -> type[KVTunerMHATokenToKVPool]:
+        """Subclass with ``profile`` and ``read_mode`` preset, for SGLang's pool factory."""
+        attrs = {"bound_profile": profile, "bound_read_mode": read_mode}
+        return type(cls.__name__, (cls,), {**attrs, "__module__": cls.__module__})
 
     def __init__(
-        self, *args: Any, profile: Profile | None = None, tp_group: Any = None, **kwargs: Any
+        self,
+        *args: Any,
+        profile: Profile | None = None,
+        read_mode: str | None = None,
+        tp_group: Any = None,
+        **kwargs: Any,
     ) -> None:
         bound = _PARENT_SIG.bind(self, *args, **kwargs)
         bound.apply_defaults()
         self.profile = profile if profile is not None else self.bound_profile
         if self.profile is None:
             raise KVTunerError("KVTunerMHATokenToKVPool needs a profile")
+        self.read_mode = read_mode or self.bound_read_mode
+        if self.read_mode not in READ_MODES:
+            raise KVTunerError(f"read_mode must be one of {READ_MODES}, got {self.read_mode!r}")
         refusal = _refusal(bound.arguments)
         if refusal:
             raise KVTunerError(f"the kvtuner pool does not support {refusal} in v1")
@@ -120,10 +137,16 @@ class KVTunerMHATokenToKVPool(MHATokenToKVPool):
             self.v_buffer = [
                 zeros(self._rows(s.v), dtype=torch.uint8, device=self.device) for s in specs
             ]
-            # scratch [rows, heads, head_dim]: last dim stays head_dim for the triton backend
-            shape = (rows, self.head_num, self.head_dim)
-            self._k_scratch = zeros(shape, dtype=self.dtype, device=self.device)
-            self._v_scratch = zeros(shape, dtype=self.dtype, device=self.device)
+            self._k_scratch = self._v_scratch = None
+            if self.read_mode == "scratch":
+                # [rows, heads, head_dim]: last dim stays head_dim for the triton backend
+                shape = (rows, self.head_num, self.head_dim)
+                self._k_scratch = zeros(shape, dtype=self.dtype, device=self.device)
+                self._v_scratch = zeros(shape, dtype=self.dtype, device=self.device)
+        self._views = [
+            (DequantizedView(self, layer, "k"), DequantizedView(self, layer, "v"))
+            for layer in range(self.start_layer, self.start_layer + self.layer_num)
+        ]
         self.store_dtype = torch.uint8
         for name in (
             "k_scale_buffer",
@@ -152,7 +175,9 @@ class KVTunerMHATokenToKVPool(MHATokenToKVPool):
         return (sum(b.numel() for b in self.k_buffer), sum(b.numel() for b in self.v_buffer))
 
     def scratch_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self._k_scratch, self._v_scratch))
+        """Bytes of the dequant scratch (0 in lazy read mode)."""
+        scratch = (self._k_scratch, self._v_scratch)
+        return sum(t.numel() * t.element_size() for t in scratch if t is not None)
 
     def _log_allocation(self) -> None:
         k, v = self.get_kv_size_bytes()
@@ -162,15 +187,17 @@ class KVTunerMHATokenToKVPool(MHATokenToKVPool):
             start_layer=self.start_layer,
             num_layers=self.layer_num,
             dtype_bytes=self.dtype.itemsize,
+            read_mode=self.read_mode,
         )
         logger.info(
             "kvtuner pool: profile %s, #tokens: %d, rows: %d, packed KV bytes: %d "
-            "(profile predicts %d B/token), dequant scratch bytes: %d",
+            "(profile predicts %d B/token), read mode %s, dequant scratch bytes: %d",
             self.profile.hash,
             self.size,
             self.size + self.page_size,
             k + v,
             predicted.packed,
+            self.read_mode,
             self.scratch_bytes(),
         )
 
@@ -207,13 +234,17 @@ class KVTunerMHATokenToKVPool(MHATokenToKVPool):
     # -- reads -------------------------------------------------------------------------------
     def read_kv(self, layer_id: int, loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Dequantized K, V [len(loc), heads, head_dim] (model dtype) of slots ``loc``."""
+        return self.read_one(layer_id, "k", loc), self.read_one(layer_id, "v", loc)
+
+    def read_one(self, layer_id: int, which: str, loc: torch.Tensor) -> torch.Tensor:
+        """Dequantized K (``which="k"``) or V [len(loc), heads, head_dim] of slots ``loc``."""
         local, spec = layer_id - self.start_layer, self.layer_spec(layer_id)
-        k = self.gather(self.k_buffer[local], loc, spec.k, self.head_dim, self.dtype)
-        v = self.gather(self.v_buffer[local], loc, spec.v, self.head_dim, self.dtype)
-        return k, v
+        buffers, qs = (self.k_buffer, spec.k) if which == "k" else (self.v_buffer, spec.v)
+        return self.gather(buffers[local], loc, qs, self.head_dim, self.dtype)
 
     def prepare_reads(self, slots: torch.Tensor | None) -> None:
-        """Announce the slots the next forward reads (int64 [n]); None forbids reads."""
+        """Announce the slots the next forward reads (int64 [n]); None forbids reads.
+        (Scratch read mode only; the lazy mode reads what the backend indexes.)"""
         self._read_slots = slots
         self._materialized = None
 
@@ -230,16 +261,22 @@ class KVTunerMHATokenToKVPool(MHATokenToKVPool):
         self._v_scratch.index_copy_(0, self._read_slots, v)
         self._materialized = layer_id
 
-    def _get_key_buffer(self, layer_id: int) -> torch.Tensor:
+    def _get_key_buffer(self, layer_id: int) -> torch.Tensor | DequantizedView:
+        if self.read_mode == "lazy":
+            return self._views[layer_id - self.start_layer][0]
         self._materialize(layer_id)
         return self._k_scratch
 
-    def _get_value_buffer(self, layer_id: int) -> torch.Tensor:
+    def _get_value_buffer(self, layer_id: int) -> torch.Tensor | DequantizedView:
+        if self.read_mode == "lazy":
+            return self._views[layer_id - self.start_layer][1]
         self._materialize(layer_id)
         return self._v_scratch
 
     def get_kv_buffer_shape(self):
-        return self._k_scratch.shape, self._v_scratch.shape
+        """Shapes of what the backends read: [rows, heads, head_dim] (not the packed rows)."""
+        shape = torch.Size((self.size + self.page_size, self.head_num, self.head_dim))
+        return shape, shape
 
     def get_cpu_copy(self, *args, **kwargs):
         raise KVTunerError("the kvtuner pool does not support KV CPU offload in v1")

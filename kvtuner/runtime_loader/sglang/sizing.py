@@ -1,8 +1,9 @@
 """Bytes per token the kvtuner pool costs one rank: what SGLang divides its KV budget by.
 
-Per layer the pool stores one packed K row and one packed V row per (token, KV head); on top,
-the v1 read path keeps one layer-sized dequantized K and V scratch in the model dtype (also
-per slot), which is charged here too so the pool never outgrows SGLang's memory budget.
+Per layer the pool stores one packed K row and one packed V row per (token, KV head). In the
+"scratch" read mode (backends that need a real tensor) the pool also keeps one layer-sized
+dequantized K and V scratch in the model dtype (also per slot), charged here too so the pool never
+outgrows SGLang's memory budget; the "lazy" read mode has no scratch: packed bytes only.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from dataclasses import dataclass
 from ...errors import KVTunerError
 from ...profile import Profile
 
-__all__ = ["CellSize", "cell_size"]
+__all__ = ["READ_MODES", "CellSize", "cell_size"]
+
+READ_MODES = ("lazy", "scratch")  # how attention backends read the pool (see pool.py)
 
 
 @dataclass(frozen=True)
@@ -32,10 +35,19 @@ class CellSize:
 
 
 def cell_size(
-    profile: Profile, *, heads: int, start_layer: int, num_layers: int, dtype_bytes: int
+    profile: Profile,
+    *,
+    heads: int,
+    start_layer: int,
+    num_layers: int,
+    dtype_bytes: int,
+    read_mode: str = "scratch",
 ) -> CellSize:
     """Bytes per token of layers ``[start_layer, start_layer + num_layers)`` with ``heads``
-    KV heads on this rank (SGLang's TP split), scratch in a ``dtype_bytes`` dtype."""
+    KV heads on this rank (SGLang's TP split); scratch in a ``dtype_bytes`` dtype when
+    ``read_mode == "scratch"``, none when ``"lazy"``."""
+    if read_mode not in READ_MODES:
+        raise KVTunerError(f"read_mode must be one of {READ_MODES}, got {read_mode!r}")
     d = profile.fingerprint.head_dim
     if start_layer < 0 or start_layer + num_layers > len(profile.layers):
         raise KVTunerError(
@@ -44,4 +56,5 @@ def cell_size(
         )
     layers = profile.layers[start_layer : start_layer + num_layers]
     packed = sum(heads * (s.k.row_bytes(d) + s.v.row_bytes(d)) for s in layers)
-    return CellSize(packed=packed, scratch=heads * 2 * d * dtype_bytes)
+    scratch = heads * 2 * d * dtype_bytes if read_mode == "scratch" else 0
+    return CellSize(packed=packed, scratch=scratch)

@@ -40,6 +40,7 @@ def _refusals(kvc: Any) -> list[str]:
         "--enable-kv-cache-sharding" if kvc.kv_shard_rank is not None else "",
         "--enable-page-major-kv-layout" if kvc._page_major_enabled() else "",
         "--enable-hierarchical-cache" if sa.enable_hierarchical_cache else "",
+        "--enable-hisparse" if getattr(sa, "enable_hisparse", False) else "",
         "PD disaggregation" if sa.disaggregation_mode not in (None, "null") else "",
         "CUDA graphs (add --cuda-graph-backend-decode disabled "
         "--cuda-graph-backend-prefill disabled)"

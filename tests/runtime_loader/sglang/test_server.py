@@ -81,18 +81,26 @@ def test_completion_and_stream(client):
 def test_running_pool_is_ours_with_the_predicted_bytes_and_capacity(server, profile8):
     profile = profile8[0]
     log = server.log_text()
-    cell = cell_size(profile, heads=3, start_layer=0, num_layers=30, dtype_bytes=4)
-    sizing = re.search(r"kvtuner: KV cell size (\d+) B/token .* SGLang's (\d+) B/token", log)
-    assert sizing and int(sizing[1]) == cell.total
-    assert int(sizing[2]) == 30 * 3 * 2 * 64 * 4  # the stock fp32 pool's cell
+    # torch_native attention (the CPU server's backend) reads lazily: the cell is packed bytes only
+    cell = cell_size(
+        profile, heads=3, start_layer=0, num_layers=30, dtype_bytes=4, read_mode="lazy"
+    )
+    sizing = re.search(
+        r"kvtuner: KV cell size (\d+) B/token \(packed (\d+) \+ read scratch (\d+), lazy reads\)"
+        r" instead of SGLang's (\d+) B/token",
+        log,
+    )
+    assert sizing and int(sizing[1]) == cell.total == cell.packed == int(sizing[2])
+    assert int(sizing[3]) == 0
+    assert int(sizing[4]) == 30 * 3 * 2 * 64 * 4  # the stock fp32 pool's cell
     pool = re.search(
         r"kvtuner pool: profile (\w+), #tokens: (\d+), rows: (\d+), "
-        r"packed KV bytes: (\d+)",
+        r"packed KV bytes: (\d+) .* read mode (\w+), dequant scratch bytes: (\d+)",
         log,
     )
     assert pool and pool[1] == profile.hash
     tokens, rows, packed = int(pool[2]), int(pool[3]), int(pool[4])
-    assert packed == rows * cell.packed
+    assert packed == rows * cell.packed and (pool[5], pool[6]) == ("lazy", "0")
     served = re.search(r"max_total_num_tokens=(\d+)", log)  # SGLang's own scheduler line
     assert served and int(served[1]) == tokens == 4096
 
