@@ -57,19 +57,30 @@ def rotate(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     return x
 
 
+@functools.lru_cache(maxsize=8)
+def _fp16_inf(sign: int, device: str) -> torch.Tensor:
+    with torch.inference_mode(False):  # cached: never an inference tensor (see _hadamard_cpu)
+        return torch.tensor(sign * float("inf"), dtype=torch.float16, device=device)
+
+
+def _fp16_round(v: torch.Tensor, sign: int) -> torch.Tensor:
+    """The fp16 nearest to v in the direction ``sign`` (-1: largest <= v, +1: smallest >= v),
+    as fp32; a zero result is +0 (``+ 0.0`` maps -0 to +0 and leaves every other value)."""
+    r = v.half()
+    beyond = r.float() > v if sign < 0 else r.float() < v
+    r = torch.where(beyond, torch.nextafter(r, _fp16_inf(sign, str(r.device))), r)
+    return r.float().add_(0.0)
+
+
 def _fp16_down(v: torch.Tensor) -> torch.Tensor:
     """Largest fp16 <= v (as fp32); a zero result is +0 (min/max of signed zeros is
     order-dependent, so the sign of a zero must not reach the stored bytes)."""
-    r = v.half()
-    r = torch.where(r.float() > v, torch.nextafter(r, r.new_tensor(float("-inf"))), r)
-    return torch.where(r == 0, 0.0, r.float())
+    return _fp16_round(v, -1)
 
 
 def _fp16_up(v: torch.Tensor) -> torch.Tensor:
     """Smallest fp16 >= v (as fp32); a zero result is +0."""
-    r = v.half()
-    r = torch.where(r.float() < v, torch.nextafter(r, r.new_tensor(float("inf"))), r)
-    return torch.where(r == 0, 0.0, r.float())
+    return _fp16_round(v, 1)
 
 
 def _group_grid(g: torch.Tensor, spec: QuantSpec, dim: int):
@@ -88,9 +99,10 @@ def _group_grid(g: torch.Tensor, spec: QuantSpec, dim: int):
         codes.mul_(half).add_(0.5).floor_().add_(half).clamp_min_(0).clamp_max_(2 * half)
         scale, zero = amax, None
     else:
-        zero = _fp16_down(g.amin(dim, keepdim=True))
-        scale = _fp16_up((g.amax(dim, keepdim=True) - zero) / spec.qmax)
-        ok = torch.isfinite(zero) & torch.isfinite(scale)
+        low, high = torch.aminmax(g, dim=dim, keepdim=True)
+        zero = _fp16_down(low)
+        scale = _fp16_up((high - zero) / spec.qmax)
+        ok = torch.isfinite(zero + scale)  # fp16 values: the fp32 sum is finite iff both are
         codes = g - zero
         codes.div_(torch.where(scale > 0, scale, 1.0)).add_(0.5).floor_()
         codes.clamp_min_(0).clamp_max_(spec.qmax)
@@ -155,8 +167,9 @@ def _quantize_token(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
 
 def _split_meta(rows: torch.Tensor, spec: QuantSpec, n_codes: int, n_meta: int):
     codes = unpack_codes(rows[..., :n_codes], spec.bits, torch.float32)
-    scale = _from_fp16_bytes(rows[..., n_codes : n_codes + 2 * n_meta])
-    zero = None if spec.symmetric else _from_fp16_bytes(rows[..., n_codes + 2 * n_meta :])
+    meta = _from_fp16_bytes(rows[..., n_codes:])  # [..., n_meta] scales, then n_meta zeros
+    scale = meta[..., :n_meta]
+    zero = None if spec.symmetric else meta[..., n_meta:]
     return codes, scale, zero
 
 

@@ -27,8 +27,9 @@ from sglang.srt.mem_cache.memory_pool import KvBufferDesc, MHATokenToKVPool, unw
 from ...errors import KVTunerError
 from ...profile import Profile
 from ...quant import gather_dequantized, scatter_quantized
+from .kv_pair import dequantize_pair, pair_spec, quantize_pair
 from .sizing import READ_MODES, cell_size
-from .support import check_profile_servable
+from .support import check_profile_servable, pool_refusal
 from .tp_check import check_same_profile, sglang_tp_group
 from .view import DequantizedView
 
@@ -37,22 +38,6 @@ logger = logging.getLogger(__name__)
 __all__ = ["KVTunerMHATokenToKVPool"]
 
 _PARENT_SIG = inspect.signature(MHATokenToKVPool.__init__)
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
-def _refusal(args: dict[str, Any]) -> str | None:
-    """What v1 cannot store, from the parent's constructor arguments."""
-    checks = {
-        "hybrid sliding-window (SWA) layers": args.get("swa_head_num") is not None,
-        "speculative decoding (KV slot copies)": args.get("enable_kv_cache_copy"),
-        f"kv_cache_layout={args.get('kv_cache_layout')!r}": args.get("kv_cache_layout")
-        not in (None, "nhd"),
-        "quantized (fp4/fp8) KV cache methods": args.get("quant_method") is not None,
-        "post-capture KV backing": args.get("post_capture_active"),
-        f"KV dtype {args['dtype']}": args["dtype"] not in _FLOAT_DTYPES,
-        "different K and V head dims": args.get("v_head_dim") not in (None, args["head_dim"]),
-    }
-    return next((what for what, bad in checks.items() if bad), None)
 
 
 class KVTunerMHATokenToKVPool(MHATokenToKVPool):
@@ -93,7 +78,7 @@ class KVTunerMHATokenToKVPool(MHATokenToKVPool):
         self.read_mode = read_mode or self.bound_read_mode
         if self.read_mode not in READ_MODES:
             raise KVTunerError(f"read_mode must be one of {READ_MODES}, got {self.read_mode!r}")
-        refusal = _refusal(bound.arguments)
+        refusal = pool_refusal(bound.arguments)
         if refusal:
             raise KVTunerError(f"the kvtuner pool does not support {refusal} in v1")
         check_profile_servable(self.profile)
@@ -102,8 +87,18 @@ class KVTunerMHATokenToKVPool(MHATokenToKVPool):
         check_same_profile(self.profile.hash, group)
         self._read_slots: torch.Tensor | None = None
         self._materialized: int | None = None
+        self._pending: tuple | None = None  # the other half of the last paired view read
         super().__init__(*args, **kwargs)
+        self._pairs = self._pair_specs()
         self._log_allocation()
+
+    def _pair_specs(self) -> list:
+        """Per local layer: the grid K and V share (one quantizer call for both), or None.
+        CPU torch path only (the Triton kernels take one tensor per launch)."""
+        torch_path = self.scatter is scatter_quantized and self.gather is gather_dequantized
+        cpu = torch.device(self.device).type == "cpu"
+        specs = [self.layer_spec(self.start_layer + i) for i in range(self.layer_num)]
+        return [pair_spec(s.k, s.v) if torch_path and cpu else None for s in specs]
 
     def _check_shape(self, args: dict[str, Any]) -> None:
         fp = self.profile.fingerprint
@@ -222,19 +217,58 @@ class KVTunerMHATokenToKVPool(MHATokenToKVPool):
         layer_id = layer_id_override if layer_id_override is not None else layer.layer_id
         local, spec = layer_id - self.start_layer, self.layer_spec(layer_id)
         n = loc.shape[0]
+        self._pending = None
+        if self._pairs[local] is not None:
+            shape = (n, self.head_num, self.head_dim)
+            k_rows, v_rows = quantize_pair(
+                cache_k.reshape(shape), cache_v.reshape(shape), spec.k, spec.v, self._pairs[local]
+            )
+            idx = loc.long()
+            self.k_buffer[local][idx], self.v_buffer[local][idx] = k_rows, v_rows
+        else:
+            self._scatter_each(local, spec, loc, cache_k, cache_v)
+        if self._materialized == layer_id:
+            self._materialized = None
+
+    def _scatter_each(self, local: int, spec, loc, cache_k, cache_v) -> None:
+        n = loc.shape[0]
         self.scatter(
             self.k_buffer[local], loc, cache_k.reshape(n, self.head_num, self.head_dim), spec.k
         )
         self.scatter(
             self.v_buffer[local], loc, cache_v.reshape(n, self.head_num, self.head_dim), spec.v
         )
-        if self._materialized == layer_id:
-            self._materialized = None
 
     # -- reads -------------------------------------------------------------------------------
     def read_kv(self, layer_id: int, loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Dequantized K, V [len(loc), heads, head_dim] (model dtype) of slots ``loc``."""
-        return self.read_one(layer_id, "k", loc), self.read_one(layer_id, "v", loc)
+        local, spec = layer_id - self.start_layer, self.layer_spec(layer_id)
+        shared = self._pairs[local]
+        if shared is None:
+            return self.read_one(layer_id, "k", loc), self.read_one(layer_id, "v", loc)
+        rows = (self.k_buffer[local][loc.long()], self.v_buffer[local][loc.long()])
+        return dequantize_pair(*rows, spec.k, spec.v, shared, self.head_dim, self.dtype)
+
+    def _take_pending(self, layer_id: int, which: str, slots: Any, loc: torch.Tensor):
+        """The kept half for exactly this read, else None (and it is dropped either way)."""
+        pending, self._pending = self._pending, None
+        if pending is None or pending[:2] != (layer_id, which) or pending[2] is not slots:
+            return None
+        return pending[4] if torch.equal(pending[3], loc) else None
+
+    def read_for_view(self, layer_id: int, which: str, slots: Any, loc: torch.Tensor):
+        """What a :class:`DequantizedView` returns for ``view[slots]`` (``loc``: int [n]).
+        A paired layer dequantizes K and V together and keeps the other half for the next
+        read of the same ``slots`` object with the same ids (backends read K, then V)."""
+        kept = self._take_pending(layer_id, which, slots, loc)
+        if kept is not None:
+            return kept
+        if self._pairs[layer_id - self.start_layer] is None:
+            return self.read_one(layer_id, which, loc)
+        k, v = self.read_kv(layer_id, loc)
+        ours, other = (k, v) if which == "k" else (v, k)
+        self._pending = (layer_id, "v" if which == "k" else "k", slots, loc.clone(), other)
+        return ours
 
     def read_one(self, layer_id: int, which: str, loc: torch.Tensor) -> torch.Tensor:
         """Dequantized K (``which="k"``) or V [len(loc), heads, head_dim] of slots ``loc``."""

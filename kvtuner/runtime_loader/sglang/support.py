@@ -8,7 +8,7 @@ from typing import Any
 from ...errors import KVTunerError
 from ...profile import Profile
 
-__all__ = ["check_configurator", "check_profile_servable"]
+__all__ = ["check_configurator", "check_profile_servable", "pool_refusal"]
 
 _FLOAT_DTYPES = ("torch.float16", "torch.bfloat16", "torch.float32")
 
@@ -64,3 +64,18 @@ def check_configurator(kvc: Any, profile: Profile) -> None:
             "(supported: plain MHA/GQA models, model-dtype KV, no speculative decoding)"
         )
     check_profile_servable(profile)
+
+
+def pool_refusal(args: dict[str, Any]) -> str | None:
+    """What v1 cannot store, from the parent's constructor arguments."""
+    checks = {
+        "hybrid sliding-window (SWA) layers": args.get("swa_head_num") is not None,
+        "speculative decoding (KV slot copies)": args.get("enable_kv_cache_copy"),
+        f"kv_cache_layout={args.get('kv_cache_layout')!r}": args.get("kv_cache_layout")
+        not in (None, "nhd"),
+        "quantized (fp4/fp8) KV cache methods": args.get("quant_method") is not None,
+        "post-capture KV backing": args.get("post_capture_active"),
+        f"KV dtype {args['dtype']}": str(args["dtype"]) not in _FLOAT_DTYPES,
+        "different K and V head dims": args.get("v_head_dim") not in (None, args["head_dim"]),
+    }
+    return next((what for what, bad in checks.items() if bad), None)

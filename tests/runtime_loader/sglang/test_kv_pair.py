@@ -1,0 +1,92 @@
+"""Layers whose K and V share a grid are quantized/dequantized in one call: same bytes and values
+as the reference per tensor, in the pool and through the lazy views."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_pool import HEADS, SIZE, D, Layer, make_pool
+from tiny_profiles import tiny_profile
+
+from kvtuner.quant import QuantSpec, dequantize, quantize
+from kvtuner.runtime_loader.sglang.kv_pair import pair_spec
+
+pytestmark = pytest.mark.sglang
+pytest.importorskip("sglang")  # the sglang tier: collected only where sglang is installed
+
+PAIRED = [  # (k, v) sharing a grid: rotated keys, a symmetric pair, 8-bit g64
+    (QuantSpec(4, rotation="hadamard"), QuantSpec(4)),
+    (QuantSpec(2, symmetric=True, rotation="hadamard"), QuantSpec(2, symmetric=True)),
+    (QuantSpec(8, 64), QuantSpec(8, 64, rotation="hadamard")),
+]
+
+
+def test_pair_spec_only_for_a_shared_token_grid():
+    assert pair_spec(*PAIRED[0]) == QuantSpec(4)
+    assert pair_spec(QuantSpec(4), QuantSpec(2)) is None
+    assert pair_spec(QuantSpec(4), QuantSpec(4, 64)) is None
+    assert pair_spec(QuantSpec(16), QuantSpec(16)) is None
+
+
+@pytest.fixture(params=[torch.float32, torch.float16], ids=["fp32", "fp16"])
+def written(request):
+    dtype = request.param
+    g = torch.Generator().manual_seed(4)
+    pool = make_pool(tiny_profile(PAIRED, heads=HEADS, head_dim=D), dtype=dtype, read_mode="lazy")
+    assert all(p is not None for p in pool._pairs)
+    loc = torch.randperm(SIZE, generator=g)[:16] + 1
+    data = {}
+    for layer in range(len(PAIRED)):
+        k, v = ((torch.randn(16, HEADS, D, generator=g) * 4).to(dtype) for _ in range(2))
+        k[3, 1, 5] = float("nan")  # a poisoned group stays local in the pair too
+        pool.set_kv_buffer(Layer(layer), loc, k, v)
+        data[layer] = (k, v)
+    return pool, loc, data
+
+
+def test_paired_writes_store_the_reference_bytes_and_reads_its_values(written):
+    pool, loc, data = written
+    for layer, (k_spec, v_spec) in enumerate(PAIRED):
+        k, v = data[layer]
+        assert torch.equal(pool.k_buffer[layer][loc], quantize(k, k_spec))
+        assert torch.equal(pool.v_buffer[layer][loc], quantize(v, v_spec))
+        k_hat, v_hat = pool.read_kv(layer, loc)
+        expected_k = dequantize(quantize(k, k_spec), k_spec, D, pool.dtype)
+        expected_v = dequantize(quantize(v, v_spec), v_spec, D, pool.dtype)
+        assert torch.allclose(k_hat, expected_k, rtol=0, atol=0, equal_nan=True)
+        assert torch.allclose(v_hat, expected_v, rtol=0, atol=0, equal_nan=True)
+        assert k_hat.dtype == v_hat.dtype == pool.dtype
+
+
+def test_views_read_k_then_v_of_one_slot_tensor_from_one_dequantization(written):
+    pool, loc, _ = written
+    slots = loc[2:11].to(torch.int32)
+    k_hat, v_hat = pool.read_kv(1, slots)
+    k_view, v_view = pool.get_kv_buffer(1)
+    assert torch.allclose(k_view[slots], k_hat, rtol=0, atol=0, equal_nan=True)
+    assert pool._pending is not None  # V kept for the V read of the same slots
+    assert torch.allclose(v_view[slots], v_hat, rtol=0, atol=0, equal_nan=True)
+    assert pool._pending is None
+    # V first, then K of a different (equal-valued) tensor: no reuse, still exact
+    assert torch.allclose(v_view[slots], v_hat, rtol=0, atol=0, equal_nan=True)
+    assert torch.allclose(k_view[slots.clone()], k_hat, rtol=0, atol=0, equal_nan=True)
+
+
+def test_a_write_between_the_k_and_v_reads_is_seen(written):
+    pool, loc, _ = written
+    slots = loc[:4]
+    k_view, v_view = pool.get_kv_buffer(0)
+    k_view[slots]
+    new_v = torch.full((1, HEADS, D), 3.0, dtype=pool.dtype)
+    pool.set_kv_buffer(Layer(0), slots[:1], torch.zeros_like(new_v), new_v)
+    assert torch.equal(v_view[slots][0], new_v[0])
+
+
+def test_an_in_place_change_of_the_slot_tensor_is_not_served_stale(written):
+    pool, loc, _ = written
+    slots = loc[:4].clone()
+    k_view, v_view = pool.get_kv_buffer(2)
+    k_view[slots]
+    slots[0] = loc[5]
+    expected = pool.read_kv(2, slots)[1]
+    assert torch.allclose(v_view[slots], expected, rtol=0, atol=0, equal_nan=True)
