@@ -1,6 +1,8 @@
 """Serving benchmark: the real SGLang server, stock KV pool vs kvtuner profiles, in one run.
 
-For each configuration (stock, then each profile) one server is started, measured and stopped:
+For each configuration one server is started, measured and stopped; stock is measured again after
+every ``--stock-every`` profiles so that each profile's speed is compared with the stock rows
+measured just before and after it (the shared CPU's speed drifts):
 - token capacity for the same KV byte budget, by SGLang's own sizing: the cell size (bytes/token)
   SGLang computed in the server (logged by the kvtuner plugin) fed to SGLang's
   ``DefaultPoolConfigurator.calculate_pool_sizes(budget)``;
@@ -10,9 +12,10 @@ For each configuration (stock, then each profile) one server is started, measure
 CPU (default): SmolLM2-135M-Instruct exported from its GGUF, the recipe of SGLANG_CPU.md (test-only
 ``sgl_kernel`` stand-in, torch_native attention, OMP_NUM_THREADS=1 per server). On a GPU box:
 ``--device cuda --model-path <hf dir>`` is the same benchmark. Profiles: ``--profiles a.json ...``,
-default the searched SmolLM2 profiles in exported_configs/ when present, else uniform per-token
-profiles built here (K Hadamard-rotated, g32): KV8, KV4, K4V2 (8, 4 and 3 nominal bits), plus a
-16-bit control profile (fp16 rows: lossless for an fp16 model, so its outputs must equal stock's).
+default: uniform per-token profiles built here (K Hadamard-rotated): a 16-bit control (fp16 rows:
+lossless for an fp16 model, so its outputs must equal stock's), KV8, KV4 g32, KV4 g64 and K4V2;
+then the searched per-token SmolLM2 profiles in exported_configs/ (one row per distinct profile
+hash: a searched profile equal to a uniform one is not served twice).
 
     python benchmarks/sglang_serve.py [--dtype float16] [--budget-gib 1] [--out ...]
 """
@@ -48,12 +51,14 @@ PROMPTS = [
     "Name the planets of the solar system in order.",
     "Translate 'good morning' into Spanish and French.",
 ]
-UNIFORM = {  # nominal bits -> (K spec, V spec): the per-token preset's shape
-    16: (QuantSpec(16), QuantSpec(16)),  # control: lossless in fp16, so outputs = stock's
-    8: (QuantSpec(8, rotation="hadamard"), QuantSpec(8)),
-    4: (QuantSpec(4, rotation="hadamard"), QuantSpec(4)),
-    3: (QuantSpec(4, rotation="hadamard"), QuantSpec(2)),
+UNIFORM = {  # name -> (K spec, V spec): the per-token preset's shape
+    "16bit": (QuantSpec(16), QuantSpec(16)),  # control: lossless in fp16, so outputs = stock's
+    "8bit": (QuantSpec(8, rotation="hadamard"), QuantSpec(8)),
+    "4bit": (QuantSpec(4, rotation="hadamard"), QuantSpec(4)),
+    "4bit-g64": (QuantSpec(4, 64, rotation="hadamard"), QuantSpec(4, 64)),  # 4.5 eff. bits
+    "3bit": (QuantSpec(4, rotation="hadamard"), QuantSpec(2)),
 }
+SEARCHED = "exported_configs/smollm2-135m/per-token-*.json"
 
 
 def hardware() -> dict:
@@ -74,20 +79,32 @@ def hardware() -> dict:
 
 
 def default_profiles(model_dir: Path, out_dir: Path) -> list[Path]:
-    """Searched SmolLM2 profiles from exported_configs/ if there, else uniform ones built here."""
+    """Uniform profiles built here, then the searched ones in exported_configs/ (distinct
+    hashes only)."""
     import transformers
 
     fp = ModelFingerprint.from_config(transformers.AutoConfig.from_pretrained(model_dir))
-    paths = []
-    for bits, (k, v) in UNIFORM.items():
-        found = sorted((REPO / "exported_configs").glob(f"smollm2*{bits}bit*.json"))
-        if found and bits < 16:
-            paths.append(found[0])
-            continue
-        path = out_dir / f"smollm2-135m-uniform-{bits}bit.json"
-        save_profile(Profile.uniform("smollm2-135m-instruct", fp, k, v), path)
-        paths.append(path)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths, seen = [], set()
+    for name, (k, v) in UNIFORM.items():
+        profile = Profile.uniform("smollm2-135m-instruct", fp, k, v)
+        paths.append(out_dir / f"smollm2-135m-uniform-{name}.json")
+        save_profile(profile, paths[-1])
+        seen.add(profile.hash)
+    for path in sorted(REPO.glob(SEARCHED)):
+        profile = load_profile(path)
+        if profile.hash not in seen:
+            paths.append(path)
+            seen.add(profile.hash)
     return paths
+
+
+def interleave_stock(profiles: list[Path], every: int) -> list[Path | None]:
+    """Stock (None) first, then again after every ``every`` profiles and at the end."""
+    order: list[Path | None] = [None]
+    for i in range(0, len(profiles), every):
+        order += [*profiles[i : i + every], None]
+    return order
 
 
 def sglang_capacity(cell_bytes: int, budget: int) -> int:
@@ -178,6 +195,7 @@ def measure(args, model_dir: Path, profile: Path | None, tokenizer) -> dict:
     if profile:
         p = load_profile(profile)
         row.update(hash=p.hash, nominal_bits=p.nominal_bits, effective_bits=p.effective_bits)
+        row["calib_kl"] = json.loads(profile.read_text()).get("metrics", {}).get("kl")
     return row
 
 
@@ -194,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-gib", type=float, default=1.0, help="KV byte budget for capacity")
     ap.add_argument("--decode-tokens", type=int, default=128)
     ap.add_argument("--greedy-tokens", type=int, default=48)
+    ap.add_argument("--stock-every", type=int, default=3, help="re-measure stock every N rows")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks/results/sglang_serve.json")
     ap.add_argument("--log-dir", type=Path, default=Path(tempfile.gettempdir()) / "kvtuner-serve")
     args = ap.parse_args(argv)
@@ -205,28 +224,48 @@ def main(argv: list[str] | None = None) -> int:
     profiles = args.profiles or default_profiles(model_dir, args.out.parent / "sglang_profiles")
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
     started = time.perf_counter()
-    rows = [measure(args, model_dir, p, tokenizer) for p in [None, *profiles]]
+    order = interleave_stock(profiles, args.stock_every)
+    rows = []
+    for p in order:
+        rows.append(measure(args, model_dir, p, tokenizer))
+        print(json.dumps({k: v for k, v in rows[-1].items() if k != "greedy"}), flush=True)
     report(args, rows, time.perf_counter() - started)
     return 0
+
+
+def speed_vs_stock(rows: list[dict]) -> None:
+    """Each row's decode speeds over the mean of the stock rows measured next to it."""
+    stock_at = [i for i, r in enumerate(rows) if r["config"] == "stock"]
+    for i, row in enumerate(rows):
+        before = max((j for j in stock_at if j <= i), default=stock_at[0])
+        after = min((j for j in stock_at if j >= i), default=stock_at[-1])
+        for key in ("decode_tok_s_1", "decode_tok_s_8"):
+            ref = (rows[before][key] + rows[after][key]) / 2
+            row[key + "_x"] = row[key] / ref
 
 
 def report(args, rows: list[dict], wall: float) -> None:
     budget = int(args.budget_gib * (1 << 30))
     stock = rows[0]
+    speed_vs_stock(rows)
     for row in rows:
         row["tokens_for_budget"] = sglang_capacity(row["cell_bytes"], budget)
         row["capacity_x"] = row["tokens_for_budget"] / stock["tokens_for_budget"]
         row["agree_exact"], row["agree_prefix"] = agreement(stock["greedy"], row["greedy"])
     head = (
-        f"{'config':<32} {'bits':>5} {'B/token':>8} {'tokens/' + str(args.budget_gib) + 'GiB':>13}"
-        f" {'x stock':>7} {'tok/s 1':>8} {'tok/s 8':>8} {'same out':>8} {'prefix':>7}"
+        f"{'config':<34} {'bits':>5} {'B/token':>8} {'tokens/' + str(args.budget_gib) + 'GiB':>13}"
+        f" {'x stock':>7} {'tok/s 1':>8} {'x':>5} {'tok/s 8':>8} {'x':>5} {'same out':>8}"
+        f" {'prefix':>7} {'calib KL':>8}"
     )
     print(head)
     for r in rows:
+        kl = r.get("calib_kl")
         print(
-            f"{r['config']:<32} {r.get('nominal_bits', 16):>5.2f} {r['cell_bytes']:>8} "
+            f"{r['config']:<34} {r.get('nominal_bits', 16):>5.2f} {r['cell_bytes']:>8} "
             f"{r['tokens_for_budget']:>13} {r['capacity_x']:>7.2f} {r['decode_tok_s_1']:>8.1f} "
-            f"{r['decode_tok_s_8']:>8.1f} {r['agree_exact']:>8.2f} {r['agree_prefix']:>7.2f}"
+            f"{r['decode_tok_s_1_x']:>5.2f} {r['decode_tok_s_8']:>8.1f} "
+            f"{r['decode_tok_s_8_x']:>5.2f} {r['agree_exact']:>8.2f} {r['agree_prefix']:>7.2f} "
+            f"{'-' if kl is None else format(kl, '.4f'):>8}"
         )
     result = {
         "command": " ".join([sys.executable, *sys.argv]),
