@@ -10,7 +10,7 @@ SGLang's ``HookRegistry``, applied by ``load_plugins()`` in the launcher and in 
 - ``KVCacheConfigurator._resolve_kv_pool_class`` (around): the MHA pool class becomes
   :class:`KVTunerMHATokenToKVPool` bound to the profile and the read mode; unsupported setups are
   refused here.
-- ``ModelRunner._forward_raw`` (before): tells a scratch-mode pool which slots the batch reads.
+- ``ModelRunner._forward_raw`` (before): tells the pool which slots the batch reads.
 
 Read mode (:func:`read_mode`): "lazy" (no scratch) when every attention backend of the server
 only gathers K/V by slot ids (``LAZY_BACKENDS``), else the safe "scratch" mode.
@@ -181,7 +181,7 @@ def _announce_reads(self: Any, forward_batch: Any, *args: Any, **kwargs: Any) ->
     from .pool import KVTunerMHATokenToKVPool
 
     pool = getattr(self, "token_to_kv_pool", None)
-    if isinstance(pool, KVTunerMHATokenToKVPool) and pool.read_mode == "scratch":
+    if isinstance(pool, KVTunerMHATokenToKVPool):
         pool.prepare_reads(batch_read_slots(forward_batch, self.req_to_token_pool.req_to_token))
 
 

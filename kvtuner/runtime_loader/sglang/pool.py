@@ -8,6 +8,8 @@ pack and scatter (Triton kernels on CUDA, the torch reference on CPU). Reads (``
 - ``"lazy"`` (backends that only index ``get_key_buffer(layer)`` with slot ids, e.g. SGLang's
   ``torch_native``): ``get_key_buffer`` returns a :class:`DequantizedView` whose indexing gathers
   and dequantizes just the indexed slots. No scratch; the pool costs its packed bytes only.
+  With the batch announced (:meth:`prepare_reads`), each layer's batch is dequantized once and
+  every request's read is a range of it (:class:`BatchReads`: transient, batch-sized).
 - ``"scratch"`` (any other backend, e.g. triton, which needs a real tensor with last dim
   head_dim): a layer-sized scratch ``[size + page, heads, head_dim]`` in the model dtype into
   which only the slots of the current batch (announced by :meth:`prepare_reads`) are
@@ -27,6 +29,7 @@ from sglang.srt.mem_cache.memory_pool import KvBufferDesc, MHATokenToKVPool, unw
 from ...errors import KVTunerError
 from ...profile import Profile
 from ...quant import gather_dequantized, scatter_quantized
+from .batch_reads import BatchReads
 from .kv_pair import dequantize_pair, pair_spec, quantize_pair
 from .sizing import READ_MODES, cell_size
 from .support import check_profile_servable, pool_refusal
@@ -87,7 +90,7 @@ class KVTunerMHATokenToKVPool(MHATokenToKVPool):
         check_same_profile(self.profile.hash, group)
         self._read_slots: torch.Tensor | None = None
         self._materialized: int | None = None
-        self._pending: tuple | None = None  # the other half of the last paired view read
+        self._batch = BatchReads()  # lazy mode: the announced batch, dequantized per layer
         super().__init__(*args, **kwargs)
         self._pairs = self._pair_specs()
         self._log_allocation()
@@ -217,7 +220,7 @@ class KVTunerMHATokenToKVPool(MHATokenToKVPool):
         layer_id = layer_id_override if layer_id_override is not None else layer.layer_id
         local, spec = layer_id - self.start_layer, self.layer_spec(layer_id)
         n = loc.shape[0]
-        self._pending = None
+        self._batch.invalidate()
         if self._pairs[local] is not None:
             shape = (n, self.head_num, self.head_dim)
             k_rows, v_rows = quantize_pair(
@@ -249,26 +252,11 @@ class KVTunerMHATokenToKVPool(MHATokenToKVPool):
         rows = (self.k_buffer[local][loc.long()], self.v_buffer[local][loc.long()])
         return dequantize_pair(*rows, spec.k, spec.v, shared, self.head_dim, self.dtype)
 
-    def _take_pending(self, layer_id: int, which: str, slots: Any, loc: torch.Tensor):
-        """The kept half for exactly this read, else None (and it is dropped either way)."""
-        pending, self._pending = self._pending, None
-        if pending is None or pending[:2] != (layer_id, which) or pending[2] is not slots:
-            return None
-        return pending[4] if torch.equal(pending[3], loc) else None
-
-    def read_for_view(self, layer_id: int, which: str, slots: Any, loc: torch.Tensor):
-        """What a :class:`DequantizedView` returns for ``view[slots]`` (``loc``: int [n]).
-        A paired layer dequantizes K and V together and keeps the other half for the next
-        read of the same ``slots`` object with the same ids (backends read K, then V)."""
-        kept = self._take_pending(layer_id, which, slots, loc)
-        if kept is not None:
-            return kept
-        if self._pairs[layer_id - self.start_layer] is None:
-            return self.read_one(layer_id, which, loc)
-        k, v = self.read_kv(layer_id, loc)
-        ours, other = (k, v) if which == "k" else (v, k)
-        self._pending = (layer_id, "v" if which == "k" else "k", slots, loc.clone(), other)
-        return ours
+    def read_for_view(self, layer_id: int, which: str, loc: torch.Tensor) -> torch.Tensor:
+        """What a :class:`DequantizedView` returns for ``view[loc]`` (``loc``: int [n]): a range
+        of the announced batch (dequantized once per layer), else a direct read of ``loc``."""
+        served = self._batch.serve(layer_id, which, loc, self.read_kv)
+        return served if served is not None else self.read_one(layer_id, which, loc)
 
     def read_one(self, layer_id: int, which: str, loc: torch.Tensor) -> torch.Tensor:
         """Dequantized K (``which="k"``) or V [len(loc), heads, head_dim] of slots ``loc``."""
@@ -277,10 +265,12 @@ class KVTunerMHATokenToKVPool(MHATokenToKVPool):
         return self.gather(buffers[local], loc, qs, self.head_dim, self.dtype)
 
     def prepare_reads(self, slots: torch.Tensor | None) -> None:
-        """Announce the slots the next forward reads (int64 [n]); None forbids reads.
-        (Scratch read mode only; the lazy mode reads what the backend indexes.)"""
+        """Announce the slots the next forward reads, request by request (int64 [n]).
+        Scratch mode: only these are dequantized, None forbids reads. Lazy mode: a speed-up
+        (one dequantization of the batch per layer); reads work without it."""
         self._read_slots = slots
         self._materialized = None
+        self._batch.announce(slots if self.read_mode == "lazy" else None)
 
     def _materialize(self, layer_id: int) -> None:
         if self._materialized == layer_id:

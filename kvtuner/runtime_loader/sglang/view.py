@@ -60,7 +60,7 @@ class DequantizedView:
         any shape, a list, an int, or a slice of rows)."""
         loc = self._slot_tensor(slots)
         flat = loc.reshape(-1)
-        out = self._pool.read_for_view(self._layer_id, self._which, slots, flat)  # [n, heads, D]
+        out = self._pool.read_for_view(self._layer_id, self._which, flat)  # [n, heads, D]
         return out.reshape(*loc.shape, *self.shape[1:])
 
     def _slot_tensor(self, slots: Any) -> torch.Tensor:

@@ -1,5 +1,5 @@
 """Layers whose K and V share a grid are quantized/dequantized in one call: same bytes and values
-as the reference per tensor, in the pool and through the lazy views."""
+as the reference per tensor."""
 
 from __future__ import annotations
 
@@ -56,37 +56,3 @@ def test_paired_writes_store_the_reference_bytes_and_reads_its_values(written):
         assert torch.allclose(k_hat, expected_k, rtol=0, atol=0, equal_nan=True)
         assert torch.allclose(v_hat, expected_v, rtol=0, atol=0, equal_nan=True)
         assert k_hat.dtype == v_hat.dtype == pool.dtype
-
-
-def test_views_read_k_then_v_of_one_slot_tensor_from_one_dequantization(written):
-    pool, loc, _ = written
-    slots = loc[2:11].to(torch.int32)
-    k_hat, v_hat = pool.read_kv(1, slots)
-    k_view, v_view = pool.get_kv_buffer(1)
-    assert torch.allclose(k_view[slots], k_hat, rtol=0, atol=0, equal_nan=True)
-    assert pool._pending is not None  # V kept for the V read of the same slots
-    assert torch.allclose(v_view[slots], v_hat, rtol=0, atol=0, equal_nan=True)
-    assert pool._pending is None
-    # V first, then K of a different (equal-valued) tensor: no reuse, still exact
-    assert torch.allclose(v_view[slots], v_hat, rtol=0, atol=0, equal_nan=True)
-    assert torch.allclose(k_view[slots.clone()], k_hat, rtol=0, atol=0, equal_nan=True)
-
-
-def test_a_write_between_the_k_and_v_reads_is_seen(written):
-    pool, loc, _ = written
-    slots = loc[:4]
-    k_view, v_view = pool.get_kv_buffer(0)
-    k_view[slots]
-    new_v = torch.full((1, HEADS, D), 3.0, dtype=pool.dtype)
-    pool.set_kv_buffer(Layer(0), slots[:1], torch.zeros_like(new_v), new_v)
-    assert torch.equal(v_view[slots][0], new_v[0])
-
-
-def test_an_in_place_change_of_the_slot_tensor_is_not_served_stale(written):
-    pool, loc, _ = written
-    slots = loc[:4].clone()
-    k_view, v_view = pool.get_kv_buffer(2)
-    k_view[slots]
-    slots[0] = loc[5]
-    expected = pool.read_kv(2, slots)[1]
-    assert torch.allclose(v_view[slots], expected, rtol=0, atol=0, equal_nan=True)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from test_pool import HEADS, SIZE, SPECS, D, Layer, make_pool
 
-from kvtuner.runtime_loader.sglang.plugin import read_mode
+from kvtuner.runtime_loader.sglang.plugin import batch_read_slots, read_mode
 from kvtuner.runtime_loader.sglang.sizing import cell_size
 
 pytestmark = pytest.mark.sglang
@@ -95,13 +95,18 @@ def _torch_native_batch(loc):
     return req_to_token, torch.tensor([0, 2]), torch.tensor([9, 14])
 
 
-def test_sglang_torch_native_attention_reads_the_view_like_the_scratch(pools):
+@pytest.mark.parametrize("announced", [True, False])
+def test_sglang_torch_native_attention_reads_the_view_like_the_scratch(pools, announced):
     from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
     lazy, scratch, loc = pools
     backend = TorchNativeAttnBackend.__new__(TorchNativeAttnBackend)  # its sdpa loops only
     req_to_token, rows, seq_lens = _torch_native_batch(loc)
-    scratch.prepare_reads(loc[:23])
+    batch = SimpleNamespace(req_pool_indices=rows, seq_lens=seq_lens)
+    slots = batch_read_slots(batch, req_to_token)
+    scratch.prepare_reads(slots)
+    if announced:  # as the plugin does before each forward
+        lazy.prepare_reads(slots)
     q = torch.randn(2, HEADS, D, generator=torch.Generator().manual_seed(2))
     q_ext = torch.randn(5, HEADS, D, generator=torch.Generator().manual_seed(3))
     ext = dict(extend_prefix_lens=torch.tensor([7, 11]), extend_seq_lens=torch.tensor([2, 3]))
