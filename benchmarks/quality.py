@@ -53,7 +53,8 @@ UNIFORM = "kv8,kv4,kivi4,k8v4,k4v2,kivi-k4v2,kv2,kivi2"
 def exported_profiles(fingerprint: ModelFingerprint, folder: Path) -> list[EvalConfig]:
     """Every profile JSON under ``folder`` that fits the model (others are listed and skipped)."""
     rows = []
-    for path in sorted(folder.glob("**/*.json")) if folder.is_dir() else []:
+    paths = sorted(folder.glob("**/*.json")) if folder.is_dir() else []
+    for path in (p for p in paths if p.name != "index.json"):  # the generated index is no profile
         try:
             rows.append(profile_config(str(path), fingerprint))
         except KVTunerError as exc:
