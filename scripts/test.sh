@@ -26,6 +26,7 @@ setup_sglang() {
 
 setup_core
 .venv/bin/ruff check kvtuner tests benchmarks
+.venv/bin/ruff format --check kvtuner tests benchmarks
 .venv/bin/python -m pytest -m "not sglang" -q
 if [ "${KVTUNER_SKIP_SGLANG:-0}" != 1 ]; then
   setup_sglang

@@ -18,13 +18,23 @@ def tiny_config(family: str = "llama", **overrides):
     import transformers
 
     base = dict(
-        vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-        max_position_embeddings=512, tie_word_embeddings=False,
+        vocab_size=256,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
     )
     base.update(overrides)
-    cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
-           "qwen3": transformers.Qwen3Config, "mistral": transformers.MistralConfig}[family]
+    cls = {
+        "llama": transformers.LlamaConfig,
+        "qwen2": transformers.Qwen2Config,
+        "qwen3": transformers.Qwen3Config,
+        "mistral": transformers.MistralConfig,
+    }[family]
     config = cls(**base)
     config.architectures = [cls.__name__.replace("Config", "ForCausalLM")]
     return config

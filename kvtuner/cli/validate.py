@@ -23,6 +23,8 @@ def run(args: argparse.Namespace) -> int:
         fingerprint = model_fingerprint(args.model, trust_remote_code=args.trust_remote_code)
     profile = load_profile(args.profile, fingerprint)
     against = f" and fits {args.model}" if args.model else ""
-    print(f"ok: {args.profile} is a valid schema v{profile.schema_version} profile{against} "
-          f"(hash {profile.hash}, {profile.effective_bits:.3f} effective bits)")
+    print(
+        f"ok: {args.profile} is a valid schema v{profile.schema_version} profile{against} "
+        f"(hash {profile.hash}, {profile.effective_bits:.3f} effective bits)"
+    )
     return 0

@@ -12,8 +12,17 @@ from ..errors import KVTunerError
 from .fingerprint import ModelFingerprint
 from .profile import SCHEMA_VERSION, LayerSpec, Profile
 
-_TOP_LEVEL = {"schema_version", "producer", "model", "layers", "budget", "calibration",
-              "metrics", "created", "hash"}
+_TOP_LEVEL = {
+    "schema_version",
+    "producer",
+    "model",
+    "layers",
+    "budget",
+    "calibration",
+    "metrics",
+    "created",
+    "hash",
+}
 
 
 def write_json_atomic(path: str | os.PathLike, data: Any) -> None:

@@ -17,11 +17,14 @@ def _check_pool_args(buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, h
     if spec.axis != "token":
         raise ValueError("a slot pool stores token-axis specs only")
     if buffer.dtype != torch.uint8 or buffer.dim() != 3:
-        raise ValueError(f"buffer must be uint8 [slots, heads, row_bytes], got {buffer.dtype} "
-                         f"{tuple(buffer.shape)}")
+        raise ValueError(
+            f"buffer must be uint8 [slots, heads, row_bytes], got {buffer.dtype} "
+            f"{tuple(buffer.shape)}"
+        )
     if buffer.shape[-1] != spec.row_bytes(head_dim):
-        raise ValueError(f"buffer rows have {buffer.shape[-1]} bytes, spec expects "
-                         f"{spec.row_bytes(head_dim)}")
+        raise ValueError(
+            f"buffer rows have {buffer.shape[-1]} bytes, spec expects {spec.row_bytes(head_dim)}"
+        )
     if loc.dim() != 1 or loc.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"loc must be 1-D int32/int64, got {loc.dtype} {tuple(loc.shape)}")
 
@@ -36,8 +39,9 @@ def scatter_quantized(
     """``buffer[loc] = quantize(x)`` for x[N, heads, D]; touches only the rows in ``loc``."""
     _check_pool_args(buffer, loc, spec, x.shape[-1])
     if x.dim() != 3 or x.shape[0] != loc.shape[0] or x.shape[1] != buffer.shape[1]:
-        raise ValueError(f"x must be [len(loc)={loc.shape[0]}, heads={buffer.shape[1]}, D], "
-                         f"got {tuple(x.shape)}")
+        raise ValueError(
+            f"x must be [len(loc)={loc.shape[0]}, heads={buffer.shape[1]}, D], got {tuple(x.shape)}"
+        )
     if _use_triton(buffer):
         from .triton_kernels import triton_scatter_quantized
 
