@@ -1,9 +1,10 @@
 """The project's results table: quality, memory and decode speed of KV configs on SmolLM2-135M.
 
 Rows (one run, same windows): fp; uniform KV8/KV4/KV2/K8V4/K4V2 (per-token, g32 asym), KIVI-4/KIVI-2
-(keys per-channel g32), had-kv4 (Hadamard-rotated per-token KV4, the `per-token` search preset's
-format); every profile in exported_configs/ that fits the model (picked up automatically);
-transformers' QuantizedCache (quanto backend, 4 and 2 bits) when optimum-quanto imports.
+(keys per-channel g32), had-kv4 (per-token KV4 with K and V Hadamard-rotated; the `per-token`
+search preset rotates keys only); every profile in exported_configs/ that fits the model (picked
+up automatically); transformers' QuantizedCache (quanto backend, 4 and 2 bits) when
+optimum-quanto imports.
 Perplexity: WikiText-2 test, first N non-overlapping 1024-token windows, K/V quantized before any
 query reads them (residual 0). Decode (defaults): 512-token prompt, 64 greedy steps, residual
 window 128, median of 3 runs each paired with a default-cache run.
