@@ -62,16 +62,20 @@ class CalibrationData:
         }
 
 
-def _windows(ids: torch.Tensor, num_samples: int, seq_len: int, seed: int) -> torch.Tensor:
-    """Pick ``num_samples`` of the non-overlapping ``seq_len`` windows, seeded."""
+def _windows(
+    ids: torch.Tensor, num_samples: int, seq_len: int, seed: int, offset: int = 0
+) -> torch.Tensor:
+    """Pick ``num_samples`` of the non-overlapping ``seq_len`` windows, seeded; ``offset`` skips
+    the first picks of the same permutation (windows disjoint from an earlier draw)."""
     count = ids.numel() // seq_len
-    if count < num_samples:
+    if count < num_samples + offset:
         raise KVTunerError(
-            f"calibration text has {ids.numel()} tokens: too few for {num_samples} sample(s) of "
-            f"{seq_len} tokens; lower --num-samples/--seq-len or pass a larger --dataset"
+            f"calibration text has {ids.numel()} tokens: too few for {num_samples + offset} "
+            f"sample(s) of {seq_len} tokens; lower --num-samples/--seq-len (or "
+            "--confirm-samples) or pass a larger --dataset"
         )
     gen = torch.Generator().manual_seed(seed)
-    picks = torch.randperm(count, generator=gen)[:num_samples]
+    picks = torch.randperm(count, generator=gen)[offset : offset + num_samples]
     return ids[: count * seq_len].view(count, seq_len)[picks].clone()
 
 
@@ -82,15 +86,17 @@ def load_calibration_data(
     num_samples: int = DEFAULT_NUM_SAMPLES,
     seq_len: int = DEFAULT_SEQ_LEN,
     seed: int = DEFAULT_SEED,
+    offset: int = 0,
 ) -> CalibrationData:
-    """Read ``dataset`` (see :mod:`.corpus`), tokenize it (no special tokens) and cut windows."""
+    """Read ``dataset`` (see :mod:`.corpus`), tokenize it (no special tokens) and cut windows.
+    ``offset=n`` skips the windows a draw of n samples with the same seed took (disjoint data)."""
     _positive_int("num_samples", num_samples)
     _positive_int("seq_len", seq_len)
     text, name, split = read_corpus(dataset)
     if not text.strip():
         raise KVTunerError(f"dataset {name} holds no text")
     ids = tokenizer(text, add_special_tokens=False, return_attention_mask=False)["input_ids"]
-    tokens = _windows(torch.tensor(ids, dtype=torch.long), num_samples, seq_len, seed)
+    tokens = _windows(torch.tensor(ids, dtype=torch.long), num_samples, seq_len, seed, offset)
     return CalibrationData(name, split, num_samples, seq_len, seed, tokens)
 
 

@@ -55,6 +55,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="calibration windows (default %(default)s; each trial runs them all)",
     )
     p.add_argument("--seq-len", type=int, default=256, help="tokens per window (%(default)s)")
+    p.add_argument(
+        "--confirm-samples",
+        type=int,
+        default=0,
+        help="re-measure the 4 best configurations and the best uniform one on this many more "
+        "calibration windows (disjoint from the study's) and keep the best there: guards against "
+        "noise-level wins on few tokens (default 0: off)",
+    )
     p.add_argument("--pareto-dir", help="write every Pareto-optimal profile here")
     p.add_argument("--plot", help="Pareto-front PNG (needs matplotlib)")
     p.add_argument(
@@ -90,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
         dataset=args.dataset,
         num_samples=args.num_samples,
         seq_len=args.seq_len,
+        confirm_samples=args.confirm_samples,
         pareto_dir=args.pareto_dir,
         plot=args.plot,
         baselines=args.all_baselines,

@@ -20,6 +20,7 @@ from ..errors import KVTunerError
 from ..profile import ModelFingerprint, Profile, read_json, save_profile
 from ..search_spaces import BITS, LossTable, SearchSpace, build_space, load_preset, pair_label
 from .budget import Budget
+from .confirmation import Confirmed, confirm, finalists
 from .report import Baseline, format_summary, plot_pareto, write_pareto_dir
 from .results import Measured, best_measured, measured_trials, pareto_set
 from .study import StudySettings, run_study
@@ -39,6 +40,7 @@ class SearchOutcome:
     trials: int
     seconds: float
     summary: str
+    confirmation: tuple[Confirmed, ...] = ()  # finalists re-measured on held-back windows
 
 
 def default_storage(output: Path) -> str:
@@ -144,7 +146,46 @@ def _sig(x: float) -> float:
     return float(f"{x:.6g}")
 
 
-def _profile(model_id, space, best, data, sens_path, budget, settings, study, baselines, fp_ppl):
+def _held_back(tokenizer, dataset, data, samples: int):
+    """``samples`` calibration windows disjoint from ``data`` (same text, seed and length)."""
+    from ..calibration import load_calibration_data
+
+    return load_calibration_data(
+        tokenizer,
+        dataset=dataset,
+        num_samples=samples,
+        seq_len=data.seq_len,
+        seed=data.seed,
+        offset=data.num_samples,
+    )
+
+
+def _confirm_best(lm, measured, held, log) -> tuple[Confirmed, ...]:
+    """Re-measure the finalists on the held-back windows, best first."""
+    from ..calibration import fp_reference, measure_kl
+
+    reference = fp_reference(lm, held.tokens)
+    out = confirm(finalists(measured), lambda s: measure_kl(lm, held.tokens, s, reference))
+    log(f"confirmation on {held.tokens.numel()} more calibration tokens (KL study -> confirm):")
+    for c in out:
+        m = c.measured
+        log(f"  trial {m.number:>3} {m.origin or 'sampled':<22} {m.kl:.5g} -> {c.kl:.5g}")
+    return tuple(out)
+
+
+def _confirm_metrics(held, confirmation: tuple[Confirmed, ...]) -> dict:
+    if not confirmation:
+        return {}
+    return {
+        "confirm_kl": _sig(confirmation[0].kl),
+        "confirm_tokens": held.tokens.numel(),
+        "confirm_finalists": len(confirmation),
+    }
+
+
+def _profile(
+    model_id, space, best, data, sens_path, budget, settings, study, baselines, fp_ppl, extra=None
+):
     fits = [b for b in baselines if b.fits]
     top = min(fits, key=lambda b: b.kl, default=None)
     metrics = {
@@ -157,6 +198,7 @@ def _profile(model_id, space, best, data, sens_path, budget, settings, study, ba
         "trials": len(study.trials),
         "sampler": settings.sampler,
         "study": study.study_name,
+        **(extra or {}),
     }
     calibration = {**data.describe(), "sensitivity": sens_path.name}
     profile = Profile(
@@ -178,6 +220,7 @@ def search(
     num_samples: int = 2,
     seq_len: int = 256,
     data_seed: int = 0,
+    confirm_samples: int = 0,
     pareto_dir: str | Path | None = None,
     plot: str | Path | None = None,
     baselines: bool = False,
@@ -188,6 +231,10 @@ def search(
     start = time.monotonic()
     budget = budget if isinstance(budget, Budget) else Budget.parse(budget)
     search_preset, output = load_preset(preset), Path(output)  # bad input fails before loading
+    if isinstance(confirm_samples, bool) or not isinstance(confirm_samples, int):
+        raise KVTunerError(f"confirm_samples must be an integer, got {confirm_samples!r}")
+    if confirm_samples < 0:
+        raise KVTunerError(f"confirm_samples must be >= 0, got {confirm_samples}")
     if sensitivity is not None and not Path(sensitivity).is_file():
         raise KVTunerError(f"sensitivity file not found: {sensitivity}")
 
@@ -209,6 +256,7 @@ def search(
     data = load_calibration_data(
         tokenizer, dataset=dataset, num_samples=num_samples, seq_len=seq_len, seed=data_seed
     )
+    held = _held_back(tokenizer, dataset, data, confirm_samples) if confirm_samples else None
     sens_path = Path(sensitivity) if sensitivity else _sensitivity_path(output)
     if sensitivity or _matches(sens_path, fp, data.describe(), search_preset.settings()):
         log(f"sensitivity: {sens_path}")
@@ -234,9 +282,13 @@ def search(
     best = best_measured(measured)
     if best is None:
         raise KVTunerError("the study holds no finished feasible trial; raise --n-trials/--timeout")
+    confirmation = _confirm_best(lm, measured, held, log) if held is not None else ()
+    if confirmation:
+        best = confirmation[0].measured
     base = _baselines(st, space, measured, evaluate, baselines)
     fp_ppl = read_json(sens_path, "sensitivity file").get("fp", {}).get("ppl")
-    profile = _profile(model, space, best, data, sens_path, budget, study, st, base, fp_ppl)
+    extra = _confirm_metrics(held, confirmation)
+    profile = _profile(model, space, best, data, sens_path, budget, study, st, base, fp_ppl, extra)
     save_profile(profile, output)
     front = tuple(pareto_set(measured))
     if pareto_dir:
@@ -251,6 +303,7 @@ def search(
         title = f"{model} {search_preset.name} budget {budget.label}: {len(measured)} measured"
         plot_pareto(plot, measured, front, best, base, title)
     summary = format_summary(best, base, budget.label)
+    seconds = time.monotonic() - start
     return SearchOutcome(
-        profile, output, best, base, front, len(st.trials), time.monotonic() - start, summary
+        profile, output, best, base, front, len(st.trials), seconds, summary, confirmation
     )

@@ -36,6 +36,14 @@ def test_embedded_default_is_deterministic_given_the_seed(tok):
     }
 
 
+def test_offset_draws_windows_disjoint_from_the_first_draw(tok):
+    first = load_token_batches(tok, num_samples=3, seq_len=64, seed=7)
+    more = load_calibration_data(tok, num_samples=4, seq_len=64, seed=7, offset=3).tokens
+    both = load_token_batches(tok, num_samples=7, seq_len=64, seed=7)
+    assert torch.equal(both, torch.cat([first, more]))  # the same permutation, continued
+    assert not any(torch.equal(a, b) for a in first for b in more)
+
+
 def test_embedded_windows_are_real_wikitext(tok):
     tokens = load_token_batches(tok, num_samples=2, seq_len=128, seed=0)
     text = EMBEDDED_FILE.read_text()

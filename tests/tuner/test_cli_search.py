@@ -16,6 +16,7 @@ CASES = [
     (["--budget", "4bit", "--storage", "kvtuner.db"], "--storage"),
     (["--budget", "4bit", "--n-trials", "many"], "invalid int"),
     (["--budget", "4bit", "--sampler", "grid"], "invalid choice"),
+    (["--budget", "4bit", "--confirm-samples", "-1"], "confirm_samples must be >= 0"),
     (["--budget", "4bit", "--model", "/nonexistent/model/dir"], "error"),
 ]
 

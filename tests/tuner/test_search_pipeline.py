@@ -61,6 +61,25 @@ def test_search_writes_the_best_feasible_profile_and_resumes(tiny_dir, tmp_path)
     assert again.trials == outcome.trials and again.profile.hash == profile.hash
 
 
+def test_confirmation_keeps_the_finalist_best_on_held_back_windows(tiny_dir, tmp_path):
+    logs = []
+    outcome = run(tiny_dir, tmp_path / "c.json", logs, confirm_samples=2)
+    confirmed = outcome.confirmation
+    assert confirmed and [c.kl for c in confirmed] == sorted(c.kl for c in confirmed)
+    assert any(len(set(c.measured.choice)) == 1 for c in confirmed)  # the best uniform is in
+    assert outcome.best == confirmed[0].measured
+    metrics = outcome.profile.metrics
+    assert metrics["confirm_tokens"] == 128 and metrics["confirm_finalists"] == len(confirmed)
+    assert metrics["confirm_kl"] == pytest.approx(confirmed[0].kl, rel=1e-5)
+    assert metrics["kl"] == pytest.approx(confirmed[0].measured.kl, rel=1e-5)
+    assert any(line.startswith("confirmation on 128 more") for line in logs)
+
+
+def test_confirmation_needs_enough_text(tiny_dir, tmp_path):
+    with pytest.raises(KVTunerError, match="--confirm-samples"):
+        run(tiny_dir, tmp_path / "d.json", [], confirm_samples=10**6)
+
+
 def test_ratio_budget_and_clusters(tiny_dir, tmp_path):
     outcome = run(tiny_dir, tmp_path / "r.json", [], budget="0.3x", num_clusters=2, preset="kivi")
     p = outcome.profile
