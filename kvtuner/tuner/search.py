@@ -4,7 +4,8 @@ of measured KL -> the best feasible profile, the Pareto set, a plot and a summar
 The objective of every trial is :func:`kvtuner.calibration.measure_kl` of the whole mixed
 configuration on the calibration tokens. Uniform configurations that fit are always measured
 (they seed the study), so the written profile is never worse, by measured KL, than the best of
-them.
+them. With ``confirm_samples`` the finalists (the best uniform among them) are measured again on
+held-back calibration windows and that KL decides instead.
 """
 
 from __future__ import annotations
