@@ -195,7 +195,7 @@ def measure(args, model_dir: Path, profile: Path | None, tokenizer) -> dict:
     if profile:
         p = load_profile(profile)
         row.update(hash=p.hash, nominal_bits=p.nominal_bits, effective_bits=p.effective_bits)
-        row["calib_kl"] = json.loads(profile.read_text()).get("metrics", {}).get("kl")
+        row["calib_kl"] = p.metrics.get("kl")
     return row
 
 

@@ -125,14 +125,14 @@ def _cell_size_hook(original: Any, self: Any, kvc: Any, num_layers: int) -> int:
         return stock
     from sglang.srt.runtime_context import get_parallel
 
-    par = get_parallel()
+    par, mode = get_parallel(), read_mode(kvc.server_args)
     cell = cell_size(
         profile,
         heads=kvc.model_config.get_num_kv_heads(par.attn_tp_size, par.attn_dcp_size),
         start_layer=kvc.layer_info.start_layer,
         num_layers=num_layers,
         dtype_bytes=torch._utils._element_size(kvc.kv_cache_dtype),
-        read_mode=read_mode(kvc.server_args),
+        read_mode=mode,
     )
     logger.info(
         "kvtuner: KV cell size %d B/token (packed %d + read scratch %d, %s reads) instead of "
@@ -140,7 +140,7 @@ def _cell_size_hook(original: Any, self: Any, kvc: Any, num_layers: int) -> int:
         cell.total,
         cell.packed,
         cell.scratch,
-        read_mode(kvc.server_args),
+        mode,
         stock,
         stock / cell.total,
     )

@@ -249,7 +249,8 @@ class KVTunerMHATokenToKVPool(MHATokenToKVPool):
         shared = self._pairs[local]
         if shared is None:
             return self.read_one(layer_id, "k", loc), self.read_one(layer_id, "v", loc)
-        rows = (self.k_buffer[local][loc.long()], self.v_buffer[local][loc.long()])
+        idx = loc.long()
+        rows = (self.k_buffer[local][idx], self.v_buffer[local][idx])
         return dequantize_pair(*rows, spec.k, spec.v, shared, self.head_dim, self.dtype)
 
     def read_for_view(self, layer_id: int, which: str, loc: torch.Tensor) -> torch.Tensor:
