@@ -1,6 +1,6 @@
 """kvtuner: per-layer mixed-precision KV cache quantization, tuned offline, served anywhere."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 from .errors import KVTunerError  # noqa: E402
 from .profile import LayerSpec, ModelFingerprint, Profile, load_profile, save_profile  # noqa: E402

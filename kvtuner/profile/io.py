@@ -10,7 +10,7 @@ from typing import Any
 
 from ..errors import KVTunerError
 from .fingerprint import ModelFingerprint
-from .profile import SCHEMA_VERSION, LayerSpec, Profile
+from .profile import LayerSpec, Profile, check_schema_version
 
 _TOP_LEVEL = {
     "schema_version",
@@ -57,11 +57,7 @@ def read_json(path: str | os.PathLike, what: str = "file") -> Any:
 def profile_from_dict(data: Any) -> Profile:
     if not isinstance(data, dict):
         raise KVTunerError("a profile must be a JSON object")
-    version = data.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise KVTunerError(
-            f"unsupported profile schema_version {version!r} (this kvtuner reads {SCHEMA_VERSION})"
-        )
+    check_schema_version(data.get("schema_version"))
     unknown = set(data) - _TOP_LEVEL
     if unknown:
         raise KVTunerError(f"unknown profile field(s): {', '.join(sorted(unknown))}")
@@ -80,6 +76,7 @@ def profile_from_dict(data: Any) -> Profile:
         metrics=_object(data, "metrics"),
         producer=_object(data, "producer") or {"name": "unknown", "version": "unknown"},
         created=str(data.get("created", "")),
+        schema_version=data["schema_version"],
     )
     stated = data.get("hash")
     if stated is not None and stated != profile.hash:

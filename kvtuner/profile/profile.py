@@ -1,4 +1,7 @@
-"""Profile schema v1: per-layer K/V quant specs for one model, plus provenance and quality.
+"""Profile schema v1/v2: per-layer K/V quant specs for one model, plus provenance and quality.
+
+v2 differs from v1 only in allowing 3-, 5- and 6-bit codes. A profile is written with the lowest
+version that can hold its bits, so a profile of 2/4/8/16-bit layers stays readable by v1 readers.
 
 The runtime-relevant part (schema version, model fingerprint, layer specs) is what
 :attr:`Profile.hash` covers; budget, calibration, metrics and timestamps are provenance.
@@ -14,10 +17,11 @@ from fractions import Fraction
 from typing import Any
 
 from ..errors import KVTunerError
-from ..quant.spec import QuantSpec
+from ..quant.spec import V1_BITS, QuantSpec
 from .fingerprint import ModelFingerprint
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # the newest this kvtuner reads and writes
+SCHEMA_VERSIONS = (1, 2)
 PRODUCER_NAME = "kvtuner"
 
 
@@ -69,6 +73,22 @@ class LayerSpec:
             raise KVTunerError(f"layer {layer}: {exc}") from None
 
 
+def check_schema_version(version: Any, *, allow_none: bool = False) -> None:
+    if version is None and allow_none:
+        return
+    if isinstance(version, bool) or version not in SCHEMA_VERSIONS:
+        raise KVTunerError(
+            f"unsupported profile schema_version {version!r} "
+            f"(this kvtuner reads versions {', '.join(map(str, SCHEMA_VERSIONS))})"
+        )
+
+
+def required_schema_version(layers: tuple[LayerSpec, ...]) -> int:
+    """1 when every K/V spec uses bits v1 knows (2/4/8/16), else 2."""
+    bits = {qs.bits for spec in layers for qs in (spec.k, spec.v)}
+    return 1 if bits <= set(V1_BITS) else 2
+
+
 @dataclass(frozen=True)
 class Profile:
     model_id: str
@@ -82,16 +102,20 @@ class Profile:
         default_factory=lambda: {"name": PRODUCER_NAME, "version": _producer_version()}
     )
     created: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
-    schema_version: int = SCHEMA_VERSION
+    schema_version: int | None = None  # None: the lowest version that holds these layers
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(self.layers))
-        if self.schema_version != SCHEMA_VERSION:
-            raise KVTunerError(
-                f"unsupported profile schema_version {self.schema_version!r} "
-                f"(this kvtuner reads version {SCHEMA_VERSION})"
-            )
+        check_schema_version(self.schema_version, allow_none=True)
         self._check_layers()
+        needed = required_schema_version(self.layers)
+        if self.schema_version is None:
+            object.__setattr__(self, "schema_version", needed)
+        elif self.schema_version < needed:
+            raise KVTunerError(
+                f"schema_version {self.schema_version} profiles hold bits "
+                f"{'/'.join(map(str, V1_BITS))} only; these layers need schema_version {needed}"
+            )
 
     def _check_layers(self) -> None:
         fp = self.fingerprint

@@ -2,10 +2,11 @@
 
 from .ops import gather_dequantized, scatter_quantized
 from .reference import dequantize, fake_quantize, hadamard, quantize
-from .spec import SUPPORTED_BITS, QuantSpec
+from .spec import SUPPORTED_BITS, V1_BITS, QuantSpec
 
 __all__ = [
     "SUPPORTED_BITS",
+    "V1_BITS",
     "QuantSpec",
     "dequantize",
     "fake_quantize",

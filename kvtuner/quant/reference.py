@@ -1,4 +1,4 @@
-"""Torch reference quantizer: the definition of the packed format v1.
+"""Torch reference quantizer: the definition of the packed format (v2: v1 plus 3/5/6-bit codes).
 
 Every other implementation (Triton kernels, the SGLang pool, the HF cache) must produce the same
 bytes as this file. The math runs in fp32 regardless of the input dtype.
@@ -122,8 +122,15 @@ def _dequant_grid(codes: torch.Tensor, scale: torch.Tensor, zero, spec: QuantSpe
 
 
 def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """Codes [..., D] (any dtype holding 0..2^bits-1) -> uint8 [..., D*bits/8], little-endian
-    inside each byte: code i of a byte sits at bit ``i*bits``."""
+    """Codes [..., D] (any dtype holding 0..2^bits-1) -> uint8 [..., D*bits/8].
+
+    The codes form one little-endian bit stream: code i occupies stream bits
+    ``[i*bits, (i+1)*bits)``, and byte j holds stream bits ``[8j, 8j+8)``. For 2/4/8 bits a byte
+    holds whole codes (code i of a byte at bit ``i*bits``); 3/5/6-bit codes straddle bytes, so
+    every 8 codes make one ``bits``-byte word. D must be a multiple of 8.
+    """
+    if 8 % bits:
+        return _pack_words(codes, bits)
     per_byte = 8 // bits
     if per_byte == 1:
         return codes.to(torch.int32).to(torch.uint8)  # via int32: torch's float->uint8 is slow
@@ -136,14 +143,34 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     return packed.to(torch.int32).to(torch.uint8)  # via int32: torch's float->uint8 is slow
 
 
+def _pack_words(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    c = codes.to(torch.int64).unflatten(-1, (-1, 8))  # [..., D/8, 8]: 8 codes = one word
+    word = c[..., 0].clone()
+    for i in range(1, 8):
+        word.bitwise_or_(c[..., i] << (i * bits))  # at most 48 bits: fits int64
+    out = torch.stack([(word >> (8 * j)) & 0xFF for j in range(bits)], -1)  # [..., D/8, bits]
+    return out.flatten(-2).to(torch.uint8)
+
+
 def unpack_codes(packed: torch.Tensor, bits: int, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
     """Inverse of :func:`pack_codes`: uint8 [..., B] -> codes [..., B*8/bits] in ``dtype``."""
+    if 8 % bits:
+        return _unpack_words(packed, bits).to(dtype)
     per_byte = 8 // bits
     out = torch.empty(*packed.shape, per_byte, dtype=dtype, device=packed.device)
     mask = (1 << bits) - 1
     for i in range(per_byte):
         out[..., i] = (packed >> (i * bits)) & mask if per_byte > 1 else packed
     return out.flatten(-2)
+
+
+def _unpack_words(packed: torch.Tensor, bits: int) -> torch.Tensor:
+    b = packed.to(torch.int64).unflatten(-1, (-1, bits))  # [..., D/8, bits]: one word each
+    word = b[..., 0].clone()
+    for j in range(1, bits):
+        word.bitwise_or_(b[..., j] << (8 * j))
+    mask = (1 << bits) - 1
+    return torch.stack([(word >> (i * bits)) & mask for i in range(8)], -1).flatten(-2)
 
 
 def _fp16_bytes(v: torch.Tensor) -> torch.Tensor:

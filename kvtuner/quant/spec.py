@@ -6,7 +6,8 @@ from dataclasses import asdict, dataclass
 from fractions import Fraction
 from typing import Any
 
-SUPPORTED_BITS = (2, 4, 8, 16)
+SUPPORTED_BITS = (2, 3, 4, 5, 6, 8, 16)
+V1_BITS = (2, 4, 8, 16)  # what profile schema v1 (and kvtuner < 0.2) can hold
 AXES = ("token", "channel")
 ROTATIONS = ("none", "hadamard")
 SCALE_BYTES = 2  # scales and zeros are fp16
@@ -16,7 +17,8 @@ SCALE_BYTES = 2  # scales and zeros are fp16
 class QuantSpec:
     """Storage of one K or V tensor.
 
-    bits: 2, 4, 8, or 16 (16 = stored unquantized as fp16 bytes).
+    bits: 2, 3, 4, 5, 6, 8, or 16 (16 = stored unquantized as fp16 bytes). Codes of 3, 5 and 6
+        bits need profile schema v2.
     group_size: elements sharing one scale (and zero). For axis "token" the groups run along
         head_dim inside one token-head; for axis "channel" (KIVI-style keys) they run along
         ``group_size`` consecutive tokens of one channel.

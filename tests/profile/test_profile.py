@@ -1,4 +1,4 @@
-"""Profile schema v1: round trip, canonical hash, accounting, and every rejection case."""
+"""Profile schema v1/v2: round trip, canonical hash, accounting, and every rejection case."""
 
 from __future__ import annotations
 
@@ -35,6 +35,17 @@ def test_round_trip(tmp_path):
     assert loaded == p
     assert loaded.to_dict() == json.loads(path.read_text())
     assert not list(path.parent.glob(".*.tmp"))  # atomic write left no temp file
+
+
+def test_version_is_the_lowest_that_holds_the_bits(tmp_path):
+    assert _profile().schema_version == 1  # 2/4/8/16 only: v1 readers can still load it
+    layers = (LayerSpec(0, QuantSpec(3, 32), QuantSpec(5, 32)), LayerSpec(1, K4, QuantSpec(6, 32)))
+    p = Profile("tiny", FP, layers).with_accounting(asked="4.5bit")
+    assert p.schema_version == 2
+    assert p.bytes_per_token == 2 * (12 + 4 + 20 + 4) + 2 * (16 + 4 + 24 + 4)  # codes + fp16 s/z
+    loaded = load_profile(save_profile(p, tmp_path / "v2.json"))
+    assert loaded == p
+    assert Profile("tiny", FP, _profile().layers, schema_version=2).schema_version == 2
 
 
 def test_fields_are_exactly_the_schema(tmp_path):
@@ -123,16 +134,20 @@ REJECTIONS = {
     "bad_json": ('{"schema_version": 1,', "is not valid JSON"),
     "not_an_object": ("[1, 2]", "must be a JSON object"),
     "unknown_version": (
-        _edit(lambda d: d.update(schema_version=2)),
-        "unsupported profile schema_version 2",
+        _edit(lambda d: d.update(schema_version=3)),
+        "unsupported profile schema_version 3",
     ),
     "missing_version": (
         _edit(lambda d: d.pop("schema_version")),
         "unsupported profile schema_version None",
     ),
     "bits_outside_set": (
-        _edit(lambda d: d["layers"][0]["k"].update(bits=3)),
+        _edit(lambda d: d["layers"][0]["k"].update(bits=7)),
         "layer 0: bits must be one of",
+    ),
+    "v2_bits_in_v1": (
+        _edit(lambda d: d["layers"][0]["k"].update(bits=3)),
+        "schema_version 1 profiles hold bits 2/4/8/16 only",
     ),
     "group_not_dividing": (
         _edit(lambda d: d["layers"][1]["v"].update(bits=4, group_size=64)),

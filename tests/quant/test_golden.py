@@ -1,4 +1,4 @@
-"""Golden bytes: the packed format v1 written out literally, so it cannot change silently.
+"""Golden bytes: the packed format (v1, plus v2's 3/5/6-bit codes) written out literally, so it cannot change silently.
 
 If one of these fails, the on-disk / in-pool format changed: that breaks every profile-serving
 runtime holding packed KV, so bump the format version instead of editing the bytes.
@@ -46,6 +46,22 @@ GOLDEN = {
             "ef2e782b4520fa219e2a972c00301231fd3a02388d31d5220e30432f1d380b2f"
             "00be00ba00000030003000300030003034c280c7993967b200006644f4c86638"
         ],
+    ),
+    # v2: 8 codes of 3 bits make one 3-byte little-endian word. Row 0's first group has codes
+    # 0,1,3,3,4,5,6,7 -> sum(c_i << 3i) = 0xFAC6C8 -> bytes c8 c6 fa.
+    "3b_asym_g8": (
+        QuantSpec(3, 8),
+        ["c8c6fa18d76793384a3c00be34c2", "0000004f37830000b0410030f4c8"],
+    ),
+    # 16 codes of 5 bits: two 5-byte words | 1 fp16 absmax scale
+    "5b_sym_g16": (
+        QuantSpec(5, 16, symmetric=True),
+        ["8a3d28a7c5e445573d8a6744", "efbdf7de7b9ed0f730900049"],
+    ),
+    # 16 codes of 6 bits: two 6-byte words | 2 scales | 2 zeros
+    "6b_asym_g8": (
+        QuantSpec(6, 8),
+        ["008371a67aff800662ea8f7c112c9f2f00be34c2", "0000000000003fa27edf0c9800000f350030f4c8"],
     ),
     # rotated by the 16x16 Hadamard matrix first: 8 code bytes | scale | zero
     "4b_asym_g16_hadamard": (

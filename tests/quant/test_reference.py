@@ -1,4 +1,4 @@
-"""Properties of the torch reference quantizer (the definition of the packed format v1)."""
+"""Properties of the torch reference quantizer (the definition of the packed format)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtuner.quant import QuantSpec, dequantize, fake_quantize, hadamard, quantize
+from kvtuner.quant.reference import pack_codes, unpack_codes
 
 SPECS = [
     QuantSpec(bits, group, sym)
     for bits, sym, group in itertools.product((2, 4, 8), (False, True), (8, 16, 32, 64))
+] + [
+    QuantSpec(bits, group, sym)
+    for bits, sym, group in ((3, False, 8), (5, True, 32), (6, False, 64))
 ]
 EPS = float(torch.finfo(torch.float32).eps)
 
@@ -93,7 +97,7 @@ def test_constant_groups_are_exact(spec, value, axis):
         assert torch.equal(fake_quantize(xb, spec), xb)
 
 
-@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("bits", [2, 3, 4, 5, 6, 8])
 @settings(max_examples=20, deadline=None)
 @given(data=_finite_rows(64))
 def test_hadamard_round_trip_l2_bound(bits, data):
@@ -106,6 +110,17 @@ def test_hadamard_round_trip_l2_bound(bits, data):
     bound = (scale / 2).square().sum(-1).mul(32).sqrt()  # sqrt(sum over 64 elements of step²/4)
     err = (out - x).norm(dim=-1)
     assert (err <= bound * (1 + 1e-3) + 1e-4 * x.norm(dim=-1) + 1e-6).all()
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 5, 6, 8])
+def test_codes_are_one_little_endian_bit_stream(bits):
+    """Byte j of a packed row holds bits [8j, 8j+8) of sum(code_i << (i*bits)), for every width."""
+    codes = torch.randint(0, 1 << bits, (3, 64))
+    packed = pack_codes(codes, bits)
+    for row, out in zip(codes.tolist(), packed.tolist(), strict=True):
+        stream = sum(c << (i * bits) for i, c in enumerate(row))
+        assert out == [(stream >> (8 * j)) & 0xFF for j in range(64 * bits // 8)]
+    assert torch.equal(unpack_codes(packed, bits, torch.int64), codes)
 
 
 def test_hadamard_cache_survives_inference_mode():

@@ -10,7 +10,8 @@ from kvtuner.quant import QuantSpec
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
-        (dict(bits=3), "bits"),
+        (dict(bits=7), "bits"),
+        (dict(bits=1), "bits"),
         (dict(bits=True), "bits"),
         (dict(bits=4.0), "bits"),  # JSON 4.0 must not pass as 4 and fail later in bit shifts
         (dict(bits=4, group_size=24), "group_size"),
@@ -31,7 +32,10 @@ def test_invalid_fields_name_field_and_value(kwargs, field):
     ("spec", "row_bytes", "effective_bits"),
     [
         (QuantSpec(2, 32), 16 + 2 * 4, 3.0),
+        (QuantSpec(3, 32), 24 + 2 * 4, 4.0),
         (QuantSpec(4, 32), 32 + 2 * 4, 5.0),
+        (QuantSpec(5, 64, symmetric=True), 40 + 2, 5.25),
+        (QuantSpec(6, 32), 48 + 2 * 4, 7.0),
         (QuantSpec(4, 64, symmetric=True), 32 + 2, 4.25),
         (QuantSpec(8, 32), 64 + 2 * 4, 9.0),
         (QuantSpec(16), 128, 16.0),
