@@ -1,9 +1,13 @@
-"""Triton kernels for the packed format v1, beside their launchers.
+"""Triton kernels for the packed format v2, beside their launchers.
 
 ``triton_scatter_quantized``: ``buffer[loc] = quantize(x)``; ``triton_gather_dequantized``:
-``dequantize(buffer[loc])``. Token axis only (what a slot pool stores), bits 2/4/8/16. Each
-program handles ``BLOCK`` token-head rows; a row's codes are held as a tile
-[BLOCK, code_bytes, codes_per_byte], so packing is a shift-and-sum over the last axis.
+``dequantize(buffer[loc])``. Token axis only (what a slot pool stores), every bits value of
+``SUPPORTED_BITS`` (2/3/4/5/6/8, and 16 = fp16 bytes). Each program handles ``BLOCK`` token-head
+rows; a row's codes are held as a tile [BLOCK, D/8, 8]: 8 consecutive codes are one word of
+``bits`` bytes of the row's little-endian bit stream. 2/4/8 bits pack bytes of whole codes in
+int32 (the tile reshaped to [BLOCK, code_bytes, codes_per_byte]); 3/5/6 bits shift-and-OR a word
+into int64 (at most 48 bits) and store its ``bits`` low bytes, and read each code back from the
+one or two bytes it spans.
 
 The bytes equal :mod:`.reference` exactly: IEEE division (``div_rn``), no FMA contraction
 (``enable_fp_fusion=False``), half-up rounding, fp16 metadata rounded down/up by a one-ulp step
@@ -91,31 +95,31 @@ def _row_bases(buf_ptr, loc_ptr, pid, n_rows, heads, stride_slot, stride_head, B
 @triton.jit
 def _scatter_kernel(
     x_ptr, loc_ptr, buf_ptr, n_rows, heads, stride_slot, stride_head, D: tl.constexpr,
-    G: tl.constexpr, BITS: tl.constexpr, SYMMETRIC: tl.constexpr, NB_PAD: tl.constexpr,
+    G: tl.constexpr, BITS: tl.constexpr, SYMMETRIC: tl.constexpr, NW_PAD: tl.constexpr,
     BLOCK: tl.constexpr,
 ):  # fmt: skip
     rows, row_ok, dst = _row_bases(
         buf_ptr, loc_ptr, tl.program_id(0), n_rows, heads, stride_slot, stride_head, BLOCK
     )
-    P: tl.constexpr = 8 // BITS  # codes per byte
-    NB: tl.constexpr = D // P  # code bytes per row
+    NW: tl.constexpr = D // 8  # words of 8 codes per row
+    NB: tl.constexpr = NW * BITS  # code bytes per row
     NG: tl.constexpr = D // G
     QMAX: tl.constexpr = (1 << BITS) - 1
     HALF: tl.constexpr = (1 << (BITS - 1)) - 1
-    j = tl.arange(0, NB_PAD)
-    k = tl.arange(0, P)
-    e = j[:, None] * P + k[None, :]  # [NB_PAD, P] element index inside the row
+    w = tl.arange(0, NW_PAD)
+    k = tl.arange(0, 8)
+    e = w[:, None] * 8 + k[None, :]  # [NW_PAD, 8] element index inside the row
     grp = e // G
-    mask = row_ok[:, None, None] & (j < NB)[None, :, None]
+    mask = row_ok[:, None, None] & (w < NW)[None, :, None]
     x = tl.load(x_ptr + rows[:, None, None] * D + e[None], mask=mask, other=0.0)
-    x = x.to(tl.float32)  # [BLOCK, NB_PAD, P]
+    x = x.to(tl.float32)  # [BLOCK, NW_PAD, 8]
     finite = (x == x) & (tl.abs(x) < float("inf"))
     safe = tl.where(finite, x, 0.0)
-    scale_t = tl.zeros([BLOCK, NB_PAD, P], tl.float32)
-    zero_t = tl.zeros([BLOCK, NB_PAD, P], tl.float32)
-    ok_t = tl.zeros([BLOCK, NB_PAD, P], tl.int32)
+    scale_t = tl.zeros([BLOCK, NW_PAD, 8], tl.float32)
+    zero_t = tl.zeros([BLOCK, NW_PAD, 8], tl.float32)
+    ok_t = tl.zeros([BLOCK, NW_PAD, 8], tl.int32)
     for g in tl.static_range(NG):
-        in_g = (grp == g)[None]  # [1, NB_PAD, P]
+        in_g = (grp == g)[None]  # [1, NW_PAD, 8]
         bad = tl.max(tl.max(tl.where(in_g & (finite == 0), 1, 0), 2), 1)  # [BLOCK]
         if SYMMETRIC:
             scale = _fp16_directed(tl.max(tl.max(tl.where(in_g, tl.abs(safe), 0.0), 2), 1), True)
@@ -141,32 +145,74 @@ def _scatter_kernel(
         q = tl.floor(tl.math.div_rn(safe - zero_t, step) + 0.5)
         q = tl.minimum(tl.maximum(q, 0.0), QMAX * 1.0)
     q = tl.where(ok_t != 0, q, 0.0).to(tl.int32)
-    packed = tl.sum(q << (k * BITS)[None, None, :], axis=2)  # [BLOCK, NB_PAD]
-    tl.store(dst[:, None] + j[None, :], packed.to(tl.uint8), mask=row_ok[:, None] & (j < NB)[None])
+    _store_codes(dst, q, row_ok, NB, BITS)
+
+
+@triton.jit
+def _store_codes(dst, q, row_ok, NB: tl.constexpr, BITS: tl.constexpr):
+    """Codes q int32 [BLOCK, NW_PAD, 8] -> the little-endian bit stream at ``dst`` [BLOCK]:
+    code i of a row at stream bits [i*BITS, (i+1)*BITS), NB bytes."""
+    BLOCK: tl.constexpr = q.shape[0]
+    NW_PAD: tl.constexpr = q.shape[1]
+    if 8 % BITS == 0:  # 2/4/8 bits: bytes of P whole codes, in int32
+        P: tl.constexpr = 8 // BITS
+        c = tl.reshape(q, [BLOCK, NW_PAD * BITS, P])
+        packed = tl.sum(c << (tl.arange(0, P) * BITS)[None, None, :], axis=2)
+        j = tl.arange(0, NW_PAD * BITS)  # [NB_PAD] byte index
+        ok = row_ok[:, None] & (j < NB)[None]
+        tl.store(dst[:, None] + j[None, :], packed.to(tl.uint8), mask=ok)
+    else:  # 3/5/6 bits: 8 codes make one word of BITS bytes (at most 48 bits)
+        k = tl.arange(0, 8)
+        word = tl.sum(q.to(tl.int64) << (k * BITS).to(tl.int64)[None, None, :], axis=2)
+        byte = (word[:, :, None] >> (k * 8).to(tl.int64)[None, None, :]) & 0xFF  # k < BITS used
+        w = tl.arange(0, NW_PAD)
+        at = dst[:, None, None] + (w * BITS)[None, :, None] + k[None, None, :]
+        ok = row_ok[:, None, None] & (w * BITS < NB)[None, :, None] & (k < BITS)[None, None, :]
+        tl.store(at, byte.to(tl.uint8), mask=ok)
+
+
+@triton.jit
+def _load_codes(src, row_ok, NB: tl.constexpr, NW_PAD: tl.constexpr, BITS: tl.constexpr):
+    """Inverse of :func:`_store_codes`: codes as fp32 [BLOCK, NW_PAD, 8]."""
+    BLOCK: tl.constexpr = row_ok.shape[0]
+    MASK: tl.constexpr = (1 << BITS) - 1
+    if 8 % BITS == 0:
+        P: tl.constexpr = 8 // BITS
+        j = tl.arange(0, NW_PAD * BITS)
+        b = tl.load(src[:, None] + j[None, :], mask=row_ok[:, None] & (j < NB)[None], other=0)
+        q = (b.to(tl.int32)[:, :, None] >> (tl.arange(0, P) * BITS)[None, None, :]) & MASK
+        q = tl.reshape(q, [BLOCK, NW_PAD, 8])
+    else:  # code k of a word starts in byte lo = k*BITS // 8 and may run into byte lo + 1
+        k = tl.arange(0, 8)
+        lo = (k * BITS) // 8
+        w = tl.arange(0, NW_PAD)
+        at = src[:, None, None] + (w * BITS)[None, :, None] + lo[None, None, :]
+        ok = row_ok[:, None, None] & (w * BITS < NB)[None, :, None]
+        b = tl.load(at, mask=ok, other=0).to(tl.int32)
+        hi = tl.load(at + 1, mask=ok & (lo + 1 < BITS)[None, None, :], other=0).to(tl.int32)
+        q = ((b | (hi << 8)) >> ((k * BITS) % 8)[None, None, :]) & MASK
+    return q.to(tl.float32)
 
 
 @triton.jit
 def _gather_kernel(
     buf_ptr, loc_ptr, out_ptr, n_rows, heads, stride_slot, stride_head, D: tl.constexpr,
-    G: tl.constexpr, BITS: tl.constexpr, SYMMETRIC: tl.constexpr, NB_PAD: tl.constexpr,
+    G: tl.constexpr, BITS: tl.constexpr, SYMMETRIC: tl.constexpr, NW_PAD: tl.constexpr,
     BLOCK: tl.constexpr, OUT_BF16: tl.constexpr,
 ):  # fmt: skip
     rows, row_ok, src = _row_bases(
         buf_ptr, loc_ptr, tl.program_id(0), n_rows, heads, stride_slot, stride_head, BLOCK
     )
-    P: tl.constexpr = 8 // BITS
-    NB: tl.constexpr = D // P
+    NW: tl.constexpr = D // 8
+    NB: tl.constexpr = NW * BITS
     NG: tl.constexpr = D // G
     HALF: tl.constexpr = (1 << (BITS - 1)) - 1
-    j = tl.arange(0, NB_PAD)
-    k = tl.arange(0, P)
-    e = j[:, None] * P + k[None, :]  # [NB_PAD, P]
+    w = tl.arange(0, NW_PAD)
+    e = w[:, None] * 8 + tl.arange(0, 8)[None, :]  # [NW_PAD, 8]
     grp = e // G
-    byte_mask = row_ok[:, None] & (j < NB)[None]
-    b = tl.load(src[:, None] + j[None, :], mask=byte_mask, other=0).to(tl.int32)  # [BLOCK, NB_PAD]
-    q = ((b[:, :, None] >> (k * BITS)[None, None, :]) & ((1 << BITS) - 1)).to(tl.float32)
-    scale_t = tl.zeros([BLOCK, NB_PAD, P], tl.float32)
-    zero_t = tl.zeros([BLOCK, NB_PAD, P], tl.float32)
+    q = _load_codes(src, row_ok, NB, NW_PAD, BITS)  # [BLOCK, NW_PAD, 8]
+    scale_t = tl.zeros([BLOCK, NW_PAD, 8], tl.float32)
+    zero_t = tl.zeros([BLOCK, NW_PAD, 8], tl.float32)
     for g in tl.static_range(NG):
         in_g = (grp == g)[None]
         scale_t = tl.where(in_g, _load_fp16(src + NB + 2 * g, row_ok)[:, None, None], scale_t)
@@ -177,7 +223,8 @@ def _gather_kernel(
         out = tl.math.div_rn((q - HALF) * scale_t, HALF * 1.0)
     else:
         out = zero_t + q * scale_t
-    _store_out(out_ptr + rows[:, None, None] * D + e[None], out, byte_mask[:, :, None], OUT_BF16)
+    mask = row_ok[:, None, None] & (w < NW)[None, :, None]
+    _store_out(out_ptr + rows[:, None, None] * D + e[None], out, mask, OUT_BF16)
 
 
 @triton.jit
@@ -259,12 +306,11 @@ def _launch_args(buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_
         enable_fp_fusion=False,
     )
     if spec.is_quantized:
-        per_byte = 8 // spec.bits
         common.update(
             G=spec.group_size,
             BITS=spec.bits,
             SYMMETRIC=spec.symmetric,
-            NB_PAD=triton.next_power_of_2(head_dim // per_byte),
+            NW_PAD=triton.next_power_of_2(head_dim // 8),
         )
     else:
         common.update(D_PAD=triton.next_power_of_2(head_dim))

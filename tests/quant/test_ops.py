@@ -8,7 +8,16 @@ import torch
 from kvtuner.quant import QuantSpec, dequantize, gather_dequantized, quantize, scatter_quantized
 
 
-@pytest.mark.parametrize("spec", [QuantSpec(2, 32), QuantSpec(8, 16, True), QuantSpec(16)])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        QuantSpec(2, 32),
+        QuantSpec(8, 16, True),
+        QuantSpec(16),
+        QuantSpec(3, 8),
+        QuantSpec(5, 32, True),
+    ],
+)
 def test_scatter_touches_only_given_slots(spec):
     buf = torch.randint(0, 256, (9, 2, spec.row_bytes(64)), dtype=torch.uint8)
     before = buf.clone()

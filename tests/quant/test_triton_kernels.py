@@ -25,6 +25,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from test_golden import GOLDEN, X  # noqa: E402  (tests/quant is on sys.path)
 
 from kvtuner.quant import QuantSpec, dequantize, quantize  # noqa: E402
 
@@ -68,7 +69,8 @@ if TK is None:
 
 
 def _cases():
-    """(spec, head_dim): every bits x symmetric x group, 16 bits, Hadamard; D = 64 and 96."""
+    """(spec, head_dim): every bits x symmetric x group, 16 bits, Hadamard; D = 64 and 96.
+    3/5/6 bits (codes straddling bytes) at fewer groups and D = 96 asymmetric only: time."""
     specs = [
         QuantSpec(b, g, s) for b, s, g in itertools.product((2, 4, 8), (False, True), (2, 8, 32))
     ]
@@ -76,6 +78,12 @@ def _cases():
     for spec in specs:
         yield pytest.param(spec, 64, id=f"{spec.short()}-d64")
         yield pytest.param(spec, 96, id=f"{spec.short()}-d96")  # 96: a non-power-of-two tile
+    for b, s, g in itertools.product((3, 5, 6), (False, True), (8, 32)):
+        spec = QuantSpec(b, g, s)
+        yield pytest.param(spec, 64, id=f"{spec.short()}-d64")
+        if not s and g == 32:
+            yield pytest.param(spec, 96, id=f"{spec.short()}-d96")  # 12 words padded to 16
+    yield pytest.param(QuantSpec(3, 2), 64, id="3b/g2/asym/token-d64")
     for spec in (
         QuantSpec(4, 32, rotation="hadamard"),
         QuantSpec(2, 16, True, rotation="hadamard"),
@@ -133,7 +141,10 @@ def test_scatter_gather_match_reference(tk, spec, head_dim):
         elements=st.floats(width=32),
     ),  # any float32: subnormals, huge, NaN, Inf
     spec=st.sampled_from(
-        [QuantSpec(2, 8), QuantSpec(4, 32, True), QuantSpec(8, 16), QuantSpec(4, 2)]
+        [
+            *(QuantSpec(2, 8), QuantSpec(4, 32, True), QuantSpec(8, 16), QuantSpec(4, 2)),
+            *(QuantSpec(3, 8), QuantSpec(5, 16, True), QuantSpec(6, 32)),
+        ]
     ),
 )
 def test_scatter_matches_reference_on_any_float(tk, data, spec):
@@ -146,6 +157,18 @@ def test_scatter_matches_reference_on_any_float(tk, data, spec):
     assert _same_values(
         tk.triton_gather_dequantized(buf, loc, spec, 32), dequantize(buf[loc], spec, 32)
     )
+
+
+@pytest.mark.parametrize("name", [n for n in sorted(GOLDEN) if GOLDEN[n][0].axis == "token"])
+def test_kernels_write_the_golden_bytes(tk, name):
+    """The literal rows of the format (tests/quant/test_golden.py), head_dim 16."""
+    spec, rows = GOLDEN[name]
+    buf = torch.zeros(3, 1, spec.row_bytes(16), dtype=torch.uint8)
+    loc = torch.tensor([2, 0])
+    tk.triton_scatter_quantized(buf, loc, X[:, None], spec)
+    assert [bytes(r.tolist()).hex() for r in buf[loc, 0]] == rows
+    out = tk.triton_gather_dequantized(buf, loc, spec, 16)
+    assert _same_values(out, dequantize(buf[loc], spec, 16))
 
 
 def test_many_rows_span_several_programs(tk):
@@ -259,7 +282,8 @@ GPU_COMPILE = textwrap.dedent("""
         return triton.compile(src, target=GPUTarget("cuda", 80, 32), options=options).asm["ptx"]
 
     buf, loc = torch.zeros(8, 2, 40, dtype=torch.uint8), torch.arange(4)
-    for spec in (QuantSpec(4, 32), QuantSpec(4, 32, True), QuantSpec(16)):
+    for spec in (QuantSpec(4, 32), QuantSpec(4, 32, True), QuantSpec(16), QuantSpec(3, 32),
+                 QuantSpec(6, 16, True)):
         buf = torch.zeros(8, 2, spec.row_bytes(64), dtype=torch.uint8)
         _, args = tk._launch_args(buf, loc, spec, 64)
         q = spec.is_quantized
@@ -283,8 +307,10 @@ def test_kernels_compile_for_a_gpu_with_ieee_division_and_no_fma():
         [sys.executable, "-c", GPU_COMPILE], env=env, capture_output=True, text=True, timeout=300
     )
     assert res.returncode == 0, res.stderr[-3000:]
-    assert res.stdout.split("\n")[:3] == [
+    assert res.stdout.split("\n")[:5] == [
         "4b/g32/asym/token True False",  # asym gather multiplies and adds only
         "4b/g32/sym/token True True",
         "16b False False",
+        "3b/g32/asym/token True False",  # codes straddling bytes: 64-bit words
+        "6b/g16/sym/token True True",
     ]
