@@ -10,6 +10,7 @@ from tiny_profiles import tiny_profile
 
 from kvtuner.errors import KVTunerError
 from kvtuner.quant import QuantSpec, dequantize, quantize
+from kvtuner.quant.reference import rotate
 from kvtuner.runtime_loader.sglang.plugin import batch_read_slots
 from kvtuner.runtime_loader.sglang.sizing import cell_size
 
@@ -66,20 +67,61 @@ def written(profile):
     return pool, loc, data
 
 
+def assert_within_half_step(x: torch.Tensor, x_hat: torch.Tensor, spec: QuantSpec) -> None:
+    """Every element of x_hat [n, heads, D] within half a grid step of x (rotated specs: in the
+    rotated basis, where the grid lives; the fp16-rounded metadata widens the step by < 1%)."""
+    if spec.bits == 16:
+        return
+    x, x_hat = rotate(x, spec), rotate(x_hat, spec)
+    groups = x.reshape(*x.shape[:2], -1, spec.group_size)
+    span = groups.amax(-1) - groups.amin(-1)
+    if spec.symmetric:
+        span = 2 * groups.abs().amax(-1)
+    step = span / ((1 << spec.bits) - 1 - spec.symmetric)
+    err = (x_hat - x).reshape(groups.shape).abs().amax(-1)
+    assert (err <= step / 2 * 1.01 + 1e-3).all()
+
+
 def test_reads_equal_the_reference_quantizer_and_stay_within_its_bound(written):
     pool, loc, data = written
     for layer, (k_spec, v_spec) in enumerate(SPECS):
         k_hat, v_hat = pool.read_kv(layer, loc)
         for x, x_hat, spec in ((data[layer][0], k_hat, k_spec), (data[layer][1], v_hat, v_spec)):
             assert torch.equal(x_hat, dequantize(quantize(x, spec), spec, D))
-            if spec.rotation == "none" and spec.bits < 16:
-                groups = x.reshape(20, HEADS, -1, spec.group_size)
-                span = groups.amax(-1) - groups.amin(-1)
-                if spec.symmetric:
-                    span = 2 * groups.abs().amax(-1)
-                step = span / ((1 << spec.bits) - 1 - spec.symmetric)
-                err = (x_hat - x).reshape(groups.shape).abs().amax(-1)
-                assert (err <= step / 2 * 1.01 + 1e-3).all()
+            assert_within_half_step(x, x_hat, spec)
+
+
+V2_SPECS = [  # format v2, codes straddling bytes; layer 0's K and V share a grid (one pair call)
+    (QuantSpec(3), QuantSpec(3)),
+    (QuantSpec(5, symmetric=True), QuantSpec(3, group_size=16)),
+    (QuantSpec(3, rotation="hadamard"), QuantSpec(5)),
+]
+
+
+@pytest.mark.parametrize("read_mode", ["lazy", "scratch"])
+def test_3_and_5_bit_layers_size_and_round_trip_in_both_read_modes(read_mode):
+    profile = tiny_profile(V2_SPECS, heads=HEADS, head_dim=D)
+    pool = make_pool(profile, read_mode=read_mode)
+    predicted = cell_size(
+        profile, heads=HEADS, start_layer=0, num_layers=3, dtype_bytes=4, read_mode=read_mode
+    )
+    assert sum(pool.get_kv_size_bytes()) == (SIZE + 1) * predicted.packed
+    # row bytes at D=64: codes D*bits/8, then 2 B per group for the scale (and the zero)
+    # 3b/g32 asym 24+8, 3b/g32 asym 24+8, 5b/g32 sym 40+4, 3b/g16 asym 24+16, 3b 24+8, 5b 40+8
+    assert predicted.packed == HEADS * (32 + 32 + 44 + 40 + 32 + 48)
+    assert pool.scratch_bytes() == (SIZE + 1) * predicted.scratch
+    g = torch.Generator().manual_seed(3)
+    loc = torch.randperm(SIZE, generator=g)[:20] + 1
+    pool.prepare_reads(loc)
+    for layer, (k_spec, v_spec) in enumerate(V2_SPECS):
+        k, v = (torch.randn(20, HEADS, D, generator=g) * 3 for _ in range(2))
+        pool.set_kv_buffer(Layer(layer), loc, k, v)
+        assert torch.equal(pool.k_buffer[layer][loc], quantize(k, k_spec))
+        assert torch.equal(pool.v_buffer[layer][loc], quantize(v, v_spec))
+        k_buf, v_buf = pool.get_kv_buffer(layer)
+        for x, x_hat, spec in ((k, k_buf[loc], k_spec), (v, v_buf[loc], v_spec)):
+            assert torch.equal(x_hat, dequantize(quantize(x, spec), spec, D))
+            assert_within_half_step(x, x_hat, spec)
 
 
 def test_untouched_slots_and_padding_slot_stay_zero(written):

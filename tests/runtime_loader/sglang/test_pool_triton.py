@@ -19,6 +19,7 @@ SIZE, HEADS, D = 12, 2, 64
 SPECS = [
     (QuantSpec(4, rotation="hadamard"), QuantSpec(2)),
     (QuantSpec(8, symmetric=True), QuantSpec(16)),
+    (QuantSpec(3), QuantSpec(5, 16, symmetric=True)),  # format v2: codes straddling bytes
 ]
 
 
@@ -46,7 +47,7 @@ def _pool(cls, profile):
         dtype=torch.float32,
         head_num=HEADS,
         head_dim=D,
-        layer_num=2,
+        layer_num=len(SPECS),
         device="cpu",
         enable_memory_saver=False,
         profile=profile,
@@ -69,7 +70,7 @@ def test_triton_pool_equals_torch_pool(kernels):
     torch_pool, triton_pool = _pool(KVTunerMHATokenToKVPool, profile), _pool(TritonPool, profile)
     g = torch.Generator().manual_seed(1)
     loc = torch.tensor([9, 2, 5, 11, 7])
-    for layer in range(2):
+    for layer in range(len(SPECS)):
         k, v = torch.randn(5, HEADS, D, generator=g), torch.randn(5, HEADS, D, generator=g)
         for pool in (torch_pool, triton_pool):
             pool.set_kv_buffer(Layer(layer), loc, k, v)
@@ -81,7 +82,7 @@ def test_triton_pool_equals_torch_pool(kernels):
         assert torch.equal(a, b)
     for pool in (torch_pool, triton_pool):
         pool.prepare_reads(loc[:3])
-    for layer in range(2):
+    for layer in range(len(SPECS)):
         for a, b in zip(
             torch_pool.get_kv_buffer(layer), triton_pool.get_kv_buffer(layer), strict=True
         ):
