@@ -29,7 +29,7 @@ import torch
 
 from kvtuner.calibration import fp_reference, load_calibration_data, load_model, measure_kl
 from kvtuner.profile import load_profile, save_profile, write_json_atomic
-from kvtuner.search_spaces import load_preset
+from kvtuner.search_spaces import DEFAULT_BITS, load_preset
 from kvtuner.tuner import Budget
 from kvtuner.tuner.budget import layer_bytes
 from kvtuner.tuner.index import write_index
@@ -39,7 +39,7 @@ OUT = ROOT / "benchmarks" / "results" / "search.json"
 HELDOUT = ROOT.parent / "shared" / "data" / "wikitext-2" / "test.txt"  # ../shared beside the repo
 HELDOUT_NAME = "wikitext-2 test (shared/data/wikitext-2/test.txt)"
 MODEL = "smollm2-135m"
-UNIFORM_BITS = (2, 4, 8)
+UNIFORM_BITS = DEFAULT_BITS  # every uniform (k, v) the search could also choose
 
 
 def cpu_model() -> str:

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import KVTunerError
 from ..profile import ModelFingerprint, read_json, write_json_atomic
-from ..quant import QuantSpec
+from ..quant import QUANTIZED_BITS, QuantSpec
 
 FORMAT = "kvtuner-sensitivity"
 VERSION = 1
@@ -68,8 +68,8 @@ class Sensitivity:
     def __post_init__(self) -> None:
         object.__setattr__(self, "bits", tuple(self.bits))
         object.__setattr__(self, "layers", tuple(self.layers))
-        if not self.bits or any(b not in (2, 4, 8) for b in self.bits):
-            raise KVTunerError(f"sensitivity bits must be among 2, 4, 8, got {self.bits}")
+        if not self.bits or any(b not in QUANTIZED_BITS for b in self.bits):
+            raise KVTunerError(f"sensitivity bits must be among {QUANTIZED_BITS}, got {self.bits}")
         _check_template(self.key_spec, "key_spec")
         _check_template(self.value_spec, "value_spec")
         if len(self.layers) != self.fingerprint.num_layers:

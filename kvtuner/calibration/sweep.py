@@ -14,14 +14,14 @@ from pathlib import Path
 
 from ..errors import KVTunerError
 from ..profile import LayerSpec
-from ..quant import QuantSpec
+from ..quant import QUANTIZED_BITS, QuantSpec
+from ..search_spaces.losses import DEFAULT_BITS
 from .batches import CalibrationData
 from .models import fingerprint_of
 from .runner import FpActivations, capture_fp, run_layer_variants
 from .sensitivity import PARTS, Sensitivity, spec_template
 from .sweep_cache import SweepCache, default_cache_dir, weights_digest
 
-DEFAULT_BITS = (2, 4, 8)
 PER_TOKEN_KEY = QuantSpec(4, 32, rotation="hadamard")  # the `per-token` search preset
 PER_TOKEN_VALUE = QuantSpec(4, 32)
 _FP16 = QuantSpec(16)
@@ -84,8 +84,8 @@ def _cache_for(model, data, bits, key, value, cache_dir) -> SweepCache:
 
 def _check_specs(model, bits, key: QuantSpec, value: QuantSpec) -> None:
     head_dim = fingerprint_of(model).head_dim
-    if not bits or any(b not in DEFAULT_BITS for b in bits):
-        raise KVTunerError(f"bits must be among {DEFAULT_BITS}, got {tuple(bits)}")
+    if not bits or any(b not in QUANTIZED_BITS for b in bits):
+        raise KVTunerError(f"bits must be among {QUANTIZED_BITS}, got {tuple(bits)}")
     for name, spec in (("key", key), ("value", value)):
         try:
             replace(spec, bits=bits[0]).check_head_dim(head_dim)

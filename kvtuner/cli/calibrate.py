@@ -43,7 +43,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--key-rotation", choices=("hadamard", "none"))
     p.add_argument("--group-size", type=int, help="group size of keys and values")
     p.add_argument("--symmetric", action="store_true", help="absmax grids for keys and values")
-    p.add_argument("--bits", default="2,4,8", help="bit widths to measure (default %(default)s)")
+    add_bits_argument(p, "bit widths to measure")
     p.add_argument("--cache-dir", help="per-layer result cache (default ~/.cache/kvtuner)")
     p.add_argument("--no-cache", action="store_true", help="measure everything again")
     p.add_argument("--trust-remote-code", action="store_true")
@@ -51,13 +51,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _bits(text: str) -> tuple[int, ...]:
+def add_bits_argument(p: argparse.ArgumentParser, what: str) -> None:
+    from ..search_spaces import DEFAULT_BITS
+
+    default = ",".join(map(str, DEFAULT_BITS))
+    p.add_argument("--bits", help=f"{what} (default {default})")
+
+
+def parse_bits(text: str) -> tuple[int, ...]:
+    """``--bits 2,3,4`` -> (2, 3, 4); one line on anything else."""
+    from ..quant import QUANTIZED_BITS
+
+    allowed = ",".join(map(str, QUANTIZED_BITS))
     try:
         bits = tuple(int(b) for b in text.split(","))
     except ValueError:
         raise KVTunerError(f"--bits must be a comma list like 2,4,8, got {text!r}") from None
-    if not bits or any(b not in (2, 4, 8) for b in bits):
-        raise KVTunerError(f"--bits must be among 2,4,8, got {text!r}")
+    if not bits or any(b not in QUANTIZED_BITS for b in bits):
+        raise KVTunerError(f"--bits must be among {allowed}, got {text!r}")
     return bits
 
 
@@ -101,9 +112,10 @@ def _quiet_loaders() -> None:
 def run(args: argparse.Namespace) -> int:
     from ..calibration import calibrate, load_calibration_data, load_model
     from ..calibration.corpus import check_dataset
+    from ..search_spaces import DEFAULT_BITS
 
     key, value = specs_from_args(args)  # bad flags fail before anything loads
-    bits = _bits(args.bits)
+    bits = parse_bits(args.bits) if args.bits else DEFAULT_BITS
     check_dataset(args.dataset)
     if args.no_progress:
         _quiet_loaders()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from .calibrate import add_bits_argument, parse_bits
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -29,6 +31,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--preset",
         default="per-token",
         help="per-token or per-token-g64 (SGLang-servable), kivi (HF only) or a JSON file of specs",
+    )
+    add_bits_argument(
+        p,
+        "widths to calibrate and choose from for keys and values; with --sensitivity, a subset "
+        "of its widths, by default all of them; 16 is always an option",
     )
     p.add_argument("--num-clusters", type=int, help="layers with similar sensitivity share a pair")
     p.add_argument(
@@ -58,10 +65,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--confirm-samples",
         type=int,
-        default=0,
+        default=4,
         help="re-measure the 4 best configurations and the best uniform one on this many more "
         "calibration windows (disjoint from the study's) and keep the best there: guards against "
-        "noise-level wins on few tokens (default 0: off)",
+        "noise-level wins on few tokens (default %(default)s; 0: off)",
     )
     p.add_argument("--pareto-dir", help="write every Pareto-optimal profile here")
     p.add_argument("--plot", help="Pareto-front PNG (needs matplotlib)")
@@ -79,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
     from ..tuner.search import search
     from ..tuner.study import StudySettings
 
+    bits = parse_bits(args.bits) if args.bits else None
     settings = StudySettings(
         n_trials=args.n_trials,
         timeout=args.timeout,
@@ -93,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
         output=args.output,
         sensitivity=args.sensitivity,
         preset=args.preset,
+        bits=bits,
         study=settings,
         num_clusters=args.num_clusters,
         dataset=args.dataset,

@@ -87,7 +87,7 @@ def uniform_specs(name: str, fingerprint: ModelFingerprint) -> tuple[LayerSpec, 
     if not m:
         raise KVTunerError(
             f"unknown uniform config {name!r} (use kvB, kBvC, kiviB, kivi-kBvC, had-kvB; "
-            "B, C in 2, 4, 8, 16)"
+            "B, C in 2, 3, 4, 5, 6, 8, 16)"
         )
     prefix, both, kb, vb = m.groups()
     k_bits, v_bits = (int(both), int(both)) if both else (int(kb), int(vb))

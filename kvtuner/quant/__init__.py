@@ -2,9 +2,10 @@
 
 from .ops import gather_dequantized, scatter_quantized
 from .reference import dequantize, fake_quantize, hadamard, quantize
-from .spec import SUPPORTED_BITS, V1_BITS, QuantSpec
+from .spec import QUANTIZED_BITS, SUPPORTED_BITS, V1_BITS, QuantSpec
 
 __all__ = [
+    "QUANTIZED_BITS",
     "SUPPORTED_BITS",
     "V1_BITS",
     "QuantSpec",

@@ -6,7 +6,8 @@ from dataclasses import asdict, dataclass
 from fractions import Fraction
 from typing import Any
 
-SUPPORTED_BITS = (2, 3, 4, 5, 6, 8, 16)
+QUANTIZED_BITS = (2, 3, 4, 5, 6, 8)
+SUPPORTED_BITS = (*QUANTIZED_BITS, 16)
 V1_BITS = (2, 4, 8, 16)  # what profile schema v1 (and kvtuner < 0.2) can hold
 AXES = ("token", "channel")
 ROTATIONS = ("none", "hadamard")

@@ -1,13 +1,14 @@
 """Search spaces: candidate (k_bits, v_bits) pairs, Pareto pruning, layer clustering, presets."""
 
 from .clustering import cluster_layers
-from .losses import BITS, LossTable
+from .losses import BITS, DEFAULT_BITS, LossTable
 from .pareto import pareto_front
 from .preset import PRESETS, SearchPreset, load_preset
 from .space import Group, Pair, SearchSpace, build_space, pair_label, parse_pair
 
 __all__ = [
     "BITS",
+    "DEFAULT_BITS",
     "PRESETS",
     "Group",
     "LossTable",

@@ -17,7 +17,7 @@ from ..errors import KVTunerError
 from ..profile import LayerSpec, ModelFingerprint
 from ..tuner.budget import Budget
 from .clustering import cluster_layers
-from .losses import BITS, LossTable
+from .losses import LossTable
 from .pareto import pareto_front
 from .preset import SearchPreset
 
@@ -55,6 +55,7 @@ class SearchSpace:
     losses: LossTable
     groups: tuple[Group, ...]
     uniform_pairs: tuple[Pair, ...]  # uniform configurations that fit the budget
+    widths: tuple[int, ...] = ()  # the bits pairs were drawn from (before pruning)
 
     def __post_init__(self) -> None:
         covered = sorted(i for g in self.groups for i in g.layers)
@@ -105,6 +106,7 @@ class SearchSpace:
         return {
             "preset": self.preset.to_dict(),
             "budget": self.budget.label,
+            "widths": list(self.widths),
             "groups": [
                 {"layers": list(g.layers), "options": [pair_label(p) for p in g.options]}
                 for g in self.groups
@@ -125,9 +127,10 @@ def build_space(
     budget: Budget,
     *,
     num_clusters: int | None = None,
-    bits: Sequence[int] = BITS,
+    bits: Sequence[int] | None = None,
 ) -> SearchSpace:
-    """Per-layer (or per-cluster) Pareto-pruned pairs; raises if nothing fits the budget."""
+    """Per-layer (or per-cluster) Pareto-pruned pairs from ``bits`` x ``bits`` (default: every
+    width the loss table holds); raises if nothing fits the budget."""
     if losses.num_layers != fingerprint.num_layers:
         raise KVTunerError(
             f"sensitivity covers {losses.num_layers} layers, the model has {fingerprint.num_layers}"
@@ -137,7 +140,13 @@ def build_space(
         if num_clusters
         else [[i] for i in range(fingerprint.num_layers)]
     )
-    pairs = list(product(bits, bits))
+    widths = tuple(sorted({*(losses.bits if bits is None else bits), 16}))
+    missing = [b for b in widths if b not in losses.bits]
+    if missing:
+        raise KVTunerError(
+            f"the sensitivity holds bits {losses.bits[:-1]}, not {missing}: calibrate those widths"
+        )
+    pairs = list(product(widths, repeat=2))
     capacity = budget.capacity(fingerprint)
     draft = SearchSpace(
         preset,
@@ -146,10 +155,11 @@ def build_space(
         losses,
         tuple(Group(tuple(g), tuple(pairs)) for g in layers),
         (),
+        widths,
     )
     uniform = tuple(p for p in pairs if draft.total_cost(draft.uniform(p)) <= capacity)
     groups = tuple(_prune(draft, i, uniform) for i in range(len(layers)))
-    space = SearchSpace(preset, fingerprint, budget, losses, groups, uniform)
+    space = SearchSpace(preset, fingerprint, budget, losses, groups, uniform, widths)
     cheapest = tuple(g.options[0] for g in groups)
     if not space.fits(cheapest):
         need = float(space.total_cost(cheapest))

@@ -6,7 +6,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from ..search_spaces import BITS, Pair, SearchSpace
+from ..search_spaces import Pair, SearchSpace
 from .knapsack import solve_knapsack
 
 __all__ = ["dp_optimum"]
@@ -17,13 +17,13 @@ def dp_optimum(
 ) -> tuple[Pair, ...] | None:
     """Least summed single-layer KL within ``scale`` x the budget (None: nothing fits).
 
-    kl: an alternative [layers, 2, len(BITS)] table (e.g. the measured one times noise); by
+    kl: an alternative [layers, 2, len(bits)] table (e.g. the measured one times noise); by
     default the space's own sensitivity.
     """
     table = space.losses.kl if kl is None else kl
 
     def loss(g: int, pair: Pair) -> float:
-        k, v = BITS.index(pair[0]), BITS.index(pair[1])
+        k, v = space.losses.column(pair[0]), space.losses.column(pair[1])
         return float(sum(table[i, 0, k] + table[i, 1, v] for i in space.groups[g].layers))
 
     costs = [[space.cost(g, p) for p in grp.options] for g, grp in enumerate(space.groups)]

@@ -79,7 +79,7 @@ def neighbour(space: SearchSpace, parent: Sequence[Pair], rng: np.random.Generat
 
 def perturbed_optimum(space: SearchSpace, rng: np.random.Generator, sigma: float):
     """Additive optimum at the budget with every table entry times exp(sigma * N(0, 1))."""
-    noise = np.exp(sigma * rng.standard_normal(space.losses.kl.shape))  # [L, 2, len(BITS)]
+    noise = np.exp(sigma * rng.standard_normal(space.losses.kl.shape))  # [L, 2, len(bits)]
     return dp_optimum(space, kl=space.losses.kl * noise)
 
 

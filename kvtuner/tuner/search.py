@@ -12,14 +12,22 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import KVTunerError
 from ..profile import ModelFingerprint, Profile, read_json, save_profile
-from ..search_spaces import BITS, LossTable, SearchSpace, build_space, load_preset, pair_label
+from ..quant import QUANTIZED_BITS
+from ..search_spaces import (
+    DEFAULT_BITS,
+    LossTable,
+    SearchSpace,
+    build_space,
+    load_preset,
+    pair_label,
+)
 from .budget import Budget
 from .confirmation import Confirmed, confirm, finalists
 from .report import Baseline, format_summary, plot_pareto, write_pareto_dir
@@ -27,8 +35,6 @@ from .results import Measured, best_measured, measured_trials, pareto_set
 from .study import StudySettings, run_study
 
 __all__ = ["SearchOutcome", "default_storage", "search"]
-
-BASELINE_BITS = (2, 4, 8)  # uniform baselines: every (k, v) from these, measured on the same tokens
 
 
 @dataclass(frozen=True)
@@ -82,18 +88,18 @@ def _load_sensitivity(path: Path, fp: ModelFingerprint, preset_settings: dict, l
     return Sensitivity.load(path)
 
 
-def _calibrate(lm, model_id: str, data, preset, path: Path, log, progress: bool) -> Any:
+def _calibrate(lm, model_id: str, data, preset, bits, path: Path, log, progress: bool) -> Any:
     from ..calibration import calibrate
 
     log(
-        f"calibrating: per-layer K/V sensitivity at {BITS[:-1]} bits on {data.tokens.numel()} "
+        f"calibrating: per-layer K/V sensitivity at {bits} bits on {data.tokens.numel()} "
         f"tokens ({data.dataset}) ..."
     )
     sensitivity = calibrate(
         lm,
         data,
         model_id=model_id,
-        bits=BITS[:-1],
+        bits=bits,
         key_spec=preset.key,
         value_spec=preset.value,
         progress=progress,
@@ -104,12 +110,14 @@ def _calibrate(lm, model_id: str, data, preset, path: Path, log, progress: bool)
 
 
 def _baselines(study, space: SearchSpace, measured: list[Measured], evaluate, extra: bool):
-    """Uniform configs: the fitting ones come from the study; the others are measured once and
-    cached in the study's user attributes (a rerun does not measure them again)."""
+    """Uniform configs over the space's widths: the fitting ones come from the study; the others
+    are measured once and cached in the study's user attributes (a rerun does not measure them
+    again)."""
     known = {m.choice[0]: m for m in measured if len(set(m.choice)) == 1}
+    widths = [b for b in space.widths if b < 16]
     out = []
-    for k in BASELINE_BITS:
-        for v in BASELINE_BITS:
+    for k in widths:
+        for v in widths:
             pair = (k, v)
             choice = space.uniform(pair)
             kl = known[pair].kl if pair in known else study.user_attrs.get(f"baseline {k}-{v}")
@@ -130,6 +138,15 @@ def _baselines(study, space: SearchSpace, measured: list[Measured], evaluate, ex
                 )
             )
     return tuple(out)
+
+
+def _check_bits(bits: Sequence[int] | None) -> tuple[int, ...] | None:
+    if bits is None:
+        return None
+    widths = tuple(sorted(set(bits)))
+    if not widths or any(isinstance(b, bool) or b not in QUANTIZED_BITS for b in widths):
+        raise KVTunerError(f"bits must be among {QUANTIZED_BITS}, got {tuple(bits)}")
+    return widths
 
 
 def _check_feasible(budget: Budget, preset, fp: ModelFingerprint) -> None:
@@ -215,23 +232,30 @@ def search(
     output: str | Path = "profile.json",
     sensitivity: str | Path | None = None,
     preset: str = "per-token",
+    bits: Sequence[int] | None = None,
     study: StudySettings | None = None,
     num_clusters: int | None = None,
     dataset: str | None = None,
     num_samples: int = 2,
     seq_len: int = 256,
     data_seed: int = 0,
-    confirm_samples: int = 0,
+    confirm_samples: int = 4,
     pareto_dir: str | Path | None = None,
     plot: str | Path | None = None,
     baselines: bool = False,
     progress: bool = True,
     log: Callable[[str], None] = print,
 ) -> SearchOutcome:
-    """Search a profile for ``model`` within ``budget`` and write it to ``output`` (atomic)."""
+    """Search a profile for ``model`` within ``budget`` and write it to ``output`` (atomic).
+
+    bits: the widths keys and values choose from (16 is always an option). Calibration measures
+    them (default :data:`DEFAULT_BITS`); with a ``sensitivity`` file they must be among its widths
+    (default: all of them).
+    """
     start = time.monotonic()
     budget = budget if isinstance(budget, Budget) else Budget.parse(budget)
     search_preset, output = load_preset(preset), Path(output)  # bad input fails before loading
+    bits = _check_bits(bits)
     if isinstance(confirm_samples, bool) or not isinstance(confirm_samples, int):
         raise KVTunerError(f"confirm_samples must be an integer, got {confirm_samples!r}")
     if confirm_samples < 0:
@@ -259,17 +283,20 @@ def search(
     )
     held = _held_back(tokenizer, dataset, data, confirm_samples) if confirm_samples else None
     sens_path = Path(sensitivity) if sensitivity else _sensitivity_path(output)
-    if sensitivity or _matches(sens_path, fp, data.describe(), search_preset.settings()):
+    wanted = {**search_preset.settings(), "bits": list(bits or DEFAULT_BITS)}
+    if sensitivity or _matches(sens_path, fp, data.describe(), wanted):
         log(f"sensitivity: {sens_path}")
         sens = _load_sensitivity(sens_path, fp, search_preset.settings(), log)
     else:
-        sens = _calibrate(lm, model, data, search_preset, sens_path, log, progress)
+        widths = bits or DEFAULT_BITS
+        sens = _calibrate(lm, model, data, search_preset, widths, sens_path, log, progress)
     space = build_space(
         LossTable.from_sensitivity(sens, fp.num_layers),
         search_preset,
         fp,
         budget,
         num_clusters=num_clusters,
+        bits=bits,
     )
     reference = fp_reference(lm, data.tokens)
     evaluate = lambda specs: measure_kl(lm, data.tokens, specs, reference)  # noqa: E731

@@ -103,7 +103,7 @@ def test_flags_override_the_preset(tiny_dir, tmp_path):
         (["--dataset", "/no/such/corpus.txt"], "dataset not found"),
         (["--dataset", "hf:wikitext"], "expected hf:NAME:CONFIG:SPLIT"),
         (["--group-size", "48"], "group_size must be a power of two"),
-        (["--bits", "3"], "--bits must be among 2,4,8"),
+        (["--bits", "7"], "--bits must be among 2,3,4,5,6,8"),
         (["--preset", "nope"], "unknown preset"),
         (["--num-samples", "x"], "invalid int value"),
     ],

@@ -1,4 +1,5 @@
-"""Golden bytes: the packed format (v1, plus v2's 3/5/6-bit codes) written out literally, so it cannot change silently.
+"""Golden bytes: the packed format (v1, and v2's 3/5/6-bit codes) written out literally, so it
+cannot change silently.
 
 If one of these fails, the on-disk / in-pool format changed: that breaks every profile-serving
 runtime holding packed KV, so bump the format version instead of editing the bytes.

@@ -68,7 +68,7 @@ def test_cli_writes_a_loadable_profile(tmp_path, model_dir, capsys):
     [
         ([(4, 4)] * 3, None, "has 3 layers but tiny has 2"),
         (None, "0: {nbits_key: 4}\n1: {nbits_key: 4, nbits_value: 4}\n", "needs nbits_key"),
-        (None, "0: {nbits_key: 3, nbits_value: 4}\n1: {nbits_key: 4, nbits_value: 4}\n", "bits"),
+        (None, "0: {nbits_key: 7, nbits_value: 4}\n1: {nbits_key: 4, nbits_value: 4}\n", "bits"),
         (None, "1: {nbits_key: 4, nbits_value: 4}\n2: {nbits_key: 4, nbits_value: 4}\n", "0..1"),
         (None, "[1, 2\n", "cannot read"),
         (None, "- 4\n", "must map"),

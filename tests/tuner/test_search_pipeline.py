@@ -31,6 +31,7 @@ def run(tiny_dir, out, logs, **kw):
         num_samples=2,
         seq_len=64,
         study=StudySettings(n_trials=12, seed=1),
+        confirm_samples=0,  # on by default; its own test below
         progress=False,
         log=logs.append,
     )
@@ -46,8 +47,8 @@ def test_search_writes_the_best_feasible_profile_and_resumes(tiny_dir, tmp_path)
     assert profile.nominal_bits <= 3.0 and profile.budget["asked"] == "3bit"
     assert profile.metrics["kl"] == pytest.approx(outcome.best.kl, rel=1e-5)
     fitting = [b for b in outcome.baselines if b.fits]
-    assert {b.label for b in fitting} == {"k2v2", "k2v4", "k4v2"}
-    assert len(outcome.baselines) == 9  # the over-budget ones were measured too
+    assert {b.label for b in fitting} == {"k2v2", "k2v3", "k3v2", "k3v3", "k2v4", "k4v2"}
+    assert len(outcome.baselines) == 25  # 2,3,4,5,8 squared: the over-budget ones measured too
     assert outcome.best.kl <= min(b.kl for b in fitting)
     assert profile.calibration["tokens"] == 128 and profile.budget["preset"] == "per-token"
     pareto = json.loads((tmp_path / "pareto" / "pareto.json").read_text())["pareto"]
@@ -99,3 +100,16 @@ def test_budget_below_all_2bit_fails_before_calibration(tiny_dir, tmp_path):
     with pytest.raises(KVTunerError, match="below the cheapest"):
         run(tiny_dir, tmp_path / "c.json", [], budget="0.1x")
     assert not (tmp_path / "cache").exists() and not (tmp_path / "c.sensitivity.json").exists()
+
+
+def test_bits_choose_the_widths(tiny_dir, tmp_path):
+    outcome = run(tiny_dir, tmp_path / "w.json", [], bits=(2, 4, 8))
+    used = {b for s in outcome.profile.layers for b in (s.k.bits, s.v.bits)}
+    assert used <= {2, 4, 8, 16} and outcome.profile.schema_version == 1
+    assert {b.label for b in outcome.baselines} == {"k2v2", "k2v4", "k4v2"}
+    sens = tmp_path / "w.sensitivity.json"
+    assert json.loads(sens.read_text())["settings"]["bits"] == [2, 4, 8]
+    with pytest.raises(KVTunerError, match=r"not \[3\]: calibrate those widths"):
+        run(tiny_dir, tmp_path / "x.json", [], sensitivity=sens, bits=(3, 4))
+    with pytest.raises(KVTunerError, match="bits must be among"):
+        run(tiny_dir, tmp_path / "y.json", [], bits=(7,))
