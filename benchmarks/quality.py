@@ -1,7 +1,8 @@
 """The project's results table: quality, memory and decode speed of KV configs on SmolLM2-135M.
 
 Rows (one run, same windows): fp; uniform KV8/KV4/KV2/K8V4/K4V2 (per-token, g32 asym), KIVI-4/KIVI-2
-(keys per-channel g32), had-kv4 (per-token KV4 with K and V Hadamard-rotated; the `per-token`
+(keys per-channel g32), the format-v2 widths at 4 and 3 nominal bits (K5V3, KV3, per-token and
+KIVI-style), had-kv4 (per-token KV4 with K and V Hadamard-rotated; the `per-token`
 search preset rotates keys only); every profile in exported_configs/ that fits the model (picked
 up automatically); transformers' QuantizedCache (quanto backend, 4 and 2 bits) when
 optimum-quanto imports.
@@ -13,7 +14,8 @@ window 128, median of 3 runs each paired with a default-cache run.
 
 Writes benchmarks/results/quality.json (after every row: partial results survive), quality.md
 (Markdown table) and quality.png (Δppl vs effective bits). ``--resume`` keeps the rows already in
-quality.json (same model/windows) and evaluates only the missing ones (e.g. new profiles).
+quality.json (same model/windows, same layer specs by hash) and evaluates only the missing or
+changed ones (e.g. new or re-exported profiles).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results"
 NAME = "quality"  # results file stem (--name)
 # most telling first: rows are saved as they come
-UNIFORM = "kv8,kv4,kivi4,k8v4,k4v2,kivi-k4v2,kv2,kivi2"
+UNIFORM = "kv8,kv4,kivi4,k8v4,k4v2,kivi-k4v2,kv2,kivi2,k5v3,kivi-k5v3,kv3,kivi3"
 
 
 def exported_profiles(fingerprint: ModelFingerprint, folder: Path) -> list[EvalConfig]:
@@ -180,9 +182,13 @@ def main(argv: list[str] | None = None) -> int:
         decode = DecodeSettings(args.decode_prompt_tokens, args.decode_steps, args.decode_repeats)
         decode_only(model, windows, configs, decode, command)
         return 0
+    wanted = all_configs(fingerprint, Path(args.profiles))
     kept = previous_rows(RESULTS / f"{NAME}.json", windows.describe()) if args.resume else []
+    current = {c.name: c.specs_hash(fingerprint) for c in wanted}
+    # a kept row stays only while a config of that name with the same specs still exists
+    kept = [r for r in kept if r["kind"] == "fp" or current.get(r["name"], 0) == r.get("hash")]
     done = {r["name"] for r in kept}
-    configs = [c for c in all_configs(fingerprint, Path(args.profiles)) if c.name not in done]
+    configs = [c for c in wanted if c.name not in done]
     print(f"[quality] evaluating: fp, {', '.join(c.name for c in configs)}", file=sys.stderr)
     decode = (
         None

@@ -90,6 +90,7 @@ def _row(
         "name": config.name,
         "kind": config.kind,
         "source": config.source,
+        "hash": config.specs_hash(fingerprint),
         "nominal_bits": round(acct["nominal_bits"], 4),
         "effective_bits": round(16.0 * per_token / fp16, 4),
         "bytes_per_token": round(per_token, 2),

@@ -50,6 +50,10 @@ class EvalConfig:
         if self.quanto_bits is not None and self.quanto_bits not in QUANTO_BITS:
             raise KVTunerError(f"quanto supports {QUANTO_BITS} bits, got {self.quanto_bits}")
 
+    def specs_hash(self, fingerprint: ModelFingerprint) -> str | None:
+        """The profile hash of this row's layer specs (None for fp and quanto rows)."""
+        return None if self.specs is None else Profile(self.name, fingerprint, self.specs).hash
+
     def accounting(self, fingerprint: ModelFingerprint) -> dict[str, float]:
         """Nominal and effective bits and KV bytes per token (all layers, K+V, metadata in)."""
         if self.specs is not None:

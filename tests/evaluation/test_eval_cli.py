@@ -28,8 +28,8 @@ def test_eval_needs_something_to_evaluate(capsys):
 
 
 def test_eval_rejects_unknown_uniform_names(tiny_dir, capsys):
-    err = run_err(["eval", "--model", str(tiny_dir), "--uniform", "kv8,kv5"], capsys)
-    assert "unknown uniform config 'kv5'" in err
+    err = run_err(["eval", "--model", str(tiny_dir), "--uniform", "kv8,kv7"], capsys)
+    assert "unknown uniform config 'kv7'" in err
 
 
 def test_eval_rejects_a_profile_for_another_model(tiny_dir, tmp_path, capsys):
@@ -54,5 +54,5 @@ def test_generate_rejects_bad_arguments(tiny_dir, capsys):
         capsys,
     )
     assert "unknown uniform" in run_err(
-        ["generate", "--model", str(tiny_dir), "--uniform", "kv3", "hi"], capsys
+        ["generate", "--model", str(tiny_dir), "--uniform", "kv7", "hi"], capsys
     )

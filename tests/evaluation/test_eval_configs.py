@@ -29,7 +29,7 @@ def test_uniform_names_map_to_documented_specs(name, k, v):
     assert all(s.k == k and s.v == v for s in specs)
 
 
-@pytest.mark.parametrize("name", ["kv3", "kvx", "q4", "kivi", "had-kivi4", "kv32"])
+@pytest.mark.parametrize("name", ["kv7", "kvx", "q4", "kivi", "had-kivi4", "kv32"])
 def test_unknown_uniform_names_are_one_line_errors(name):
     with pytest.raises(KVTunerError) as info:
         uniform_specs(name, FP)
@@ -55,3 +55,12 @@ def test_eval_config_rejects_inconsistent_rows():
         EvalConfig("x", "hf-quanto", quanto_bits=8)
     with pytest.raises(KVTunerError):
         EvalConfig("x", "nonsense")
+
+
+def test_format_v2_widths_name_uniform_configs():
+    fp = ModelFingerprint("LlamaForCausalLM", 2, 2, 64)
+    (kv3, k5v3) = parse_uniform("kv3,kivi-k5v3", fp)
+    assert {(s.k.bits, s.v.bits) for s in kv3.specs} == {(3, 3)}
+    assert k5v3.specs[0].k.axis == "channel" and k5v3.specs[0].k.bits == 5
+    assert kv3.accounting(fp)["effective_bits"] == 4.0  # 3 + fp16 scale/zero per 32
+    assert kv3.specs_hash(fp) != k5v3.specs_hash(fp) and kv3.specs_hash(fp) is not None
