@@ -1,4 +1,4 @@
-"""Heatmap of a sensitivity file: layer x (K2, K4, K8, V2, V4, V8), log10 KL (extra ``viz``)."""
+"""Heatmap of a sensitivity file: layer x (K, then V, at each measured width), log10 KL (viz)."""
 
 from __future__ import annotations
 

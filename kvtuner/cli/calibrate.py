@@ -100,7 +100,7 @@ def _summary(sens, seconds: float) -> str:
     return "\n".join(lines)
 
 
-def _quiet_loaders() -> None:
+def quiet_loaders() -> None:
     """--no-progress also silences the weight-loading and dataset progress bars."""
     import datasets
     import transformers
@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     bits = parse_bits(args.bits) if args.bits else DEFAULT_BITS
     check_dataset(args.dataset)
     if args.no_progress:
-        _quiet_loaders()
+        quiet_loaders()
     start = time.perf_counter()
     model, tokenizer = load_model(args.model, trust_remote_code=args.trust_remote_code)
     data = load_calibration_data(

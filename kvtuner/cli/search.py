@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .calibrate import add_bits_argument, parse_bits
+from .calibrate import add_bits_argument, parse_bits, quiet_loaders
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -87,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
     from ..tuner.study import StudySettings
 
     bits = parse_bits(args.bits) if args.bits else None
+    if args.no_progress:
+        quiet_loaders()
     settings = StudySettings(
         n_trials=args.n_trials,
         timeout=args.timeout,

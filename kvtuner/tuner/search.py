@@ -149,13 +149,13 @@ def _check_bits(bits: Sequence[int] | None) -> tuple[int, ...] | None:
     return widths
 
 
-def _check_feasible(budget: Budget, preset, fp: ModelFingerprint) -> None:
-    cheapest = [preset.layer_spec(i, 2, 2) for i in range(fp.num_layers)]
+def _check_feasible(budget: Budget, preset, fp: ModelFingerprint, low: int) -> None:
+    cheapest = [preset.layer_spec(i, low, low) for i in range(fp.num_layers)]
     if not budget.fits(cheapest, fp):
         need, cap = float(budget.cost(cheapest, fp)), float(budget.capacity(fp))
         raise KVTunerError(
             f"budget {budget.label} is below the cheapest configuration "
-            f"(all 2-bit: {need:g} vs capacity {cap:g})"
+            f"(all {low}-bit: {need:g} vs capacity {cap:g})"
         )
 
 
@@ -277,7 +277,7 @@ def search(
         study = dataclasses.replace(study, storage=default_storage(output))
     lm, tokenizer = load_model(model)
     fp = fingerprint_of(lm)
-    _check_feasible(budget, search_preset, fp)  # before the (long) calibration
+    _check_feasible(budget, search_preset, fp, min(bits or DEFAULT_BITS))  # before calibration
     data = load_calibration_data(
         tokenizer, dataset=dataset, num_samples=num_samples, seq_len=seq_len, seed=data_seed
     )

@@ -113,3 +113,5 @@ def test_bits_choose_the_widths(tiny_dir, tmp_path):
         run(tiny_dir, tmp_path / "x.json", [], sensitivity=sens, bits=(3, 4))
     with pytest.raises(KVTunerError, match="bits must be among"):
         run(tiny_dir, tmp_path / "y.json", [], bits=(7,))
+    with pytest.raises(KVTunerError, match=r"below the cheapest configuration \(all 4-bit"):
+        run(tiny_dir, tmp_path / "z.json", [], bits=(4, 8))  # 3bit budget < all-4-bit
