@@ -13,7 +13,9 @@ SGLang's ``HookRegistry``, applied by ``load_plugins()`` in the launcher and in 
 - ``ModelRunner._forward_raw`` (before): tells the pool which slots the batch reads.
 
 Read mode (:func:`read_mode`): "lazy" (no scratch) when every attention backend of the server
-only gathers K/V by slot ids (``LAZY_BACKENDS``), else the safe "scratch" mode.
+only gathers K/V by slot ids (``LAZY_BACKENDS``), else the safe "scratch" mode. In lazy mode the
+pool's decode cache holds at most ``KVTUNER_DECODE_CACHE_TOKENS`` tokens per layer (environment;
+default ``DEFAULT_DECODE_CACHE_TOKENS``, 0 turns it off).
 """
 
 from __future__ import annotations
@@ -28,24 +30,44 @@ import torch
 from ...errors import KVTunerError
 from ...profile import ModelFingerprint, Profile
 from .activation import ENV_VAR, activate, active_profile
+from .decode_cache import DEFAULT_DECODE_CACHE_TOKENS
 from .sizing import cell_size
 from .support import check_configurator, check_profile_servable
 from .version import check_sglang_version
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FLAG", "LAZY_BACKENDS", "batch_read_slots", "read_mode", "register"]
+__all__ = [
+    "CACHE_ENV_VAR",
+    "FLAG",
+    "LAZY_BACKENDS",
+    "batch_read_slots",
+    "decode_cache_tokens",
+    "read_mode",
+    "register",
+]
 
 FLAG = "--kvtuner-profile"
 # backends whose only pool reads are ``get_key_buffer(l)[slot_ids]`` / ``get_value_buffer(l)[...]``
 # (sglang 0.5.23 layers/attention/torch_native_backend.py); anything else gets a real tensor
 LAZY_BACKENDS = frozenset({"torch_native"})
+CACHE_ENV_VAR = "KVTUNER_DECODE_CACHE_TOKENS"
 _registered = False
 
 
 def _die(exc: KVTunerError) -> None:
     print(f"kvtuner: error: {exc}", file=sys.stderr, flush=True)
     raise SystemExit(2)
+
+
+def decode_cache_tokens() -> int:
+    """Decode-cache bound of the lazy mode (tokens per layer), from the environment."""
+    raw = os.environ.get(CACHE_ENV_VAR, "").strip()
+    if not raw:
+        return DEFAULT_DECODE_CACHE_TOKENS
+    if not raw.isdigit():
+        raise KVTunerError(f"{CACHE_ENV_VAR} must be a whole number of tokens >= 0, got {raw!r}")
+    return int(raw)
 
 
 # -- launcher side ---------------------------------------------------------------------------
@@ -81,6 +103,7 @@ def _take_flag(server_args: Any, cls: Any, args: Any) -> None:
     if path is None:
         return
     try:
+        decode_cache_tokens()
         activate(path)
         profile = active_profile()
         check_profile_servable(profile)
@@ -161,7 +184,9 @@ def _pool_class_hook(original: Any, self: Any, *, kind: str, default: type) -> t
             f"--kvtuner-profile needs SGLang's MHATokenToKVPool, but this "
             f"platform/layout selects {pool_cls.__name__}"
         )
-    return KVTunerMHATokenToKVPool.bound(profile, read_mode(self.server_args))
+    return KVTunerMHATokenToKVPool.bound(
+        profile, read_mode(self.server_args), decode_cache_tokens()
+    )
 
 
 def batch_read_slots(forward_batch: Any, req_to_token: torch.Tensor) -> torch.Tensor:

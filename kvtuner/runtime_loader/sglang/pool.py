@@ -8,8 +8,10 @@ pack and scatter (Triton kernels on CUDA, the torch reference on CPU). Reads (``
 - ``"lazy"`` (backends that only index ``get_key_buffer(layer)`` with slot ids, e.g. SGLang's
   ``torch_native``): ``get_key_buffer`` returns a :class:`DequantizedView` whose indexing gathers
   and dequantizes just the indexed slots. No scratch; the pool costs its packed bytes only.
-  With the batch announced (:meth:`prepare_reads`), each layer's batch is dequantized once and
-  every request's read is a range of it (:class:`BatchReads`: transient, batch-sized).
+  A bounded :class:`DecodeCache` keeps each request's dequantized K/V per layer, so a decode
+  step dequantizes only the new token (``decode_cache_tokens`` rows per layer at most; 0: off).
+  Requests that do not fit: with the batch announced (:meth:`prepare_reads`), each layer's batch
+  is dequantized once and every request's read is a range of it (:class:`BatchReads`).
 - ``"scratch"`` (any other backend, e.g. triton, which needs a real tensor with last dim
   head_dim): a layer-sized scratch ``[size + page, heads, head_dim]`` in the model dtype into
   which only the slots of the current batch (announced by :meth:`prepare_reads`) are
@@ -30,6 +32,7 @@ from ...errors import KVTunerError
 from ...profile import Profile
 from ...quant import gather_dequantized, scatter_quantized
 from .batch_reads import BatchReads
+from .decode_cache import DEFAULT_DECODE_CACHE_TOKENS, DecodeCache
 from .kv_pair import dequantize_pair, pair_spec, quantize_pair
 from .sizing import READ_MODES, cell_size
 from .support import check_profile_servable, pool_refusal
@@ -49,20 +52,31 @@ class KVTunerMHATokenToKVPool(MHATokenToKVPool):
     ``profile`` (a :class:`kvtuner.profile.Profile`, global layer indices) and ``read_mode``
     (``"lazy"`` or ``"scratch"``, see the module doc) default to the class attributes set by
     :meth:`bound` (SGLang constructs pools with the parent's arguments only).
+    ``decode_cache_tokens``: the lazy mode's :class:`DecodeCache` bound (rows per layer; 0: off).
     ``tp_group`` is the torch.distributed group whose ranks must hold the same profile (None:
     SGLang's TP CPU group when tensor parallelism is on).
     """
 
     bound_profile: Profile | None = None
     bound_read_mode: str = "scratch"
+    bound_decode_cache_tokens: int = DEFAULT_DECODE_CACHE_TOKENS
     # the quantizer ops (Triton on CUDA, torch on CPU); tests swap in the interpreted kernels
     scatter = staticmethod(scatter_quantized)
     gather = staticmethod(gather_dequantized)
 
     @classmethod
-    def bound(cls, profile: Profile, read_mode: str = "scratch") -> type[KVTunerMHATokenToKVPool]:
-        """Subclass with ``profile`` and ``read_mode`` preset, for SGLang's pool factory."""
-        attrs = {"bound_profile": profile, "bound_read_mode": read_mode}
+    def bound(
+        cls,
+        profile: Profile,
+        read_mode: str = "scratch",
+        decode_cache_tokens: int = DEFAULT_DECODE_CACHE_TOKENS,
+    ) -> type[KVTunerMHATokenToKVPool]:
+        """Subclass with the constructor's kvtuner arguments preset, for SGLang's pool factory."""
+        attrs = {
+            "bound_profile": profile,
+            "bound_read_mode": read_mode,
+            "bound_decode_cache_tokens": decode_cache_tokens,
+        }
         return type(cls.__name__, (cls,), {**attrs, "__module__": cls.__module__})
 
     def __init__(
@@ -70,6 +84,7 @@ class KVTunerMHATokenToKVPool(MHATokenToKVPool):
         *args: Any,
         profile: Profile | None = None,
         read_mode: str | None = None,
+        decode_cache_tokens: int | None = None,
         tp_group: Any = None,
         **kwargs: Any,
     ) -> None:
@@ -91,7 +106,12 @@ class KVTunerMHATokenToKVPool(MHATokenToKVPool):
         self._read_slots: torch.Tensor | None = None
         self._materialized: int | None = None
         self._batch = BatchReads()  # lazy mode: the announced batch, dequantized per layer
+        self._cache = DecodeCache(0, 0, "cpu")  # off until the parent has sized the pool
         super().__init__(*args, **kwargs)
+        if decode_cache_tokens is None:
+            decode_cache_tokens = self.bound_decode_cache_tokens
+        lazy_cache = decode_cache_tokens if self.read_mode == "lazy" else 0
+        self._cache = DecodeCache(lazy_cache, self.size + self.page_size, self.device)
         self._pairs = self._pair_specs()
         self._log_allocation()
 
@@ -189,7 +209,8 @@ class KVTunerMHATokenToKVPool(MHATokenToKVPool):
         )
         logger.info(
             "kvtuner pool: profile %s, #tokens: %d, rows: %d, packed KV bytes: %d "
-            "(profile predicts %d B/token), read mode %s, dequant scratch bytes: %d",
+            "(profile predicts %d B/token), read mode %s, dequant scratch bytes: %d, "
+            "decode cache: at most %d tokens per layer (%d bytes)",
             self.profile.hash,
             self.size,
             self.size + self.page_size,
@@ -197,7 +218,14 @@ class KVTunerMHATokenToKVPool(MHATokenToKVPool):
             predicted.packed,
             self.read_mode,
             self.scratch_bytes(),
+            self._cache.max_tokens,
+            self.decode_cache_bound_bytes(),
         )
+
+    def decode_cache_bound_bytes(self) -> int:
+        """Most bytes the lazy mode's decode cache can hold (0 when off)."""
+        row = 2 * self.head_num * self.head_dim * self.dtype.itemsize  # K and V of one token
+        return self._cache.max_tokens * self.layer_num * row
 
     # -- writes ------------------------------------------------------------------------------
     def set_kv_buffer(
@@ -219,14 +247,14 @@ class KVTunerMHATokenToKVPool(MHATokenToKVPool):
         self._check_physical_write_loc(loc_info, "set_kv_buffer (kvtuner)")
         layer_id = layer_id_override if layer_id_override is not None else layer.layer_id
         local, spec = layer_id - self.start_layer, self.layer_spec(layer_id)
-        n = loc.shape[0]
+        n, idx = loc.shape[0], loc.long()
         self._batch.invalidate()
+        self._cache.on_write(layer_id, idx)
         if self._pairs[local] is not None:
             shape = (n, self.head_num, self.head_dim)
             k_rows, v_rows = quantize_pair(
                 cache_k.reshape(shape), cache_v.reshape(shape), spec.k, spec.v, self._pairs[local]
             )
-            idx = loc.long()
             self.k_buffer[local][idx], self.v_buffer[local][idx] = k_rows, v_rows
         else:
             self._scatter_each(local, spec, loc, cache_k, cache_v)
@@ -254,8 +282,13 @@ class KVTunerMHATokenToKVPool(MHATokenToKVPool):
         return dequantize_pair(*rows, spec.k, spec.v, shared, self.head_dim, self.dtype)
 
     def read_for_view(self, layer_id: int, which: str, loc: torch.Tensor) -> torch.Tensor:
-        """What a :class:`DequantizedView` returns for ``view[loc]`` (``loc``: int [n]): a range
-        of the announced batch (dequantized once per layer), else a direct read of ``loc``."""
+        """What a :class:`DequantizedView` returns for ``view[loc]`` (``loc``: int [n]): the
+        request's cached rows (new slots dequantized), else a range of the announced batch
+        (dequantized once per layer), else a direct read of ``loc``."""
+        if self._cache.enabled:
+            served = self._cache.serve(layer_id, which, loc.long(), self.read_kv)
+            if served is not None:
+                return served
         served = self._batch.serve(layer_id, which, loc, self.read_kv)
         return served if served is not None else self.read_one(layer_id, which, loc)
 
@@ -271,6 +304,7 @@ class KVTunerMHATokenToKVPool(MHATokenToKVPool):
         (one dequantization of the batch per layer); reads work without it."""
         self._read_slots = slots
         self._materialized = None
+        self._cache.new_step()
         self._batch.announce(slots if self.read_mode == "lazy" else None)
 
     def _materialize(self, layer_id: int) -> None:
@@ -302,6 +336,12 @@ class KVTunerMHATokenToKVPool(MHATokenToKVPool):
         """Shapes of what the backends read: [rows, heads, head_dim] (not the packed rows)."""
         shape = torch.Size((self.size + self.page_size, self.head_num, self.head_dim))
         return shape, shape
+
+    def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
+        """Slot-to-slot copy of the packed rows (SGLang's); the decode cache is dropped."""
+        self._cache.clear()
+        self._batch.invalidate()
+        super().move_kv_cache(tgt_loc, src_loc)
 
     def get_cpu_copy(self, *args, **kwargs):
         raise KVTunerError("the kvtuner pool does not support KV CPU offload in v1")

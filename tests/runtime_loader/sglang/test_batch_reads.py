@@ -22,7 +22,8 @@ LAYERS = [*SPECS, *PAIRED]  # unpaired and paired layers
 @pytest.fixture
 def pool_and_batch():
     g = torch.Generator().manual_seed(7)
-    pool = make_pool(tiny_profile(LAYERS, heads=HEADS, head_dim=D), read_mode="lazy")
+    profile = tiny_profile(LAYERS, heads=HEADS, head_dim=D)
+    pool = make_pool(profile, read_mode="lazy", decode_cache_tokens=0)  # batch reads alone
     loc = torch.randperm(SIZE, generator=g)[:30] + 1
     for layer in range(len(LAYERS)):
         k, v = (torch.randn(30, HEADS, D, generator=g) for _ in range(2))

@@ -1,0 +1,174 @@
+"""DecodeCache: the lazy read mode's bounded cache of dequantized K/V, per request and layer.
+
+Why: SGLang's ``torch_native`` backend reads a request's whole K/V at every decode step
+(``k_cache[req_to_token[r, :len]]``), so without a cache each step dequantizes every token of the
+request in every layer, although only the newest token changed. An entry holds the dequantized
+K and V (model dtype) of one request's slots in one layer; a read whose slot ids extend the
+entry's (same ids first, a few new ones after) dequantizes only the new slots and appends them.
+
+Exactness: the entry's rows are ``read_kv`` of the same slots (dequantization is row by row; the
+keys' Hadamard un-rotation is a matmul whose rows do not depend on the other rows, which the
+tests check). A write to a slot an entry holds drops that entry (``on_write``): slots are reused
+after a request ends, and a reused slot must never be served from its old contents.
+
+Memory: bounded by ``max_tokens`` rows per layer (capacity allocated, summed over the layer's
+entries): at most ``max_tokens * layers * 2 * heads * head_dim * dtype bytes``, independent of
+the pool's size; entries unused for ``IDLE_STEPS`` forwards are dropped. A request that does not
+fit is served uncached (today's path). Keys are ``(layer, first slot id)``: requests sharing a
+radix-cache prefix share a first slot and take turns in one entry (correct, only slower).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+__all__ = ["DEFAULT_DECODE_CACHE_TOKENS", "DecodeCache"]
+
+ReadKV = Callable[[int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+# rows per layer: SmolLM2-135M fp16 (30 layers, 3 KV heads, head_dim 64): 4096 * 23040 B = 94 MB
+DEFAULT_DECODE_CACHE_TOKENS = 4096
+IDLE_STEPS = 4  # forwards an entry may go unused (a prefill between decode steps) before eviction
+
+
+class _Entry:
+    """Slots (int64 [cap]) and dequantized K, V ([cap, heads, head_dim]) of which ``n`` are used."""
+
+    __slots__ = ("slots", "k", "v", "n", "used")
+
+    def __init__(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: int) -> None:
+        cap = _capacity(slots.numel())
+        self.slots = _grown(slots, cap)
+        self.k, self.v = _grown(k, cap), _grown(v, cap)
+        self.n, self.used = slots.numel(), step
+
+    @property
+    def capacity(self) -> int:
+        return self.slots.shape[0]
+
+    def append(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        end = self.n + slots.numel()
+        if end > self.capacity:  # amortised growth: copies O(n) once per doubling
+            cap = _capacity(end)
+            self.slots, self.k, self.v = (_grown(t[: self.n], cap) for t in self._all())
+        self.slots[self.n : end], self.k[self.n : end], self.v[self.n : end] = slots, k, v
+        self.n = end
+
+    def _all(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.slots, self.k, self.v
+
+
+def _capacity(n: int) -> int:
+    return max(16, 1 << (n - 1).bit_length())  # next power of two: few regrowths per request
+
+
+def _grown(t: torch.Tensor, cap: int) -> torch.Tensor:
+    out = torch.empty((cap, *t.shape[1:]), dtype=t.dtype, device=t.device)
+    out[: t.shape[0]] = t
+    return out
+
+
+class DecodeCache:
+    """Entries keyed by ``(layer, first slot id)``; ``rows``: the pool's slot count (for the
+    membership mask of cached slots, bool [rows])."""
+
+    def __init__(self, max_tokens: int, rows: int, device: torch.device | str) -> None:
+        self.max_tokens = max_tokens
+        self._entries: dict[tuple[int, int], _Entry] = {}
+        # per slot: the highest layer whose entries may hold it (-1: none). A write to layer l
+        # needs a look at the entries only where this is >= l: the new token of a decode step,
+        # appended to the entries of the layers already read, is not (layers run in order).
+        rows = rows if max_tokens > 0 else 0
+        self._top = torch.full((rows,), -1, dtype=torch.int32, device=device)
+        self._allocated: dict[int, int] = {}  # layer -> rows allocated by its entries
+        self._step = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_tokens > 0
+
+    def cached_bytes(self) -> int:
+        """Bytes held by the entries now (K and V)."""
+        return sum(e.k.nbytes + e.v.nbytes for e in self._entries.values())
+
+    def new_step(self) -> None:
+        """A forward begins: drop the entries unused for ``IDLE_STEPS`` forwards."""
+        self._step += 1
+        idle = [key for key, e in self._entries.items() if self._step - e.used > IDLE_STEPS]
+        self._drop(idle)
+
+    def clear(self) -> None:
+        self._drop(list(self._entries))
+
+    def on_write(self, layer_id: int, loc: torch.Tensor) -> None:
+        """Slots ``loc`` (int [n]) of layer ``layer_id`` were rewritten: drop entries with them."""
+        if not self._entries or not bool((self._top[loc] >= layer_id).any()):
+            return
+        stale = [
+            key
+            for key, e in self._entries.items()
+            if key[0] == layer_id and bool(torch.isin(loc, e.slots[: e.n]).any())
+        ]
+        self._drop(stale)
+
+    def serve(self, layer_id: int, which: str, loc: torch.Tensor, read_kv: ReadKV):
+        """K (``which="k"``) or V [len(loc), heads, D] of slots ``loc`` (int64 [n]), exactly
+        ``read_kv(layer_id, loc)``; None when the request does not fit the bound."""
+        n = loc.numel()
+        if n == 0:
+            return None
+        key = (layer_id, int(loc[0]))
+        entry = self._entries.get(key)
+        if entry is not None and not self._extend(entry, layer_id, loc, read_kv):
+            self._drop([key])
+            entry = None
+        if entry is None:
+            entry = self._insert(key, loc, read_kv)
+            if entry is None:
+                return None
+        entry.used = self._step
+        return (entry.k if which == "k" else entry.v)[:n]
+
+    def _extend(self, entry: _Entry, layer_id: int, loc: torch.Tensor, read_kv: ReadKV) -> bool:
+        """Bring ``entry`` up to ``loc`` if its slots are a prefix of ``loc`` (or ``loc`` of
+        them); False when they are not."""
+        n, m = loc.numel(), entry.n
+        if not torch.equal(entry.slots[: min(n, m)], loc[:m]):
+            return False
+        if n > m:
+            new = loc[m:]
+            if not self._reserve(layer_id, _capacity(n) - entry.capacity):
+                return False
+            entry.append(new, *read_kv(layer_id, new))
+            self._mark(new, layer_id)
+        return True
+
+    def _insert(self, key: tuple[int, int], loc: torch.Tensor, read_kv: ReadKV) -> _Entry | None:
+        if not self._reserve(key[0], _capacity(loc.numel())):
+            return None
+        entry = _Entry(loc, *read_kv(key[0], loc), self._step)
+        self._entries[key] = entry
+        self._mark(loc, key[0])
+        return entry
+
+    def _reserve(self, layer_id: int, rows: int) -> bool:
+        """Count ``rows`` more rows against the layer's bound; False (nothing counted) if over."""
+        total = self._allocated.get(layer_id, 0) + max(rows, 0)
+        if total > self.max_tokens:
+            return False
+        self._allocated[layer_id] = total
+        return True
+
+    def _drop(self, keys: list[tuple[int, int]]) -> None:
+        if not keys:
+            return
+        for key in keys:
+            entry = self._entries.pop(key)
+            self._allocated[key[0]] -= entry.capacity
+        self._top.fill_(-1)  # recomputed from what is left (rare: a request ends, slot reuse)
+        for (layer_id, _), entry in self._entries.items():
+            self._mark(entry.slots[: entry.n], layer_id)
+
+    def _mark(self, slots: torch.Tensor, layer_id: int) -> None:
+        self._top[slots] = self._top[slots].clamp_min(layer_id)
