@@ -182,14 +182,20 @@ def _from_fp16_bytes(b: torch.Tensor) -> torch.Tensor:
     return b.contiguous().view(torch.float16).float()
 
 
-def _quantize_token(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+def _quantize_token(x: torch.Tensor, spec: QuantSpec, values: bool = False):
+    """Rows of x (fp32, rotated); with ``values`` also the grid values the rows dequantize to
+    (before un-rotation), computed from the codes and metadata in hand instead of unpacked."""
     d = x.shape[-1]
     g = x.reshape(*x.shape[:-1], d // spec.group_size, spec.group_size)
     codes, scale, zero = _group_grid(g, spec, dim=-1)
     parts = [pack_codes(codes.reshape(x.shape), spec.bits), _fp16_bytes(scale.squeeze(-1))]
     if zero is not None:
         parts.append(_fp16_bytes(zero.squeeze(-1)))
-    return torch.cat(parts, -1)
+    rows = torch.cat(parts, -1)
+    if not values:
+        return rows
+    # scale/zero are fp16 values held in fp32 (what the bytes read back as); codes are ours now
+    return rows, _dequant_grid(codes, scale, zero, spec).reshape(x.shape)
 
 
 def _split_meta(rows: torch.Tensor, spec: QuantSpec, n_codes: int, n_meta: int):
@@ -265,6 +271,20 @@ def dequantize(
     else:
         out = _dequantize_token(rows, spec, head_dim)
     return rotate(out, spec).to(dtype)
+
+
+def quantize_dequantize(
+    x: torch.Tensor, spec: QuantSpec, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rows, dequantize(rows, spec, D, dtype))`` with ``rows = quantize(x, spec)``, x[..., D].
+    Token axis: the values come from the codes in hand (no unpacking), same bits (a NaN-poisoned
+    group's NaN payload aside)."""
+    if spec.axis != "token" or not spec.is_quantized:
+        rows = quantize(x, spec)
+        return rows, dequantize(rows, spec, x.shape[-1], dtype)
+    spec.check_head_dim(x.shape[-1])
+    rows, grid = _quantize_token(rotate(x, spec), spec, values=True)
+    return rows, rotate(grid, spec).to(dtype)
 
 
 def fake_quantize(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:

@@ -83,6 +83,7 @@ class DecodeCache:
         self._top = torch.full((rows,), -1, dtype=torch.int32, device=device)
         self._allocated: dict[int, int] = {}  # layer -> rows allocated by its entries
         self._step = 0
+        self._fresh: tuple | None = None  # (layer, slots, K, V) of the last write, dequantized
 
     @property
     def enabled(self) -> bool:
@@ -101,8 +102,14 @@ class DecodeCache:
     def clear(self) -> None:
         self._drop(list(self._entries))
 
+    def remember(self, layer_id: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """The write just made: ``read_kv(layer_id, slots)`` would return (k, v). The next read
+        of these slots (torch_native reads right after writing) takes them instead of unpacking."""
+        self._fresh = (layer_id, slots, k, v)
+
     def on_write(self, layer_id: int, loc: torch.Tensor) -> None:
         """Slots ``loc`` (int [n]) of layer ``layer_id`` were rewritten: drop entries with them."""
+        self._fresh = None
         if not self._entries or not bool((self._top[loc] >= layer_id).any()):
             return
         stale = [
@@ -140,17 +147,23 @@ class DecodeCache:
             new = loc[m:]
             if not self._reserve(layer_id, _capacity(n) - entry.capacity):
                 return False
-            entry.append(new, *read_kv(layer_id, new))
+            entry.append(new, *self._read(layer_id, new, read_kv))
             self._mark(new, layer_id)
         return True
 
     def _insert(self, key: tuple[int, int], loc: torch.Tensor, read_kv: ReadKV) -> _Entry | None:
         if not self._reserve(key[0], _capacity(loc.numel())):
             return None
-        entry = _Entry(loc, *read_kv(key[0], loc), self._step)
+        entry = _Entry(loc, *self._read(key[0], loc, read_kv), self._step)
         self._entries[key] = entry
         self._mark(loc, key[0])
         return entry
+
+    def _read(self, layer_id: int, loc: torch.Tensor, read_kv: ReadKV):
+        fresh = self._fresh  # torch.equal: same shape and values
+        if fresh is not None and fresh[0] == layer_id and torch.equal(fresh[1], loc):
+            return fresh[2], fresh[3]
+        return read_kv(layer_id, loc)
 
     def _reserve(self, layer_id: int, rows: int) -> bool:
         """Count ``rows`` more rows against the layer's bound; False (nothing counted) if over."""

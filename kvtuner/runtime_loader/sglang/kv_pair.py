@@ -15,9 +15,9 @@ from dataclasses import replace
 import torch
 
 from ...quant import QuantSpec, dequantize, quantize
-from ...quant.reference import rotate
+from ...quant.reference import quantize_dequantize, rotate
 
-__all__ = ["dequantize_pair", "pair_spec", "quantize_pair"]
+__all__ = ["dequantize_pair", "pair_spec", "quantize_pair", "quantize_pair_values"]
 
 
 def pair_spec(k: QuantSpec, v: QuantSpec) -> QuantSpec | None:
@@ -37,6 +37,26 @@ def quantize_pair(
     both = torch.cat([rotate(k, k_spec), rotate(v, v_spec)], 1)  # fp32 [n, 2*heads, D]
     rows = quantize(both, shared)
     return rows[:, :heads], rows[:, heads:]
+
+
+def quantize_pair_values(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_spec: QuantSpec,
+    v_spec: QuantSpec,
+    shared: QuantSpec,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`quantize_pair` plus what :func:`dequantize_pair` returns for those rows (K, V
+    [n, heads, D] in ``dtype``), from the codes in hand (``quantize_dequantize``)."""
+    heads = k.shape[1]
+    both = torch.cat([rotate(k, k_spec), rotate(v, v_spec)], 1)  # fp32 [n, 2*heads, D]
+    rows, grid = quantize_dequantize(both, shared)  # grid: fp32, still rotated for K
+    k_hat, v_hat = (
+        _unrotate(grid[:, :heads], k_spec, dtype),
+        _unrotate(grid[:, heads:], v_spec, dtype),
+    )
+    return rows[:, :heads], rows[:, heads:], k_hat, v_hat
 
 
 def dequantize_pair(

@@ -31,9 +31,10 @@ from sglang.srt.mem_cache.memory_pool import KvBufferDesc, MHATokenToKVPool, unw
 from ...errors import KVTunerError
 from ...profile import Profile
 from ...quant import gather_dequantized, scatter_quantized
+from ...quant.reference import quantize_dequantize
 from .batch_reads import BatchReads
 from .decode_cache import DEFAULT_DECODE_CACHE_TOKENS, DecodeCache
-from .kv_pair import dequantize_pair, pair_spec, quantize_pair
+from .kv_pair import dequantize_pair, pair_spec, quantize_pair_values
 from .sizing import READ_MODES, cell_size
 from .support import check_profile_servable, pool_refusal
 from .tp_check import check_same_profile, sglang_tp_group
@@ -119,9 +120,9 @@ class KVTunerMHATokenToKVPool(MHATokenToKVPool):
         """Per local layer: the grid K and V share (one quantizer call for both), or None.
         CPU torch path only (the Triton kernels take one tensor per launch)."""
         torch_path = self.scatter is scatter_quantized and self.gather is gather_dequantized
-        cpu = torch.device(self.device).type == "cpu"
+        self._torch_cpu = torch_path and torch.device(self.device).type == "cpu"
         specs = [self.layer_spec(self.start_layer + i) for i in range(self.layer_num)]
-        return [pair_spec(s.k, s.v) if torch_path and cpu else None for s in specs]
+        return [pair_spec(s.k, s.v) if self._torch_cpu else None for s in specs]
 
     def _check_shape(self, args: dict[str, Any]) -> None:
         fp = self.profile.fingerprint
@@ -250,16 +251,26 @@ class KVTunerMHATokenToKVPool(MHATokenToKVPool):
         n, idx = loc.shape[0], loc.long()
         self._batch.invalidate()
         self._cache.on_write(layer_id, idx)
-        if self._pairs[local] is not None:
+        if self._torch_cpu:  # the torch reference; rows and values in one pass
             shape = (n, self.head_num, self.head_dim)
-            k_rows, v_rows = quantize_pair(
-                cache_k.reshape(shape), cache_v.reshape(shape), spec.k, spec.v, self._pairs[local]
-            )
+            k_rows, v_rows, k, v = self._quantize(local, spec, cache_k.reshape(shape), cache_v)
             self.k_buffer[local][idx], self.v_buffer[local][idx] = k_rows, v_rows
+            if self._cache.enabled:
+                self._cache.remember(layer_id, idx, k, v)
         else:
             self._scatter_each(local, spec, loc, cache_k, cache_v)
         if self._materialized == layer_id:
             self._materialized = None
+
+    def _quantize(self, local: int, spec, k: torch.Tensor, v: torch.Tensor) -> tuple:
+        """Rows of K, V [n, heads, D] and the values they dequantize to (model dtype)."""
+        v = v.reshape(k.shape)
+        if self._pairs[local] is not None:
+            return quantize_pair_values(k, v, spec.k, spec.v, self._pairs[local], self.dtype)
+        (k_rows, k_hat), (v_rows, v_hat) = (
+            quantize_dequantize(x, qs, self.dtype) for x, qs in ((k, spec.k), (v, spec.v))
+        )
+        return k_rows, v_rows, k_hat, v_hat
 
     def _scatter_each(self, local: int, spec, loc, cache_k, cache_v) -> None:
         n = loc.shape[0]

@@ -58,6 +58,17 @@ class KVTunerRead:
         return out
 
 
+def _step(pool, slots, g, dtype):
+    """One forward as torch_native runs it: per layer, write the new tokens, then read."""
+    for layer in range(len(LAYERS)):
+        k, v = ((torch.randn(1, HEADS, D, generator=g) * 3).to(dtype) for _ in range(2))
+        pool.set_kv_buffer(Layer(layer), slots[-1:], k, v)
+        k_view, v_view = pool.get_kv_buffer(layer)
+        k, v = k_view[slots.int()], v_view[slots.int()]  # torch_native indexes with int32
+        k_ref, v_ref = KVTunerRead.read(pool, layer, slots)
+        assert _exact(k, k_ref) and _exact(v, v_ref)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 def test_decode_steps_dequantize_only_the_new_token_and_equal_read_kv(dtype):
     g = torch.Generator().manual_seed(11)
@@ -66,13 +77,18 @@ def test_decode_steps_dequantize_only_the_new_token_and_equal_read_kv(dtype):
     _write(pool, slots[:20], g, dtype)  # prefill
     pool.prepare_reads(slots[:20])
     _read_all(pool, slots[:20])
-    assert pool.reads == [20] * len(LAYERS)  # one dequantization of the request per layer
-    for n in range(21, 31):  # decode steps: write the new token, then read the request
+    # one dequantization of the request per layer; the last layer's write is still fresh
+    assert pool.reads == [20] * (len(LAYERS) - 1)
+    for n in range(21, 26):  # decode steps: each new token's values come from its write
         pool.reads.clear()
         pool.prepare_reads(slots[:n])
+        _step(pool, slots[:n], g, dtype)
+        assert pool.reads == []
+    for n in range(26, 31):  # writes of all layers before the reads: the new token is unpacked
+        pool.reads.clear()
         _write(pool, slots[n - 1 : n], g, dtype)
         _read_all(pool, slots[:n])
-        assert pool.reads == [1] * len(LAYERS)
+        assert pool.reads == [1] * (len(LAYERS) - 1)  # the last layer's write is still fresh
     assert 0 < pool._cache.cached_bytes() <= pool.decode_cache_bound_bytes()
 
 
