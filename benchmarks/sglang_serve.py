@@ -17,6 +17,10 @@ lossless for an fp16 model, so its outputs must equal stock's), KV8, KV4 g32, KV
 then the searched per-token SmolLM2 profiles in exported_configs/ (one row per distinct profile
 hash: a searched profile equal to a uniform one is not served twice).
 
+Then each ``--uncached`` profile once more with the pool's decode cache off
+(``KVTUNER_DECODE_CACHE_TOKENS=0``: every decode step dequantizes the request's whole K/V), and
+stock after it. Each row records the 1-minute load average before and after it.
+
     python benchmarks/sglang_serve.py [--dtype float16] [--budget-gib 1] [--out ...]
 """
 
@@ -59,6 +63,8 @@ UNIFORM = {  # name -> (K spec, V spec): the per-token preset's shape
     "3bit": (QuantSpec(4, rotation="hadamard"), QuantSpec(2)),
 }
 SEARCHED = "exported_configs/smollm2-135m/per-token-*.json"
+CACHE_ENV = "KVTUNER_DECODE_CACHE_TOKENS"
+UNCACHED = " (decode cache off)"
 
 
 def hardware() -> dict:
@@ -178,20 +184,21 @@ def agreement(stock: list[list[int]], ours: list[list[int]]) -> tuple[float, flo
     return exact, sum(prefix) / len(prefix)
 
 
-def measure(args, model_dir: Path, profile: Path | None, tokenizer) -> dict:
+def measure(args, model_dir: Path, profile: Path | None, tokenizer, cache: bool = True) -> dict:
     import openai
 
     flags = ["--kvtuner-profile", str(profile)] if profile else []
-    log = args.log_dir / f"sglang_serve.{profile.stem if profile else 'stock'}.log"
+    name = (profile.stem if profile else "stock") + ("" if cache else UNCACHED)
+    log = args.log_dir / f"sglang_serve.{name.replace(' ', '_')}.log"
+    os.environ[CACHE_ENV] = "" if cache else "0"  # the server inherits it (0: decode cache off)
+    load_before = os.getloadavg()[0]
     with SGLangServer(model_dir, *flags, log_path=log, device=args.device, dtype=args.dtype) as srv:
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", timeout=600)
-        row = {
-            "config": profile.stem if profile else "stock",
-            "cell_bytes": cell_from_log(srv.log_text()),
-        }
+        row = {"config": name, "cell_bytes": cell_from_log(srv.log_text())}
         row["greedy"] = greedy_outputs(client, tokenizer, args.greedy_tokens)
         row["decode_tok_s_1"] = throughput(client, args.decode_tokens, 1)
         row["decode_tok_s_8"] = throughput(client, args.decode_tokens, 8)
+    row["loadavg_1m"] = [load_before, os.getloadavg()[0]]  # before start, after the last request
     if profile:
         p = load_profile(profile)
         row.update(hash=p.hash, nominal_bits=p.nominal_bits, effective_bits=p.effective_bits)
@@ -213,6 +220,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decode-tokens", type=int, default=128)
     ap.add_argument("--greedy-tokens", type=int, default=48)
     ap.add_argument("--stock-every", type=int, default=3, help="re-measure stock every N rows")
+    ap.add_argument(
+        "--uncached",
+        nargs="*",
+        default=["smollm2-135m-uniform-4bit-g64"],
+        metavar="STEM",
+        help=f"profiles (file stems) served once more with {CACHE_ENV}=0, at the end",
+    )
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks/results/sglang_serve.json")
     ap.add_argument("--log-dir", type=Path, default=Path(tempfile.gettempdir()) / "kvtuner-serve")
     args = ap.parse_args(argv)
@@ -224,10 +238,12 @@ def main(argv: list[str] | None = None) -> int:
     profiles = args.profiles or default_profiles(model_dir, args.out.parent / "sglang_profiles")
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
     started = time.perf_counter()
-    order = interleave_stock(profiles, args.stock_every)
+    uncached = [p for p in profiles if p.stem in set(args.uncached)]
+    order = [(p, True) for p in interleave_stock(profiles, args.stock_every)]
+    order += [x for p in uncached for x in ((p, False), (None, True))]
     rows = []
-    for p in order:
-        rows.append(measure(args, model_dir, p, tokenizer))
+    for p, cache in order:
+        rows.append(measure(args, model_dir, p, tokenizer, cache))
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "greedy"}), flush=True)
     report(args, rows, time.perf_counter() - started)
     return 0
@@ -253,7 +269,7 @@ def report(args, rows: list[dict], wall: float) -> None:
         row["capacity_x"] = row["tokens_for_budget"] / stock["tokens_for_budget"]
         row["agree_exact"], row["agree_prefix"] = agreement(stock["greedy"], row["greedy"])
     head = (
-        f"{'config':<34} {'bits':>5} {'B/token':>8} {'tokens/' + str(args.budget_gib) + 'GiB':>13}"
+        f"{'config':<52} {'bits':>5} {'B/token':>8} {'tokens/' + str(args.budget_gib) + 'GiB':>13}"
         f" {'x stock':>7} {'tok/s 1':>8} {'x':>5} {'tok/s 8':>8} {'x':>5} {'same out':>8}"
         f" {'prefix':>7} {'calib KL':>8}"
     )
@@ -261,7 +277,7 @@ def report(args, rows: list[dict], wall: float) -> None:
     for r in rows:
         kl = r.get("calib_kl")
         print(
-            f"{r['config']:<34} {r.get('nominal_bits', 16):>5.2f} {r['cell_bytes']:>8} "
+            f"{r['config']:<52} {r.get('nominal_bits', 16):>5.2f} {r['cell_bytes']:>8} "
             f"{r['tokens_for_budget']:>13} {r['capacity_x']:>7.2f} {r['decode_tok_s_1']:>8.1f} "
             f"{r['decode_tok_s_1_x']:>5.2f} {r['decode_tok_s_8']:>8.1f} "
             f"{r['decode_tok_s_8_x']:>5.2f} {r['agree_exact']:>8.2f} {r['agree_prefix']:>7.2f} "
