@@ -7,6 +7,7 @@ from typing import Any
 
 from ...errors import KVTunerError
 from ...profile import Profile
+from .fused_writes import fused_write_refusal
 
 __all__ = ["check_configurator", "check_profile_servable", "pool_refusal"]
 
@@ -46,6 +47,7 @@ def _refusals(kvc: Any) -> list[str]:
         "--cuda-graph-backend-prefill disabled)"
         if (graphs.decode.backend, graphs.prefill.backend) != ("disabled", "disabled")
         else "",
+        fused_write_refusal(kvc.model_config, kvc.device) or "",
     ]
 
 
