@@ -46,12 +46,15 @@ def _hadamard_cpu(dim: int) -> torch.Tensor:
 
 def hadamard(dim: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """Orthonormal, symmetric Hadamard matrix [dim, dim] (its own inverse), fp32."""
-    return _hadamard_cpu(dim).to(device)
+    h = _hadamard_cpu(dim)
+    return h if h.device == torch.device(device) else h.to(device)
 
 
 def rotate(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
-    """fp32 copy of x[..., D], Hadamard-rotated if the spec asks for it (self-inverse)."""
-    x = x.float()
+    """x[..., D] in fp32 (x itself if already fp32 and unrotated), Hadamard-rotated if the spec
+    asks for it (self-inverse). (Skipping no-op calls matters: the CPU pool's cost is per op.)"""
+    if x.dtype != torch.float32:
+        x = x.float()
     if spec.rotation == "hadamard":
         x = x @ hadamard(x.shape[-1], x.device)
     return x
@@ -96,7 +99,7 @@ def _group_grid(g: torch.Tensor, spec: QuantSpec, dim: int):
         amax = _fp16_up(g.abs().amax(dim, keepdim=True))
         ok = torch.isfinite(amax)
         codes = g / torch.where(amax > 0, amax, 1.0)  # amax == 0: an all-zero group, codes half
-        codes.mul_(half).add_(0.5).floor_().add_(half).clamp_min_(0).clamp_max_(2 * half)
+        codes.mul_(half).add_(0.5).floor_().add_(half).clamp_(0, 2 * half)
         scale, zero = amax, None
     else:
         low, high = torch.aminmax(g, dim=dim, keepdim=True)
@@ -104,8 +107,7 @@ def _group_grid(g: torch.Tensor, spec: QuantSpec, dim: int):
         scale = _fp16_up((high - zero) / spec.qmax)
         ok = torch.isfinite(zero + scale)  # fp16 values: the fp32 sum is finite iff both are
         codes = g - zero
-        codes.div_(torch.where(scale > 0, scale, 1.0)).add_(0.5).floor_()
-        codes.clamp_min_(0).clamp_max_(spec.qmax)
+        codes.div_(torch.where(scale > 0, scale, 1.0)).add_(0.5).floor_().clamp_(0, spec.qmax)
     if not bool(ok.all()):  # rare: only then pay for the masking passes
         codes = torch.where(ok, codes, 0.0)
         scale = torch.where(ok, scale, float("nan"))
@@ -188,10 +190,10 @@ def _quantize_token(x: torch.Tensor, spec: QuantSpec, values: bool = False):
     d = x.shape[-1]
     g = x.reshape(*x.shape[:-1], d // spec.group_size, spec.group_size)
     codes, scale, zero = _group_grid(g, spec, dim=-1)
-    parts = [pack_codes(codes.reshape(x.shape), spec.bits), _fp16_bytes(scale.squeeze(-1))]
+    meta = scale.squeeze(-1)  # [..., G] scales, then (asymmetric) G zeros
     if zero is not None:
-        parts.append(_fp16_bytes(zero.squeeze(-1)))
-    rows = torch.cat(parts, -1)
+        meta = torch.cat([meta, zero.squeeze(-1)], -1)
+    rows = torch.cat([pack_codes(codes.reshape(x.shape), spec.bits), _fp16_bytes(meta)], -1)
     if not values:
         return rows
     # scale/zero are fp16 values held in fp32 (what the bytes read back as); codes are ours now

@@ -14,8 +14,8 @@ after a request ends, and a reused slot must never be served from its old conten
 Memory: bounded by ``max_tokens`` rows per layer (capacity allocated, summed over the layer's
 entries): at most ``max_tokens * layers * 2 * heads * head_dim * dtype bytes``, independent of
 the pool's size; entries unused for ``IDLE_STEPS`` forwards are dropped. A request that does not
-fit is served uncached (today's path). Keys are ``(layer, first slot id)``: requests sharing a
-radix-cache prefix share a first slot and take turns in one entry (correct, only slower).
+fit is served uncached (today's path). Keys are ``(layer, last slot id)``: a request's newest
+token is its own (requests sharing a radix-cache prefix share its first slots, not their last).
 """
 
 from __future__ import annotations
@@ -70,8 +70,8 @@ def _grown(t: torch.Tensor, cap: int) -> torch.Tensor:
 
 
 class DecodeCache:
-    """Entries keyed by ``(layer, first slot id)``; ``rows``: the pool's slot count (for the
-    membership mask of cached slots, bool [rows])."""
+    """Entries keyed by ``(layer, last slot id)``; ``rows``: the pool's slot count (for the
+    highest caching layer per slot, int32 [rows])."""
 
     def __init__(self, max_tokens: int, rows: int, device: torch.device | str) -> None:
         self.max_tokens = max_tokens
@@ -79,8 +79,8 @@ class DecodeCache:
         # per slot: the highest layer whose entries may hold it (-1: none). A write to layer l
         # needs a look at the entries only where this is >= l: the new token of a decode step,
         # appended to the entries of the layers already read, is not (layers run in order).
-        rows = rows if max_tokens > 0 else 0
-        self._top = torch.full((rows,), -1, dtype=torch.int32, device=device)
+        # (a Python list: decode writes and appends touch a few slots, cheaper than torch ops)
+        self._top = [-1] * (rows if max_tokens > 0 else 0)
         self._allocated: dict[int, int] = {}  # layer -> rows allocated by its entries
         self._step = 0
         self._fresh: tuple | None = None  # (layer, slots, K, V) of the last write, dequantized
@@ -110,7 +110,10 @@ class DecodeCache:
     def on_write(self, layer_id: int, loc: torch.Tensor) -> None:
         """Slots ``loc`` (int [n]) of layer ``layer_id`` were rewritten: drop entries with them."""
         self._fresh = None
-        if not self._entries or not bool((self._top[loc] >= layer_id).any()):
+        if not self._entries:
+            return
+        top = self._top
+        if max(top[i] for i in loc.tolist()) < layer_id:
             return
         stale = [
             key
@@ -119,44 +122,60 @@ class DecodeCache:
         ]
         self._drop(stale)
 
-    def serve(self, layer_id: int, which: str, loc: torch.Tensor, read_kv: ReadKV):
-        """K (``which="k"``) or V [len(loc), heads, D] of slots ``loc`` (int64 [n]), exactly
+    def serve(self, layer_id: int, loc: torch.Tensor, read_kv: ReadKV):
+        """K, V [len(loc), heads, D] of slots ``loc`` (int64 [n]), exactly
         ``read_kv(layer_id, loc)``; None when the request does not fit the bound."""
         n = loc.numel()
         if n == 0:
             return None
-        key = (layer_id, int(loc[0]))
-        entry = self._entries.get(key)
-        if entry is not None and not self._extend(entry, layer_id, loc, read_kv):
-            self._drop([key])
-            entry = None
+        entry = self._find(layer_id, loc, read_kv)
         if entry is None:
-            entry = self._insert(key, loc, read_kv)
+            entry = self._insert(layer_id, loc, read_kv)
             if entry is None:
                 return None
         entry.used = self._step
-        return (entry.k if which == "k" else entry.v)[:n]
+        return entry.k[:n], entry.v[:n]
 
-    def _extend(self, entry: _Entry, layer_id: int, loc: torch.Tensor, read_kv: ReadKV) -> bool:
-        """Bring ``entry`` up to ``loc`` if its slots are a prefix of ``loc`` (or ``loc`` of
-        them); False when they are not."""
-        n, m = loc.numel(), entry.n
-        if not torch.equal(entry.slots[: min(n, m)], loc[:m]):
+    def _find(self, layer_id: int, loc: torch.Tensor, read_kv: ReadKV) -> _Entry | None:
+        """The entry holding ``loc`` (a re-read: V after K), or holding ``loc`` but its last slot
+        (a decode step, extended here by ``_grow``). Entries are keyed by their last slot: it
+        is the request's own newest token, never shared (a radix-cache prefix is)."""
+        n = loc.numel()
+        tail = loc[-2:].tolist()  # [.., last]: one call for both keys
+        last = tail[-1]
+        entry = self._entries.get((layer_id, last))
+        if entry is not None and entry.n == n and torch.equal(entry.slots[:n], loc):
+            return entry
+        if n < 2:
+            return None
+        key = (layer_id, tail[0])
+        entry = self._entries.get(key)
+        if entry is None or entry.n != n - 1 or not torch.equal(entry.slots[: n - 1], loc[:-1]):
+            return None
+        if not self._grow(entry, layer_id, loc, read_kv):
+            self._drop([key])
+            return None
+        self._entries[(layer_id, last)] = self._entries.pop(key)
+        return entry
+
+    def _grow(self, entry: _Entry, layer_id: int, loc: torch.Tensor, read_kv: ReadKV) -> bool:
+        """Append the slots of ``loc`` past the entry's; False if the bound does not allow."""
+        n, new = loc.numel(), loc[entry.n :]
+        if not self._reserve(layer_id, _capacity(n) - entry.capacity):
             return False
-        if n > m:
-            new = loc[m:]
-            if not self._reserve(layer_id, _capacity(n) - entry.capacity):
-                return False
-            entry.append(new, *self._read(layer_id, new, read_kv))
-            self._mark(new, layer_id)
+        entry.append(new, *self._read(layer_id, new, read_kv))
+        self._mark(new, layer_id)
         return True
 
-    def _insert(self, key: tuple[int, int], loc: torch.Tensor, read_kv: ReadKV) -> _Entry | None:
-        if not self._reserve(key[0], _capacity(loc.numel())):
+    def _insert(self, layer_id: int, loc: torch.Tensor, read_kv: ReadKV) -> _Entry | None:
+        key = (layer_id, int(loc[-1]))
+        if key in self._entries:  # stale: same last slot, other contents
+            self._drop([key])
+        if not self._reserve(layer_id, _capacity(loc.numel())):
             return None
-        entry = _Entry(loc, *self._read(key[0], loc, read_kv), self._step)
+        entry = _Entry(loc, *self._read(layer_id, loc, read_kv), self._step)
         self._entries[key] = entry
-        self._mark(loc, key[0])
+        self._mark(loc, layer_id)
         return entry
 
     def _read(self, layer_id: int, loc: torch.Tensor, read_kv: ReadKV):
@@ -179,9 +198,12 @@ class DecodeCache:
         for key in keys:
             entry = self._entries.pop(key)
             self._allocated[key[0]] -= entry.capacity
-        self._top.fill_(-1)  # recomputed from what is left (rare: a request ends, slot reuse)
+        self._top = [-1] * len(self._top)  # recomputed from what is left (rare: request ends)
         for (layer_id, _), entry in self._entries.items():
             self._mark(entry.slots[: entry.n], layer_id)
 
     def _mark(self, slots: torch.Tensor, layer_id: int) -> None:
-        self._top[slots] = self._top[slots].clamp_min(layer_id)
+        top = self._top
+        for i in slots.tolist():
+            if top[i] < layer_id:
+                top[i] = layer_id

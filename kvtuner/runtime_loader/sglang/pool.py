@@ -108,6 +108,7 @@ class KVTunerMHATokenToKVPool(MHATokenToKVPool):
         self._materialized: int | None = None
         self._batch = BatchReads()  # lazy mode: the announced batch, dequantized per layer
         self._cache = DecodeCache(0, 0, "cpu")  # off until the parent has sized the pool
+        self._last_read: tuple | None = None  # (index tensor, layer, (K, V)) of the last read
         super().__init__(*args, **kwargs)
         if decode_cache_tokens is None:
             decode_cache_tokens = self.bound_decode_cache_tokens
@@ -251,6 +252,7 @@ class KVTunerMHATokenToKVPool(MHATokenToKVPool):
         n, idx = loc.shape[0], loc.long()
         self._batch.invalidate()
         self._cache.on_write(layer_id, idx)
+        self._last_read = None
         if self._torch_cpu:  # the torch reference; rows and values in one pass
             shape = (n, self.head_num, self.head_dim)
             k_rows, v_rows, k, v = self._quantize(local, spec, cache_k.reshape(shape), cache_v)
@@ -297,11 +299,22 @@ class KVTunerMHATokenToKVPool(MHATokenToKVPool):
         request's cached rows (new slots dequantized), else a range of the announced batch
         (dequantized once per layer), else a direct read of ``loc``."""
         if self._cache.enabled:
-            served = self._cache.serve(layer_id, which, loc.long(), self.read_kv)
-            if served is not None:
-                return served
+            kv = self._cached_pair(layer_id, loc)
+            if kv is not None:
+                return kv[0] if which == "k" else kv[1]
         served = self._batch.serve(layer_id, which, loc, self.read_kv)
         return served if served is not None else self.read_one(layer_id, which, loc)
+
+    def _cached_pair(self, layer_id: int, loc: torch.Tensor):
+        """The decode cache's (K, V) of ``loc``. torch_native indexes K then V of a layer with
+        the same index tensor object: the V read reuses the K read's answer (no write between;
+        the caller does not change its index tensor in place between the two reads)."""
+        last = self._last_read
+        if last is not None and last[0] is loc and last[1] == layer_id:
+            return last[2]
+        kv = self._cache.serve(layer_id, loc.long(), self.read_kv)
+        self._last_read = (loc, layer_id, kv) if kv is not None else None
+        return kv
 
     def read_one(self, layer_id: int, which: str, loc: torch.Tensor) -> torch.Tensor:
         """Dequantized K (``which="k"``) or V [len(loc), heads, head_dim] of slots ``loc``."""
@@ -316,6 +329,7 @@ class KVTunerMHATokenToKVPool(MHATokenToKVPool):
         self._read_slots = slots
         self._materialized = None
         self._cache.new_step()
+        self._last_read = None
         self._batch.announce(slots if self.read_mode == "lazy" else None)
 
     def _materialize(self, layer_id: int) -> None:
@@ -352,6 +366,7 @@ class KVTunerMHATokenToKVPool(MHATokenToKVPool):
         """Slot-to-slot copy of the packed rows (SGLang's); the decode cache is dropped."""
         self._cache.clear()
         self._batch.invalidate()
+        self._last_read = None
         super().move_kv_cache(tgt_loc, src_loc)
 
     def get_cpu_copy(self, *args, **kwargs):

@@ -15,6 +15,8 @@ import torch
 
 __all__ = ["DequantizedView"]
 
+_SLOT_DTYPES = (torch.int32, torch.int64)
+
 
 class DequantizedView:
     """Layer ``layer_id``'s dequantized K (``which="k"``) or V of ``pool``, read on indexing."""
@@ -58,6 +60,8 @@ class DequantizedView:
     def __getitem__(self, slots: Any) -> torch.Tensor:
         """Dequantized rows ``[*slots.shape, heads, head_dim]`` of integer slot ids (a tensor of
         any shape, a list, an int, or a slice of rows)."""
+        if type(slots) is torch.Tensor and slots.dim() == 1 and slots.dtype in _SLOT_DTYPES:
+            return self._pool.read_for_view(self._layer_id, self._which, slots)  # torch_native
         loc = self._slot_tensor(slots)
         flat = loc.reshape(-1)
         out = self._pool.read_for_view(self._layer_id, self._which, flat)  # [n, heads, D]
@@ -71,6 +75,6 @@ class DequantizedView:
         loc = torch.as_tensor(slots, device=self.device)
         if loc.dtype == torch.bool or loc.is_floating_point() or loc.is_complex():
             raise TypeError(f"DequantizedView takes integer slot ids, got {loc.dtype}")
-        if loc.dtype not in (torch.int32, torch.int64):
+        if loc.dtype not in _SLOT_DTYPES:
             loc = loc.long()
         return loc

@@ -106,14 +106,18 @@ def test_a_reused_slot_is_never_served_stale():
     assert torch.equal(after[:5], before[:5]) and not torch.equal(after[5], before[5])
 
 
-def test_requests_sharing_a_prefix_and_shorter_reads_are_exact():
+def test_requests_sharing_a_prefix_keep_their_own_entries():
     g = torch.Generator().manual_seed(13)
     pool = counting_pool()
     slots = torch.randperm(SIZE, generator=g)[:24] + 1
     _write(pool, slots, g)
-    a, b = slots[:14], torch.cat([slots[:3], slots[14:]])  # a radix-cache hit: same first slot
-    for request in (a, b, a, a[:6], b):
+    a, b = slots[:14], torch.cat([slots[:3], slots[14:]])  # a radix-cache hit: same first slots
+    for request in (a, b, a, b, a[:6]):
         _read_all(pool, request)
+    assert pool.reads == [14] * len(LAYERS) + [13] * len(LAYERS) + [6] * len(LAYERS)
+    pool.reads.clear()
+    _read_all(pool, slots[:15])  # a's next decode step: one new slot
+    assert pool.reads == [1] * len(LAYERS)
 
 
 def test_the_cache_stays_within_its_bound_and_what_does_not_fit_is_read_directly():
