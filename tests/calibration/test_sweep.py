@@ -108,16 +108,17 @@ def test_cache_hit_runs_no_forward_and_resume_runs_only_missing_layers(tmp_path)
     model, d = tiny_model("llama", num_hidden_layers=3), data()
     counter = LayerForwards(model)
     first = calibrate(model, d, model_id="t", cache_dir=tmp_path, progress=False)
-    # fp pass: 3 layers; layer l: 6 variants of layer l, then layers l+1.. once, batched 6x
-    assert counter.rows == d.num_samples * layer_forwards(3, 3) == 3 * (3 + 6 * (3 + 2 + 1))
-    assert counter.calls == 3 + (6 + 2) + (6 + 1) + 6
+    # fp pass: 3 layers; layer l: 10 variants (K, V x 5 default widths) of layer l, then
+    # layers l+1.. once, batched 10x
+    assert counter.rows == d.num_samples * layer_forwards(3, 5) == 3 * (3 + 10 * (3 + 2 + 1))
+    assert counter.calls == 3 + (10 + 2) + (10 + 1) + 10
     counter.calls = counter.rows = 0
     again = calibrate(model, d, model_id="t", cache_dir=tmp_path, progress=False)
     assert counter.calls == 0 and again.layers == first.layers
     (layer0,) = tmp_path.glob("sensitivity/*/layer_0.json")
     layer0.unlink()  # as if interrupted before layer 0 was written
     resumed = calibrate(model, d, model_id="t", cache_dir=tmp_path, progress=False)
-    assert counter.rows == d.num_samples * (3 + 6 * 3) and resumed.layers == first.layers
+    assert counter.rows == d.num_samples * (3 + 10 * 3) and resumed.layers == first.layers
 
 
 def test_cache_key_covers_tokens_specs_and_weights(tmp_path):
