@@ -30,11 +30,11 @@ from sglang.srt.mem_cache.memory_pool import KvBufferDesc, MHATokenToKVPool, unw
 
 from ...errors import KVTunerError
 from ...profile import Profile
-from ...quant import gather_dequantized, scatter_quantized
+from ...quant import gather_dequantized, quantize, scatter_quantized
 from ...quant.reference import quantize_dequantize
 from .batch_reads import BatchReads
 from .decode_cache import DEFAULT_DECODE_CACHE_TOKENS, DecodeCache
-from .kv_pair import dequantize_pair, pair_spec, quantize_pair_values
+from .kv_pair import dequantize_pair, pair_spec, quantize_pair, quantize_pair_values
 from .sizing import READ_MODES, cell_size
 from .support import check_profile_servable, pool_refusal
 from .tp_check import check_same_profile, sglang_tp_group
@@ -265,10 +265,15 @@ class KVTunerMHATokenToKVPool(MHATokenToKVPool):
             self._materialized = None
 
     def _quantize(self, local: int, spec, k: torch.Tensor, v: torch.Tensor) -> tuple:
-        """Rows of K, V [n, heads, D] and the values they dequantize to (model dtype)."""
-        v = v.reshape(k.shape)
-        if self._pairs[local] is not None:
-            return quantize_pair_values(k, v, spec.k, spec.v, self._pairs[local], self.dtype)
+        """Rows of K, V [n, heads, D] and, for the decode cache, the values they dequantize to
+        (model dtype; None when the cache is off)."""
+        v, shared = v.reshape(k.shape), self._pairs[local]
+        if not self._cache.enabled:
+            if shared is not None:
+                return (*quantize_pair(k, v, spec.k, spec.v, shared), None, None)
+            return quantize(k, spec.k), quantize(v, spec.v), None, None
+        if shared is not None:
+            return quantize_pair_values(k, v, spec.k, spec.v, shared, self.dtype)
         (k_rows, k_hat), (v_rows, v_hat) = (
             quantize_dequantize(x, qs, self.dtype) for x, qs in ((k, spec.k), (v, spec.v))
         )
