@@ -116,11 +116,14 @@ def _group_grid(g: torch.Tensor, spec: QuantSpec, dim: int):
 
 
 def _dequant_grid(codes: torch.Tensor, scale: torch.Tensor, zero, spec: QuantSpec):
-    c = codes.float()  # unpack_codes made a fresh fp32 tensor: the in-place ops below own it
+    """fp32 values of integer codes (any dtype; integer codes become fp32 inside the first op,
+    an exact cast, instead of in a pass of their own). Float codes are consumed (in place)."""
     if spec.symmetric:
         half = (1 << (spec.bits - 1)) - 1
-        return c.sub_(half).mul_(scale).div_(half)  # ((c - half) * scale) / half
-    return c.mul_(scale).add_(zero)  # zero + c * scale, same rounding
+        c = codes.sub_(half) if codes.is_floating_point() else torch.sub(codes, float(half))
+        return c.mul_(scale).div_(half)  # ((c - half) * scale) / half
+    c = codes.mul_(scale) if codes.is_floating_point() else torch.mul(codes, scale)
+    return c.add_(zero)  # zero + c * scale, same rounding
 
 
 def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
@@ -154,25 +157,41 @@ def _pack_words(codes: torch.Tensor, bits: int) -> torch.Tensor:
     return out.flatten(-2).to(torch.uint8)
 
 
-def unpack_codes(packed: torch.Tensor, bits: int, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
-    """Inverse of :func:`pack_codes`: uint8 [..., B] -> codes [..., B*8/bits] in ``dtype``."""
+def unpack_codes(
+    packed: torch.Tensor, bits: int, dtype: torch.dtype | None = torch.uint8
+) -> torch.Tensor:
+    """Inverse of :func:`pack_codes`: uint8 [..., B] -> codes [..., B*8/bits] in ``dtype``
+    (None: whatever integer dtype unpacking produced, uint8 or a word dtype; no extra cast)."""
     if 8 % bits:
-        return _unpack_words(packed, bits).to(dtype)
+        codes = _unpack_words(packed, bits)
+        return codes if dtype is None else codes.to(dtype)
     per_byte = 8 // bits
-    out = torch.empty(*packed.shape, per_byte, dtype=dtype, device=packed.device)
+    if per_byte == 1:
+        return packed if dtype is None else packed.to(dtype)
+    out = torch.empty(*packed.shape, per_byte, dtype=dtype or torch.uint8, device=packed.device)
     mask = (1 << bits) - 1
     for i in range(per_byte):
-        out[..., i] = (packed >> (i * bits)) & mask if per_byte > 1 else packed
+        out[..., i] = (packed >> (i * bits)) & mask
     return out.flatten(-2)
 
 
 def _unpack_words(packed: torch.Tensor, bits: int) -> torch.Tensor:
-    b = packed.to(torch.int64).unflatten(-1, (-1, bits))  # [..., D/8, bits]: one word each
-    word = b[..., 0].clone()
-    for j in range(1, bits):
-        word.bitwise_or_(b[..., j] << (8 * j))
-    mask = (1 << bits) - 1
-    return torch.stack([(word >> (i * bits)) & mask for i in range(8)], -1).flatten(-2)
+    # a word of 8 codes is 8*bits stream bits: 24 fit int32 (half the bytes moved), 40/48 int64
+    dtype = torch.int32 if 8 * bits < 32 else torch.int64
+    b = packed.to(dtype).unflatten(-1, (-1, bits))  # [..., D/8, bits]: one word each
+    byte_shifts, code_shifts = _word_shifts(bits, dtype, str(packed.device))
+    word = (b << byte_shifts).sum(-1, dtype=dtype)  # bytes never overlap: sum == OR
+    return ((word.unsqueeze(-1) >> code_shifts) & ((1 << bits) - 1)).flatten(-2)
+
+
+@functools.lru_cache(maxsize=16)
+def _word_shifts(bits: int, dtype: torch.dtype, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Shifts of a word's ``bits`` bytes ([bits]) and of its 8 codes ([8]); cached (never an
+    inference tensor, see _hadamard_cpu)."""
+    with torch.inference_mode(False):
+        byte_shifts = torch.arange(0, 8 * bits, 8, dtype=dtype, device=device)
+        code_shifts = torch.arange(0, 8 * bits, bits, dtype=dtype, device=device)
+    return byte_shifts, code_shifts
 
 
 def _fp16_bytes(v: torch.Tensor) -> torch.Tensor:
@@ -201,7 +220,7 @@ def _quantize_token(x: torch.Tensor, spec: QuantSpec, values: bool = False):
 
 
 def _split_meta(rows: torch.Tensor, spec: QuantSpec, n_codes: int, n_meta: int):
-    codes = unpack_codes(rows[..., :n_codes], spec.bits, torch.float32)
+    codes = unpack_codes(rows[..., :n_codes], spec.bits, None)  # integer codes
     meta = _from_fp16_bytes(rows[..., n_codes:])  # [..., n_meta] scales, then n_meta zeros
     scale = meta[..., :n_meta]
     zero = None if spec.symmetric else meta[..., n_meta:]
