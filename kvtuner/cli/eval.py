@@ -16,7 +16,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "eval",
         help="perplexity / memory / decode speed of profiles and baselines vs fp",
         description="fp is always measured in the same run. Uniform names: kvB, kBvC (per-token "
-        "g32 asym), kiviB / kivi-kBvC (keys per-channel g32), had-kvB (Hadamard-rotated).",
+        "g32 asym), kiviB / kivi-kBvC (keys per-channel g32); a had- / hadk- / hadv- prefix "
+        "Hadamard-rotates K and V / K / V (kivi-hadv-kv4: KIVI keys, rotated values).",
     )
     p.add_argument("--model", default="smollm2-135m", help="hub id, local dir, .gguf, or alias")
     p.add_argument(

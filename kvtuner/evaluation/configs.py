@@ -6,8 +6,10 @@ pays the same metadata: 8 bytes of fp16 scale+zero per 32 elements = +1 bit per 
 - ``kBvC`` = K at B bits, V at C bits, per-token, e.g. ``k8v4 k4v2``;
 - ``kiviB`` = KIVI-style: keys per-channel (groups of 32 tokens), values per-token, both B bits;
   ``kivi-kBvC`` for unequal bits (e.g. ``kivi-k4v2``);
-- ``had-kvB`` / ``had-kBvC``: per-token with a Hadamard rotation over head_dim on K and V (the
-  ``per-token`` search preset's key format).
+- a rotation prefix rotates over head_dim with a Hadamard matrix: ``had-`` K and V, ``hadk-``
+  keys only (the ``per-token`` search preset's format), ``hadv-`` values only; it combines with
+  KIVI-style keys after ``kivi-``: ``kivi-hadv-kv4`` = KIVI keys, rotated per-token values (the
+  ``kivi`` search preset's format).
 Group 32 (not DESIGN.md's first table's 64) because the search presets and the SGLang pool use 32.
 """
 
@@ -25,7 +27,8 @@ KINDS = ("fp", "uniform", "profile", "hf-quanto")
 GROUP_SIZE = 32
 DEFAULT_UNIFORM = ("kv8", "kv4", "kv2", "k8v4", "k4v2", "kivi4", "kivi2")
 QUANTO_BITS = (4, 2)
-_NAME = re.compile(r"^(?:(kivi|had)-)?(?:kv(\d+)|k(\d+)v(\d+))$")
+_NAME = re.compile(r"^(kivi-)?(?:(had|hadk|hadv)-)?(?:kv(\d+)|k(\d+)v(\d+))$")
+_ROTATED = {None: (), "had": ("k", "v"), "hadk": ("k",), "hadv": ("v",)}  # prefix -> tensors
 
 __all__ = ["DEFAULT_UNIFORM", "EvalConfig", "parse_uniform", "profile_config", "uniform_specs"]
 
@@ -90,14 +93,14 @@ def uniform_specs(name: str, fingerprint: ModelFingerprint) -> tuple[LayerSpec, 
     m = _NAME.match(key)
     if not m:
         raise KVTunerError(
-            f"unknown uniform config {name!r} (use kvB, kBvC, kiviB, kivi-kBvC, had-kvB; "
-            "B, C in 2, 3, 4, 5, 6, 8, 16)"
+            f"unknown uniform config {name!r} (use kvB, kBvC, kiviB, kivi-kBvC, optionally "
+            "rotated: had-/hadk-/hadv-kvB, kivi-hadv-kvB; B, C in 2, 3, 4, 5, 6, 8, 16)"
         )
-    prefix, both, kb, vb = m.groups()
+    kivi, rotation, both, kb, vb = m.groups()
     k_bits, v_bits = (int(both), int(both)) if both else (int(kb), int(vb))
-    rot = "hadamard" if prefix == "had" else "none"
-    k = _spec(name, k_bits, "channel" if prefix == "kivi" else "token", rot)
-    v = _spec(name, v_bits, "token", rot)
+    rot = {t: "hadamard" if t in _ROTATED[rotation] else "none" for t in ("k", "v")}
+    k = _spec(name, k_bits, "channel" if kivi else "token", rot["k"])
+    v = _spec(name, v_bits, "token", rot["v"])
     return tuple(LayerSpec(i, k, v) for i in range(fingerprint.num_layers))
 
 

@@ -20,6 +20,14 @@ FP = ModelFingerprint("LlamaForCausalLM", 3, 2, 64)
         ("kivi4", QuantSpec(4, axis="channel"), QuantSpec(4)),
         ("kivi-k4v2", QuantSpec(4, axis="channel"), QuantSpec(2)),
         ("had-kv4", QuantSpec(4, rotation="hadamard"), QuantSpec(4, rotation="hadamard")),
+        ("hadk-kv4", QuantSpec(4, rotation="hadamard"), QuantSpec(4)),
+        ("hadv-k5v3", QuantSpec(5), QuantSpec(3, rotation="hadamard")),
+        ("kivi-hadv-kv4", QuantSpec(4, axis="channel"), QuantSpec(4, rotation="hadamard")),
+        (
+            "kivi-had-k4v3",
+            QuantSpec(4, axis="channel", rotation="hadamard"),
+            QuantSpec(3, rotation="hadamard"),
+        ),
         ("k16v4", QuantSpec(16), QuantSpec(4)),
     ],
 )
@@ -29,7 +37,9 @@ def test_uniform_names_map_to_documented_specs(name, k, v):
     assert all(s.k == k and s.v == v for s in specs)
 
 
-@pytest.mark.parametrize("name", ["kv7", "kvx", "q4", "kivi", "had-kivi4", "kv32"])
+@pytest.mark.parametrize(
+    "name", ["kv7", "kvx", "q4", "kivi", "had-kivi4", "hadv-kivi4", "hadq-kv4", "kv32"]
+)
 def test_unknown_uniform_names_are_one_line_errors(name):
     with pytest.raises(KVTunerError) as info:
         uniform_specs(name, FP)
