@@ -84,6 +84,7 @@ class DecodeCache:
         self._allocated: dict[int, int] = {}  # layer -> rows allocated by its entries
         self._step = 0
         self._fresh: tuple | None = None  # (layer, slots, K, V) of the last write, dequantized
+        self._fresh_rows: dict[int, int] | None = None  # its slot -> row, built on first use
 
     @property
     def enabled(self) -> bool:
@@ -102,19 +103,21 @@ class DecodeCache:
     def clear(self) -> None:
         self._drop(list(self._entries))
 
-    def remember(self, layer_id: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-        """The write just made: ``read_kv(layer_id, slots)`` would return (k, v). The next read
-        of these slots (torch_native reads right after writing) takes them instead of unpacking."""
-        self._fresh = (layer_id, slots, k, v)
+    def remember(self, layer_id: int, slots: list[int], k: torch.Tensor, v: torch.Tensor):
+        """The write just made: ``read_kv(layer_id, slots)`` would return (k, v). The next reads
+        of these slots (torch_native reads right after writing; with several requests, each
+        reads its own new slot of the write) take their rows instead of unpacking."""
+        self._fresh, self._fresh_rows = (layer_id, slots, k, v), None
 
-    def on_write(self, layer_id: int, loc: torch.Tensor) -> None:
+    def on_write(self, layer_id: int, loc: list[int] | torch.Tensor) -> None:
         """Slots ``loc`` (int [n]) of layer ``layer_id`` were rewritten: drop entries with them."""
         self._fresh = None
         if not self._entries:
             return
-        top = self._top
-        if max(top[i] for i in loc.tolist()) < layer_id:
+        top, slots = self._top, loc if isinstance(loc, list) else loc.tolist()
+        if not slots or max(top[i] for i in slots) < layer_id:
             return
+        loc = torch.tensor(slots, dtype=torch.long)
         stale = [
             key
             for key, e in self._entries.items()
@@ -152,19 +155,20 @@ class DecodeCache:
         entry = self._entries.get(key)
         if entry is None or entry.n != n - 1 or not torch.equal(entry.slots[: n - 1], loc[:-1]):
             return None
-        if not self._grow(entry, layer_id, loc, read_kv):
+        if not self._grow(entry, layer_id, loc, last, read_kv):
             self._drop([key])
             return None
         self._entries[(layer_id, last)] = self._entries.pop(key)
         return entry
 
-    def _grow(self, entry: _Entry, layer_id: int, loc: torch.Tensor, read_kv: ReadKV) -> bool:
-        """Append the slots of ``loc`` past the entry's; False if the bound does not allow."""
-        n, new = loc.numel(), loc[entry.n :]
-        if not self._reserve(layer_id, _capacity(n) - entry.capacity):
+    def _grow(self, entry: _Entry, layer_id: int, loc: torch.Tensor, last: int, read_kv) -> bool:
+        """Append ``loc``'s last slot (id ``last``) to the entry (which holds the others);
+        False if the bound does not allow."""
+        if not self._reserve(layer_id, _capacity(loc.numel()) - entry.capacity):
             return False
-        entry.append(new, *self._read(layer_id, new, read_kv))
-        self._mark(new, layer_id)
+        new = loc[entry.n :]
+        entry.append(new, *self._read(layer_id, new, [last], read_kv))
+        self._mark([last], layer_id)
         return True
 
     def _insert(self, layer_id: int, loc: torch.Tensor, read_kv: ReadKV) -> _Entry | None:
@@ -173,16 +177,34 @@ class DecodeCache:
             self._drop([key])
         if not self._reserve(layer_id, _capacity(loc.numel())):
             return None
-        entry = _Entry(loc, *self._read(layer_id, loc, read_kv), self._step)
+        slots = loc.tolist()
+        entry = _Entry(loc, *self._read(layer_id, loc, slots, read_kv), self._step)
         self._entries[key] = entry
-        self._mark(loc, layer_id)
+        self._mark(slots, layer_id)
         return entry
 
-    def _read(self, layer_id: int, loc: torch.Tensor, read_kv: ReadKV):
-        fresh = self._fresh  # torch.equal: same shape and values
-        if fresh is not None and fresh[0] == layer_id and torch.equal(fresh[1], loc):
-            return fresh[2], fresh[3]
-        return read_kv(layer_id, loc)
+    def _read(self, layer_id: int, loc: torch.Tensor, slots: list[int], read_kv: ReadKV):
+        """``read_kv(layer_id, loc)`` (``slots``: loc as Python ints), from the last write's
+        values when it wrote all of them (a range of its rows, or those rows gathered)."""
+        rows = self._fresh_positions(layer_id, slots)
+        if rows is None:
+            return read_kv(layer_id, loc)
+        k, v = self._fresh[2], self._fresh[3]
+        start = rows[0]
+        if rows == list(range(start, start + len(rows))):
+            return k[start : start + len(rows)], v[start : start + len(rows)]
+        idx = torch.tensor(rows, dtype=torch.long)
+        return k[idx], v[idx]
+
+    def _fresh_positions(self, layer_id: int, slots: list[int]) -> list[int] | None:
+        fresh = self._fresh
+        if fresh is None or fresh[0] != layer_id or fresh[2] is None:
+            return None
+        if self._fresh_rows is None:
+            self._fresh_rows = {s: i for i, s in enumerate(fresh[1])}
+        pos = self._fresh_rows
+        rows = [pos.get(s) for s in slots]
+        return None if None in rows else rows
 
     def _reserve(self, layer_id: int, rows: int) -> bool:
         """Count ``rows`` more rows against the layer's bound; False (nothing counted) if over."""
@@ -200,10 +222,10 @@ class DecodeCache:
             self._allocated[key[0]] -= entry.capacity
         self._top = [-1] * len(self._top)  # recomputed from what is left (rare: request ends)
         for (layer_id, _), entry in self._entries.items():
-            self._mark(entry.slots[: entry.n], layer_id)
+            self._mark(entry.slots[: entry.n].tolist(), layer_id)
 
-    def _mark(self, slots: torch.Tensor, layer_id: int) -> None:
+    def _mark(self, slots: list[int], layer_id: int) -> None:
         top = self._top
-        for i in slots.tolist():
+        for i in slots:
             if top[i] < layer_id:
                 top[i] = layer_id

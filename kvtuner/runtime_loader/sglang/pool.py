@@ -3,7 +3,8 @@ the profile's bits (supported: sglang 0.5.23, see ``version.py``).
 
 Storage: per layer, ``k_buffer[l]: uint8[size + page, heads, k_row_bytes(l)]`` (same for V), the
 packed rows of ``kvtuner.quant`` (slot 0's page stays SGLang's padding page). Writes quantize,
-pack and scatter (Triton kernels on CUDA, the torch reference on CPU). Reads (``read_mode``):
+pack and scatter (:mod:`.pool_writes`: Triton kernels on CUDA; on CPU a numpy writer equal to the
+torch reference, or the reference itself). Reads (``read_mode``, :mod:`.pool_reads`):
 
 - ``"lazy"`` (backends that only index ``get_key_buffer(layer)`` with slot ids, e.g. SGLang's
   ``torch_native``): ``get_key_buffer`` returns a :class:`DequantizedView` whose indexing gathers
@@ -26,15 +27,16 @@ from typing import Any
 
 import torch
 from sglang.srt.constants import GPU_MEMORY_TYPE_KV_CACHE
-from sglang.srt.mem_cache.memory_pool import KvBufferDesc, MHATokenToKVPool, unwrap_write_loc
+from sglang.srt.mem_cache.memory_pool import KvBufferDesc, MHATokenToKVPool
 
 from ...errors import KVTunerError
 from ...profile import Profile
-from ...quant import gather_dequantized, quantize, scatter_quantized
-from ...quant.reference import quantize_dequantize
+from ...quant import gather_dequantized, scatter_quantized
 from .batch_reads import BatchReads
 from .decode_cache import DEFAULT_DECODE_CACHE_TOKENS, DecodeCache
-from .kv_pair import dequantize_pair, pair_spec, quantize_pair, quantize_pair_values
+from .kv_pair import pair_spec
+from .pool_reads import PoolReads
+from .pool_writes import PoolWrites
 from .sizing import READ_MODES, cell_size
 from .support import check_profile_servable, pool_refusal
 from .tp_check import check_same_profile, sglang_tp_group
@@ -47,7 +49,7 @@ __all__ = ["KVTunerMHATokenToKVPool"]
 _PARENT_SIG = inspect.signature(MHATokenToKVPool.__init__)
 
 
-class KVTunerMHATokenToKVPool(MHATokenToKVPool):
+class KVTunerMHATokenToKVPool(PoolReads, PoolWrites, MHATokenToKVPool):
     """``MHATokenToKVPool(*parent_args, profile=..., read_mode=..., tp_group=...)``.
 
     ``profile`` (a :class:`kvtuner.profile.Profile`, global layer indices) and ``read_mode``
@@ -115,6 +117,8 @@ class KVTunerMHATokenToKVPool(MHATokenToKVPool):
         lazy_cache = decode_cache_tokens if self.read_mode == "lazy" else 0
         self._cache = DecodeCache(lazy_cache, self.size + self.page_size, self.device)
         self._pairs = self._pair_specs()
+        self._codecs = self._write_codecs()  # after _pair_specs: it sets _torch_cpu
+        self._host: dict[int, tuple] = {}  # local layer -> numpy views of its packed buffers
         self._log_allocation()
 
     def _pair_specs(self) -> list:
@@ -228,144 +232,6 @@ class KVTunerMHATokenToKVPool(MHATokenToKVPool):
         """Most bytes the lazy mode's decode cache can hold (0 when off)."""
         row = 2 * self.head_num * self.head_dim * self.dtype.itemsize  # K and V of one token
         return self._cache.max_tokens * self.layer_num * row
-
-    # -- writes ------------------------------------------------------------------------------
-    def set_kv_buffer(
-        self,
-        layer,
-        loc_info,
-        cache_k: torch.Tensor,
-        cache_v: torch.Tensor,
-        k_scale=None,
-        v_scale=None,
-        layer_id_override=None,
-        dcp_kv_mask=None,
-    ) -> None:
-        """Quantize, pack and scatter K/V[N, heads, head_dim] into slots ``loc``.
-        (k_scale/v_scale are fp8-cache scales: unused, the pool stores model-dtype input.)"""
-        if dcp_kv_mask is not None:
-            raise KVTunerError("the kvtuner pool does not support decode context parallelism")
-        loc, _, _ = unwrap_write_loc(loc_info)
-        self._check_physical_write_loc(loc_info, "set_kv_buffer (kvtuner)")
-        layer_id = layer_id_override if layer_id_override is not None else layer.layer_id
-        local, spec = layer_id - self.start_layer, self.layer_spec(layer_id)
-        n, idx = loc.shape[0], loc.long()
-        self._batch.invalidate()
-        self._cache.on_write(layer_id, idx)
-        self._last_read = None
-        if self._torch_cpu:  # the torch reference; rows and values in one pass
-            shape = (n, self.head_num, self.head_dim)
-            k_rows, v_rows, k, v = self._quantize(local, spec, cache_k.reshape(shape), cache_v)
-            self.k_buffer[local][idx], self.v_buffer[local][idx] = k_rows, v_rows
-            if self._cache.enabled:
-                self._cache.remember(layer_id, idx, k, v)
-        else:
-            self._scatter_each(local, spec, loc, cache_k, cache_v)
-        if self._materialized == layer_id:
-            self._materialized = None
-
-    def _quantize(self, local: int, spec, k: torch.Tensor, v: torch.Tensor) -> tuple:
-        """Rows of K, V [n, heads, D] and, for the decode cache, the values they dequantize to
-        (model dtype; None when the cache is off)."""
-        v, shared = v.reshape(k.shape), self._pairs[local]
-        if not self._cache.enabled:
-            if shared is not None:
-                return (*quantize_pair(k, v, spec.k, spec.v, shared), None, None)
-            return quantize(k, spec.k), quantize(v, spec.v), None, None
-        if shared is not None:
-            return quantize_pair_values(k, v, spec.k, spec.v, shared, self.dtype)
-        (k_rows, k_hat), (v_rows, v_hat) = (
-            quantize_dequantize(x, qs, self.dtype) for x, qs in ((k, spec.k), (v, spec.v))
-        )
-        return k_rows, v_rows, k_hat, v_hat
-
-    def _scatter_each(self, local: int, spec, loc, cache_k, cache_v) -> None:
-        n = loc.shape[0]
-        self.scatter(
-            self.k_buffer[local], loc, cache_k.reshape(n, self.head_num, self.head_dim), spec.k
-        )
-        self.scatter(
-            self.v_buffer[local], loc, cache_v.reshape(n, self.head_num, self.head_dim), spec.v
-        )
-
-    # -- reads -------------------------------------------------------------------------------
-    def read_kv(self, layer_id: int, loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Dequantized K, V [len(loc), heads, head_dim] (model dtype) of slots ``loc``."""
-        local, spec = layer_id - self.start_layer, self.layer_spec(layer_id)
-        shared = self._pairs[local]
-        if shared is None:
-            return self.read_one(layer_id, "k", loc), self.read_one(layer_id, "v", loc)
-        idx = loc.long()
-        rows = (self.k_buffer[local][idx], self.v_buffer[local][idx])
-        return dequantize_pair(*rows, spec.k, spec.v, shared, self.head_dim, self.dtype)
-
-    def read_for_view(self, layer_id: int, which: str, loc: torch.Tensor) -> torch.Tensor:
-        """What a :class:`DequantizedView` returns for ``view[loc]`` (``loc``: int [n]): the
-        request's cached rows (new slots dequantized), else a range of the announced batch
-        (dequantized once per layer), else a direct read of ``loc``."""
-        if self._cache.enabled:
-            kv = self._cached_pair(layer_id, loc)
-            if kv is not None:
-                return kv[0] if which == "k" else kv[1]
-        served = self._batch.serve(layer_id, which, loc, self.read_kv)
-        return served if served is not None else self.read_one(layer_id, which, loc)
-
-    def _cached_pair(self, layer_id: int, loc: torch.Tensor):
-        """The decode cache's (K, V) of ``loc``. torch_native indexes K then V of a layer with
-        the same index tensor object: the V read reuses the K read's answer (no write between;
-        the caller does not change its index tensor in place between the two reads)."""
-        last = self._last_read
-        if last is not None and last[0] is loc and last[1] == layer_id:
-            return last[2]
-        kv = self._cache.serve(layer_id, loc.long(), self.read_kv)
-        self._last_read = (loc, layer_id, kv) if kv is not None else None
-        return kv
-
-    def read_one(self, layer_id: int, which: str, loc: torch.Tensor) -> torch.Tensor:
-        """Dequantized K (``which="k"``) or V [len(loc), heads, head_dim] of slots ``loc``."""
-        local, spec = layer_id - self.start_layer, self.layer_spec(layer_id)
-        buffers, qs = (self.k_buffer, spec.k) if which == "k" else (self.v_buffer, spec.v)
-        return self.gather(buffers[local], loc, qs, self.head_dim, self.dtype)
-
-    def prepare_reads(self, slots: torch.Tensor | None) -> None:
-        """Announce the slots the next forward reads, request by request (int64 [n]).
-        Scratch mode: only these are dequantized, None forbids reads. Lazy mode: a speed-up
-        (one dequantization of the batch per layer); reads work without it."""
-        self._read_slots = slots
-        self._materialized = None
-        self._cache.new_step()
-        self._last_read = None
-        self._batch.announce(slots if self.read_mode == "lazy" else None)
-
-    def _materialize(self, layer_id: int) -> None:
-        if self._materialized == layer_id:
-            return
-        if self._read_slots is None:
-            raise RuntimeError(
-                "kvtuner pool: K/V read before the batch's slots were announced (prepare_reads); "
-                "this read path is not supported by the v1 pool"
-            )
-        k, v = self.read_kv(layer_id, self._read_slots)
-        self._k_scratch.index_copy_(0, self._read_slots, k)
-        self._v_scratch.index_copy_(0, self._read_slots, v)
-        self._materialized = layer_id
-
-    def _get_key_buffer(self, layer_id: int) -> torch.Tensor | DequantizedView:
-        if self.read_mode == "lazy":
-            return self._views[layer_id - self.start_layer][0]
-        self._materialize(layer_id)
-        return self._k_scratch
-
-    def _get_value_buffer(self, layer_id: int) -> torch.Tensor | DequantizedView:
-        if self.read_mode == "lazy":
-            return self._views[layer_id - self.start_layer][1]
-        self._materialize(layer_id)
-        return self._v_scratch
-
-    def get_kv_buffer_shape(self):
-        """Shapes of what the backends read: [rows, heads, head_dim] (not the packed rows)."""
-        shape = torch.Size((self.size + self.page_size, self.head_num, self.head_dim))
-        return shape, shape
 
     def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
         """Slot-to-slot copy of the packed rows (SGLang's); the decode cache is dropped."""

@@ -114,10 +114,35 @@ def test_requests_sharing_a_prefix_keep_their_own_entries():
     a, b = slots[:14], torch.cat([slots[:3], slots[14:]])  # a radix-cache hit: same first slots
     for request in (a, b, a, b, a[:6]):
         _read_all(pool, request)
-    assert pool.reads == [14] * len(LAYERS) + [13] * len(LAYERS) + [6] * len(LAYERS)
+    # the last layer's write (all 24 slots) is still fresh: its reads take rows of it
+    others = len(LAYERS) - 1
+    assert pool.reads == [14] * others + [13] * others + [6] * others
     pool.reads.clear()
     _read_all(pool, slots[:15])  # a's next decode step: one new slot
-    assert pool.reads == [1] * len(LAYERS)
+    assert pool.reads == [1] * others
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_one_write_for_several_requests_serves_each_its_new_row(dtype):
+    """A decode step of a batch writes every request's new token in one call; each request's
+    read takes its own row of that write (no unpacking), and equals read_kv."""
+    g = torch.Generator().manual_seed(17)
+    pool = counting_pool(dtype)
+    slots = (torch.randperm(SIZE, generator=g)[:33] + 1).reshape(3, 11)  # 3 requests
+    _write(pool, slots[:, :8].reshape(-1), g, dtype)
+    for request in slots[:, :8]:
+        _read_all(pool, request)
+    for n in (9, 10, 11):
+        pool.reads.clear()
+        for layer in range(len(LAYERS)):
+            k, v = ((torch.randn(3, HEADS, D, generator=g) * 3).to(dtype) for _ in range(2))
+            pool.set_kv_buffer(Layer(layer), slots[:, n - 1], k, v)  # request order, as SGLang
+            for request in reversed(slots[:, :n]):  # any order: rows are found by slot id
+                k_view, v_view = pool.get_kv_buffer(layer)
+                got = k_view[request.int()], v_view[request.int()]
+                ref = KVTunerRead.read(pool, layer, request)
+                assert _exact(got[0], ref[0]) and _exact(got[1], ref[1])
+        assert pool.reads == []
 
 
 def test_the_cache_stays_within_its_bound_and_what_does_not_fit_is_read_directly():

@@ -1,0 +1,123 @@
+"""The pool's write path: ``set_kv_buffer`` quantizes, packs and stores one layer's new K/V rows.
+
+- CPU, quantized token-axis K and V (every servable profile but 16-bit layers): a
+  :class:`PairCodec` per layer (numpy; one grid pass for K and V), the rows stored through numpy
+  views of the packed buffers (no torch indexing op), and the values they dequantize to handed
+  to the decode cache. A decode step costs a few dozen numpy calls per layer.
+- CPU otherwise (16-bit layers, or tests that swap in other quantizer ops): the torch reference,
+  K and V in one call when they share a grid (:mod:`.kv_pair`).
+- CUDA/ROCm: the Triton scatter kernels, K and V separately.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from sglang.srt.mem_cache.memory_pool import unwrap_write_loc
+
+from ...errors import KVTunerError
+from ...quant import quantize
+from ...quant.reference import quantize_dequantize
+from .cpu_codec import PairCodec
+from .kv_pair import quantize_pair, quantize_pair_values
+
+__all__ = ["PoolWrites"]
+
+
+class PoolWrites:
+    """Mixin of :class:`KVTunerMHATokenToKVPool`: writes. Needs ``k_buffer``/``v_buffer``,
+    ``_pairs`` (shared grid per local layer), ``_codecs`` (PairCodec or None per local layer),
+    ``_torch_cpu``, the decode cache ``_cache`` and the batch cache ``_batch``."""
+
+    def set_kv_buffer(
+        self,
+        layer,
+        loc_info,
+        cache_k: torch.Tensor,
+        cache_v: torch.Tensor,
+        k_scale=None,
+        v_scale=None,
+        layer_id_override=None,
+        dcp_kv_mask=None,
+    ) -> None:
+        """Quantize, pack and scatter K/V[N, heads, head_dim] into slots ``loc``.
+        (k_scale/v_scale are fp8-cache scales: unused, the pool stores model-dtype input.)"""
+        if dcp_kv_mask is not None:
+            raise KVTunerError("the kvtuner pool does not support decode context parallelism")
+        loc, _, _ = unwrap_write_loc(loc_info)
+        self._check_physical_write_loc(loc_info, "set_kv_buffer (kvtuner)")
+        layer_id = layer_id_override if layer_id_override is not None else layer.layer_id
+        local, n = layer_id - self.start_layer, loc.shape[0]
+        self._batch.invalidate()
+        self._last_read = None
+        if self._materialized == layer_id:
+            self._materialized = None
+        if n == 0:
+            return
+        shape = (n, self.head_num, self.head_dim)
+        k, v = cache_k.reshape(shape), cache_v.reshape(shape)
+        if not self._torch_cpu:
+            self._cache.on_write(layer_id, loc)  # a tensor: read back only if entries exist
+            self._scatter_each(local, loc, k, v)
+            return
+        slots = loc.tolist()  # Python ints: numpy row indices, the decode cache's bookkeeping
+        self._cache.on_write(layer_id, slots)
+        if self._codecs[local] is not None:
+            k_hat, v_hat = self._write_numpy(local, slots, k, v)
+        else:
+            k_rows, v_rows, k_hat, v_hat = self._quantize(local, k, v)
+            idx = loc.long()
+            self.k_buffer[local][idx], self.v_buffer[local][idx] = k_rows, v_rows
+        if self._cache.enabled:
+            self._cache.remember(layer_id, slots, k_hat, v_hat)
+
+    def _write_numpy(self, local: int, slots: list[int], k: torch.Tensor, v: torch.Tensor):
+        """PairCodec rows into the packed buffers' numpy views; returns the values (or None)."""
+        dtype = self.dtype if self._cache.enabled else None
+        k_rows, v_rows, k_hat, v_hat = self._codecs[local].encode(k, v, dtype)
+        k_host, v_host = self._host_buffers(local)
+        if len(slots) == 1:  # basic indexing: the cheapest numpy store
+            k_host[slots[0]], v_host[slots[0]] = k_rows[0], v_rows[0]
+        else:
+            idx = np.asarray(slots)
+            k_host[idx], v_host[idx] = k_rows, v_rows
+        return k_hat, v_hat
+
+    def _host_buffers(self, local: int) -> tuple[np.ndarray, np.ndarray]:
+        """Numpy views (shared memory) of layer ``local``'s packed K and V buffers, made once
+        per buffer tensor (rebuilt if the pool's buffers are ever replaced)."""
+        k, v = self.k_buffer[local], self.v_buffer[local]
+        cached = self._host.get(local)
+        if cached is None or cached[0] is not k or cached[1] is not v:
+            cached = self._host[local] = (k, v, k.numpy(), v.numpy())
+        return cached[2], cached[3]
+
+    def _quantize(self, local: int, k: torch.Tensor, v: torch.Tensor) -> tuple:
+        """Torch reference: rows of K, V [n, heads, D] and, for the decode cache, the values
+        they dequantize to (model dtype; None when the cache is off)."""
+        spec, shared = self.layer_spec(self.start_layer + local), self._pairs[local]
+        if not self._cache.enabled:
+            if shared is not None:
+                return (*quantize_pair(k, v, spec.k, spec.v, shared), None, None)
+            return quantize(k, spec.k), quantize(v, spec.v), None, None
+        if shared is not None:
+            return quantize_pair_values(k, v, spec.k, spec.v, shared, self.dtype)
+        (k_rows, k_hat), (v_rows, v_hat) = (
+            quantize_dequantize(x, qs, self.dtype) for x, qs in ((k, spec.k), (v, spec.v))
+        )
+        return k_rows, v_rows, k_hat, v_hat
+
+    def _scatter_each(self, local: int, loc, k: torch.Tensor, v: torch.Tensor) -> None:
+        spec = self.layer_spec(self.start_layer + local)
+        self.scatter(self.k_buffer[local], loc, k, spec.k)
+        self.scatter(self.v_buffer[local], loc, v, spec.v)
+
+    def _write_codecs(self) -> list[PairCodec | None]:
+        """Per local layer: the numpy writer, or None (torch path; see the module doc)."""
+        specs = [self.layer_spec(self.start_layer + i) for i in range(self.layer_num)]
+        return [
+            PairCodec(s.k, s.v, self.head_num)
+            if self._torch_cpu and PairCodec.supports(s.k, s.v)
+            else None
+            for s in specs
+        ]
