@@ -102,11 +102,16 @@ def _summary(sens, seconds: float) -> str:
 
 def quiet_loaders() -> None:
     """--no-progress also silences the weight-loading and dataset progress bars."""
+    import os
+
     import datasets
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
     datasets.disable_progress_bars()
+    # transformers' GGUF conversion bar is a plain tqdm, deaf to the switch above; tqdm reads
+    # TQDM_* environment variables as its defaults
+    os.environ["TQDM_DISABLE"] = "1"
 
 
 def run(args: argparse.Namespace) -> int:
