@@ -21,21 +21,23 @@ import numpy as np
 import torch
 
 from ...quant import QuantSpec
-from ...quant.reference import rotate
+from ...quant.reference import hadamard
 
 __all__ = ["PairCodec"]
 
 _F16_DOWN, _F16_UP = np.float16(-np.inf), np.float16(np.inf)
 _NAN, _TINY = np.float32(np.nan), np.float32(1e-30)  # _TINY: below every nonzero fp16 scale
+_ZERO, _HALF = np.float32(0.0), np.float32(0.5)
 _NUMPY_DTYPES = (torch.float16, torch.float32)  # torch dtypes numpy holds (not bfloat16)
 
 
 def _fp16_directed(v: np.ndarray, down: bool) -> np.ndarray:
-    """fp32 v -> the fp16 nearest in one direction (reference ``_fp16_round``), as fp32."""
+    """fp32 v -> the fp16 nearest in one direction (reference ``_fp16_round``), as fp32; a zero
+    result is +0 (the sign of a zero must not reach the stored bytes)."""
     r = v.astype(np.float16)  # nearest even; one step past v at most
     past = r.astype(np.float32) > v if down else r.astype(np.float32) < v
     np.nextafter(r, _F16_DOWN if down else _F16_UP, out=r, where=past)
-    return r.astype(np.float32)
+    return np.add(r, _ZERO, dtype=np.float32)  # widen and map -0 to +0 in one pass
 
 
 class _Grid:
@@ -54,35 +56,35 @@ class _Grid:
         """x fp32 [n, H, D] -> codes fp32 [n, H, G, group], metadata fp32 [n, H, G or 2G]
         (scales, then zeros; +0 for zeros, NaN for poisoned groups), values fp32 [n, H, D]."""
         n, heads, d = x.shape
-        g = x.astype(np.float32, copy=False).reshape(n, heads, d // self.group, self.group)
+        if x.dtype != np.float32:  # fp16 input: widened exactly
+            x = x.astype(np.float32)
+        g = x.reshape(n, heads, d // self.group, self.group)
         if self.symmetric:
-            scale = _fp16_directed(np.abs(g).max(-1, keepdims=True), down=False)
-            ok = np.isfinite(scale)
+            scale, zero = _fp16_directed(np.abs(g).max(-1, keepdims=True), down=False), None
             codes = g / np.maximum(scale, _TINY)  # scale 0: an all-zero group, codes half
             codes *= self.top
-            codes += np.float32(0.5)
+            codes += _HALF
             np.floor(codes, out=codes)
-            codes += self.top
-            np.minimum(np.maximum(codes, 0, out=codes), self.top2, out=codes)
+            codes += self.top  # >= 0 already: |g| <= scale, so g / scale >= -1
+            np.minimum(codes, self.top2, out=codes)
             meta = scale[..., 0]
         else:
             zero = _fp16_directed(g.min(-1, keepdims=True), down=True)
             scale = _fp16_directed((g.max(-1, keepdims=True) - zero) / self.top, down=False)
-            ok = np.isfinite(zero + scale)  # fp16 values: the fp32 sum is finite iff both are
             codes = g - zero
             codes /= np.maximum(scale, _TINY)  # scale 0: a constant group, codes 0
-            codes += np.float32(0.5)
-            np.floor(codes, out=codes)
-            np.minimum(np.maximum(codes, 0, out=codes), self.top, out=codes)
+            codes += _HALF
+            np.floor(codes, out=codes)  # >= 0 already: g >= zero
+            np.minimum(codes, self.top, out=codes)
             meta = np.concatenate([scale[..., 0], zero[..., 0]], -1)  # [n, H, 2G]
-        if not ok.all():  # rare: poisoned groups get codes 0 and NaN metadata
+        if not np.isfinite(meta).all():  # rare: poisoned groups get codes 0, NaN metadata
+            ok = np.isfinite(scale) if zero is None else np.isfinite(zero + scale)
             codes = np.where(ok, codes, np.float32(0))
             scale = np.where(ok, scale, _NAN)
             zero = None if self.symmetric else np.where(ok, zero, _NAN)
             meta = (
                 scale[..., 0] if zero is None else np.concatenate([scale[..., 0], zero[..., 0]], -1)
             )
-        meta += np.float32(0.0)  # -0 -> +0: the sign of a zero must not reach the bytes
         if self.symmetric:  # ((c - half) * scale) / half, as the reference dequantizes
             values = codes - self.top
             values *= scale
@@ -109,10 +111,11 @@ class PairCodec:
     ``dequantize`` returns for them (torch [n, heads, D] in ``dtype``). K and V share one grid
     pass when their group size and symmetry agree (bits and rotation may differ)."""
 
-    def __init__(self, k_spec: QuantSpec, v_spec: QuantSpec, heads: int) -> None:
+    def __init__(self, k_spec: QuantSpec, v_spec: QuantSpec, heads: int, head_dim: int) -> None:
         if not self.supports(k_spec, v_spec):
             raise ValueError(f"PairCodec takes quantized token-axis specs, got {k_spec}, {v_spec}")
         self.specs, self.heads = (k_spec, v_spec), heads
+        self._h = hadamard(head_dim)  # the reference's rotation matrix (rotate(): x @ H)
         same = (k_spec.group_size, k_spec.symmetric) == (v_spec.group_size, v_spec.symmetric)
         self.shared = _Grid([(k_spec, heads), (v_spec, heads)]) if same else None
         self.grids = (_Grid([(k_spec, heads)]), _Grid([(v_spec, heads)]))
@@ -143,12 +146,14 @@ class PairCodec:
         )
         return rows[0], rows[1], k_hat, v_hat
 
-    @staticmethod
-    def _input(t: torch.Tensor, spec: QuantSpec) -> np.ndarray:
-        """The reference's ``rotate(t, spec)`` as numpy fp32 (fp16 widens exactly in numpy)."""
+    def _input(self, t: torch.Tensor, spec: QuantSpec) -> np.ndarray:
+        """The reference's ``rotate(t, spec)`` (fp32, ``@ H``) as numpy; fp16 and fp32 inputs
+        without rotation go to numpy as they are (the grid widens fp16 exactly)."""
         if spec.rotation == "none" and t.dtype in _NUMPY_DTYPES:
-            return t.numpy()  # np.concatenate / the grid ops widen fp16 to fp32 exactly
-        return rotate(t, spec).numpy()
+            return t.numpy()
+        if t.dtype != torch.float32:
+            t = t.float()
+        return (t @ self._h if spec.rotation == "hadamard" else t).numpy()
 
     @staticmethod
     def _rows(codes: np.ndarray, meta: np.ndarray, bits: int) -> np.ndarray:
@@ -156,10 +161,9 @@ class PairCodec:
         packed = _pack(codes.astype(np.uint8).reshape(n, h, -1), bits)
         return np.concatenate([packed, meta.astype(np.float16).view(np.uint8)], -1)
 
-    @staticmethod
-    def _values(values: np.ndarray, spec: QuantSpec, dtype: torch.dtype) -> torch.Tensor:
-        if spec.rotation != "none":  # un-rotate with the reference's matmul on [n, heads, D]
-            return rotate(torch.from_numpy(np.ascontiguousarray(values)), spec).to(dtype)
+    def _values(self, values: np.ndarray, spec: QuantSpec, dtype: torch.dtype) -> torch.Tensor:
+        if spec.rotation == "hadamard":  # un-rotate: the reference's matmul on [n, heads, D]
+            return (torch.from_numpy(np.ascontiguousarray(values)) @ self._h).to(dtype)
         if dtype in _NUMPY_DTYPES:  # fp32 -> fp16 rounds to nearest even in numpy as in torch
             return torch.from_numpy(values.astype(_NP[dtype]))
         return torch.from_numpy(np.ascontiguousarray(values)).to(dtype)

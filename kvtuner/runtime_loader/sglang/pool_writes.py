@@ -55,7 +55,8 @@ class PoolWrites:
         if n == 0:
             return
         shape = (n, self.head_num, self.head_dim)
-        k, v = cache_k.reshape(shape), cache_v.reshape(shape)
+        k = cache_k if cache_k.shape == shape else cache_k.reshape(shape)
+        v = cache_v if cache_v.shape == shape else cache_v.reshape(shape)
         if not self._torch_cpu:
             self._cache.on_write(layer_id, loc)  # a tensor: read back only if entries exist
             self._scatter_each(local, loc, k, v)
@@ -116,7 +117,7 @@ class PoolWrites:
         """Per local layer: the numpy writer, or None (torch path; see the module doc)."""
         specs = [self.layer_spec(self.start_layer + i) for i in range(self.layer_num)]
         return [
-            PairCodec(s.k, s.v, self.head_num)
+            PairCodec(s.k, s.v, self.head_num, self.head_dim)
             if self._torch_cpu and PairCodec.supports(s.k, s.v)
             else None
             for s in specs
