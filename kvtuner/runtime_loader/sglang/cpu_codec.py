@@ -95,12 +95,20 @@ class _Grid:
         return codes, meta, values.reshape(n, heads, d)
 
 
+def _bytes(codes: np.ndarray, meta: np.ndarray, values: np.ndarray):
+    """Grid output -> (codes uint8 [n, H, G, group], metadata as fp16 bytes, values)."""
+    return codes.astype(np.uint8), meta.astype(np.float16).view(np.uint8), values
+
+
 def _pack(codes: np.ndarray, bits: int) -> np.ndarray:
-    """Codes uint8 [n, h, D] -> uint8 [n, h, D*bits/8]: code i at stream bits [i*bits, (i+1)*bits),
-    byte j = stream bits [8j, 8j+8), least significant first (the format's bit stream)."""
+    """Codes uint8 [n, h, G, group] -> uint8 [n, h, D*bits/8]: code i at stream bits
+    [i*bits, (i+1)*bits), byte j = stream bits [8j, 8j+8), least significant first (the format's
+    bit stream)."""
+    n, h = codes.shape[:2]
+    codes = codes.reshape(n, h, -1)  # a copy when codes is K's or V's half of the pair
     if bits == 8:
         return codes
-    n, h, d = codes.shape
+    d = codes.shape[-1]
     stream = np.unpackbits(codes[..., None], axis=-1, count=bits, bitorder="little")
     return np.packbits(stream.reshape(n, h, d * bits), axis=-1, bitorder="little")
 
@@ -129,15 +137,16 @@ class PairCodec:
         are None unless ``dtype`` is given."""
         x = [self._input(t, s) for t, s in zip((k, v), self.specs, strict=True)]
         with np.errstate(all="ignore"):  # overflow/NaN inputs poison groups; no warnings
-            if self.shared is not None:
-                codes, meta, values = self.shared.codes(np.concatenate(x, 1))
+            if self.shared is not None:  # codes and metadata of K and V converted in one call
+                codes, meta, values = _bytes(*self.shared.codes(np.concatenate(x, 1)))
                 h = self.heads
                 parts = [(codes[:, :h], meta[:, :h], values[:, :h])]
                 parts.append((codes[:, h:], meta[:, h:], values[:, h:]))
             else:
-                parts = [grid.codes(xi) for grid, xi in zip(self.grids, x, strict=True)]
+                parts = [_bytes(*grid.codes(xi)) for grid, xi in zip(self.grids, x, strict=True)]
             rows = [
-                self._rows(c, m, s.bits) for (c, m, _), s in zip(parts, self.specs, strict=True)
+                np.concatenate([_pack(c, s.bits), m], -1)
+                for (c, m, _), s in zip(parts, self.specs, strict=True)
             ]
         if dtype is None:
             return rows[0], rows[1], None, None
@@ -154,12 +163,6 @@ class PairCodec:
         if t.dtype != torch.float32:
             t = t.float()
         return (t @ self._h if spec.rotation == "hadamard" else t).numpy()
-
-    @staticmethod
-    def _rows(codes: np.ndarray, meta: np.ndarray, bits: int) -> np.ndarray:
-        n, h = codes.shape[:2]
-        packed = _pack(codes.astype(np.uint8).reshape(n, h, -1), bits)
-        return np.concatenate([packed, meta.astype(np.float16).view(np.uint8)], -1)
 
     def _values(self, values: np.ndarray, spec: QuantSpec, dtype: torch.dtype) -> torch.Tensor:
         if spec.rotation == "hadamard":  # un-rotate: the reference's matmul on [n, heads, D]
