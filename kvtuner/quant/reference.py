@@ -139,21 +139,30 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     per_byte = 8 // bits
     if per_byte == 1:
         return codes.to(torch.int32).to(torch.uint8)  # via int32: torch's float->uint8 is slow
-    c = codes.unflatten(-1, (-1, per_byte))
+    c = codes.unflatten(-1, (-1, per_byte))  # [..., D/per_byte, per_byte]: one byte each
     if not c.is_floating_point():
         c = c.to(torch.int32)
-    packed = c[..., 0] * 1  # a copy; codes < 2^bits, so sums of shifted codes never carry
-    for i in range(1, per_byte):
-        packed.add_(c[..., i], alpha=1 << (i * bits))
+    # code i of a byte times 2^(i*bits), summed: codes < 2^bits never carry, and every partial
+    # sum is an integer < 256, exact in any float dtype
+    packed = (c * _byte_weights(bits, c.dtype, str(c.device))).sum(-1)
     return packed.to(torch.int32).to(torch.uint8)  # via int32: torch's float->uint8 is slow
 
 
+@functools.lru_cache(maxsize=16)
+def _byte_weights(bits: int, dtype: torch.dtype, device: str) -> torch.Tensor:
+    """[8 // bits] weights 2^(i*bits) of the codes in a byte; cached (never an inference tensor,
+    see _hadamard_cpu)."""
+    with torch.inference_mode(False):
+        return torch.tensor([1 << i for i in range(0, 8, bits)], dtype=dtype, device=device)
+
+
 def _pack_words(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    c = codes.to(torch.int64).unflatten(-1, (-1, 8))  # [..., D/8, 8]: 8 codes = one word
-    word = c[..., 0].clone()
-    for i in range(1, 8):
-        word.bitwise_or_(c[..., i] << (i * bits))  # at most 48 bits: fits int64
-    out = torch.stack([(word >> (8 * j)) & 0xFF for j in range(bits)], -1)  # [..., D/8, bits]
+    # a word of 8 codes is 8*bits stream bits: 24 fit int32, 40/48 int64
+    dtype = torch.int32 if 8 * bits < 32 else torch.int64
+    c = codes.to(dtype).unflatten(-1, (-1, 8))  # [..., D/8, 8]: 8 codes = one word
+    byte_shifts, code_shifts = _word_shifts(bits, dtype, str(codes.device))
+    word = (c << code_shifts).sum(-1, dtype=dtype)  # codes never overlap: sum == OR
+    out = (word.unsqueeze(-1) >> byte_shifts) & 0xFF  # [..., D/8, bits]
     return out.flatten(-2).to(torch.uint8)
 
 
