@@ -51,11 +51,14 @@ def cpu_model() -> str:
 
 def run_search(preset, budget, work: Path, extra: list[str], fresh: bool) -> tuple[Path, float]:
     """One `kvtuner search` in a fresh folder; returns (profile path, wall seconds). ``fresh``:
-    an empty calibration cache (the sweep runs), else the preset's shared one (may be warm)."""
+    the preset's shared calibration cache is emptied first (the sweep runs and fills it for the
+    preset's later runs), else it is used as it is (may be warm)."""
     folder = work / f"{preset}-{budget}"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    cache = folder / "calibration-cache" if fresh else work / f"calibration-cache-{preset}"
+    cache = work / f"calibration-cache-{preset}"
+    if fresh:
+        shutil.rmtree(cache, ignore_errors=True)
     env = {**os.environ, "KVTUNER_CACHE_DIR": str(cache)}
     out = folder / "profile.json"
     cmd = [
