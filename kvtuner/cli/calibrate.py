@@ -41,6 +41,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--key-axis", choices=("token", "channel"))
     p.add_argument("--key-rotation", choices=("hadamard", "none"))
+    p.add_argument("--value-rotation", choices=("hadamard", "none"))
     p.add_argument("--group-size", type=int, help="group size of keys and values")
     p.add_argument("--symmetric", action="store_true", help="absmax grids for keys and values")
     add_bits_argument(p, "bit widths to measure")
@@ -81,10 +82,11 @@ def specs_from_args(args: argparse.Namespace):
     shared = {"symmetric": True} if args.symmetric else {}
     if args.group_size is not None:
         shared["group_size"] = args.group_size
-    own = {"axis": args.key_axis, "rotation": args.key_rotation}
+    own_k = {"axis": args.key_axis, "rotation": args.key_rotation}
+    own_v = {"rotation": args.value_rotation}
     try:
-        key = replace(key, **shared, **{k: v for k, v in own.items() if v is not None})
-        value = replace(value, **shared)
+        key = replace(key, **shared, **{k: v for k, v in own_k.items() if v is not None})
+        value = replace(value, **shared, **{k: v for k, v in own_v.items() if v is not None})
     except ValueError as exc:
         raise KVTunerError(str(exc)) from None
     return key, value

@@ -74,6 +74,8 @@ def test_flags_override_the_preset(tiny_dir, tmp_path):
         "32",
         "--key-rotation",
         "none",
+        "--value-rotation",
+        "hadamard",
         "--group-size",
         "16",
         "--symmetric",
@@ -93,6 +95,7 @@ def test_flags_override_the_preset(tiny_dir, tmp_path):
         "axis": "token",
         "rotation": "none",
     }
+    assert sens.value_spec["rotation"] == "hadamard" and sens.value_spec["group_size"] == 16
 
 
 @pytest.mark.parametrize(
