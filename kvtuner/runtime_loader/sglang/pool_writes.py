@@ -1,11 +1,12 @@
 """The pool's write path: ``set_kv_buffer`` quantizes, packs and stores one layer's new K/V rows.
 
-- CPU, quantized token-axis K and V (every servable profile but 16-bit layers): a
-  :class:`PairCodec` per layer (numpy; one grid pass for K and V), the rows stored through numpy
-  views of the packed buffers (no torch indexing op), and the values they dequantize to handed
-  to the decode cache. A decode step costs a few dozen numpy calls per layer.
-- CPU otherwise (16-bit layers, or tests that swap in other quantizer ops): the torch reference,
-  K and V in one call when they share a grid (:mod:`.kv_pair`).
+- CPU, quantized token-axis K and V (every servable profile but 16-bit layers), writes of at
+  most ``SMALL_WRITE_TOKENS`` tokens (decode steps): a :class:`PairCodec` per layer (numpy; one
+  grid pass for K and V), the rows stored through numpy views of the packed buffers (no torch
+  indexing op), and the values they dequantize to handed to the decode cache. A decode step
+  costs a few dozen numpy calls per layer.
+- CPU otherwise (prefill, 16-bit layers, tests that swap in other quantizer ops): the torch
+  reference, K and V in one call when they share a grid (:mod:`.kv_pair`).
 - CUDA/ROCm: the Triton scatter kernels, K and V separately.
 """
 
@@ -22,6 +23,11 @@ from .cpu_codec import PairCodec
 from .kv_pair import quantize_pair, quantize_pair_values
 
 __all__ = ["PoolWrites"]
+
+# Writes of up to this many tokens (decode steps of up to 64 requests) take the numpy writer;
+# larger ones (prefill) the torch reference, whose per-token cost is lower: numpy is ahead below
+# ~64-96 tokens, behind above (1 thread, 3 heads x 64: 1.5x slower at 256 tokens). Same bytes.
+SMALL_WRITE_TOKENS = 64
 
 
 class PoolWrites:
@@ -63,7 +69,7 @@ class PoolWrites:
             return
         slots = loc.tolist()  # Python ints: numpy row indices, the decode cache's bookkeeping
         self._cache.on_write(layer_id, slots)
-        if self._codecs[local] is not None:
+        if self._codecs[local] is not None and n <= SMALL_WRITE_TOKENS:
             k_hat, v_hat = self._write_numpy(local, slots, k, v)
         else:
             k_rows, v_rows, k_hat, v_hat = self._quantize(local, k, v)

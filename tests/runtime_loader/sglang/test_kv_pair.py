@@ -56,3 +56,31 @@ def test_paired_writes_store_the_reference_bytes_and_reads_its_values(written):
         assert torch.allclose(k_hat, expected_k, rtol=0, atol=0, equal_nan=True)
         assert torch.allclose(v_hat, expected_v, rtol=0, atol=0, equal_nan=True)
         assert k_hat.dtype == v_hat.dtype == pool.dtype
+
+
+@pytest.mark.parametrize("n", [3, 64, 65, 150], ids=lambda n: f"{n}tokens")
+def test_small_numpy_and_large_torch_writes_store_the_same_bytes(n):
+    """Writes of up to SMALL_WRITE_TOKENS tokens take the numpy writer, larger ones the torch
+    reference: the bytes and the decode cache's values are the reference's either way."""
+    from kvtuner.runtime_loader.sglang.pool import KVTunerMHATokenToKVPool
+    from kvtuner.runtime_loader.sglang.pool_writes import SMALL_WRITE_TOKENS
+
+    assert SMALL_WRITE_TOKENS == 64  # the parameters straddle it
+
+    specs = [*PAIRED, (QuantSpec(5, rotation="hadamard"), QuantSpec(3))]
+    profile = tiny_profile(specs, heads=HEADS, head_dim=D)
+    pool = KVTunerMHATokenToKVPool(  # more slots than make_pool's
+        200, page_size=1, dtype=torch.float16, head_num=HEADS, head_dim=D,
+        layer_num=len(specs), device="cpu", enable_memory_saver=False, profile=profile,
+        read_mode="lazy",
+    )  # fmt: skip
+    g = torch.Generator().manual_seed(n)
+    loc = torch.randperm(200, generator=g)[:n] + 1
+    for layer, (k_spec, v_spec) in enumerate(specs):
+        k, v = ((torch.randn(n, HEADS, D, generator=g) * 4).to(torch.float16) for _ in range(2))
+        pool.set_kv_buffer(Layer(layer), loc, k, v)
+        assert torch.equal(pool.k_buffer[layer][loc], quantize(k, k_spec))
+        assert torch.equal(pool.v_buffer[layer][loc], quantize(v, v_spec))
+        fresh = pool._cache._fresh  # what the next read of these slots is served from
+        assert torch.equal(fresh[2], dequantize(quantize(k, k_spec), k_spec, D, torch.float16))
+        assert torch.equal(fresh[3], dequantize(quantize(v, v_spec), v_spec, D, torch.float16))
