@@ -188,8 +188,12 @@ def main(argv: list[str] | None = None) -> int:
     wanted = all_configs(fingerprint, Path(args.profiles))
     kept = previous_rows(RESULTS / f"{NAME}.json", windows.describe()) if args.resume else []
     current = {c.name: c.specs_hash(fingerprint) for c in wanted}
-    # a kept row stays only while a config of that name with the same specs still exists
-    kept = [r for r in kept if r["kind"] == "fp" or current.get(r["name"], 0) == r.get("hash")]
+    # a kept row stays only while a config of that name with the same specs still exists;
+    # quanto rows also stay where optimum-quanto is not installed (they cannot be re-measured)
+    keep_kinds = ("fp", "hf-quanto") if quanto_missing() else ("fp",)
+    kept = [
+        r for r in kept if r["kind"] in keep_kinds or current.get(r["name"], 0) == r.get("hash")
+    ]
     done = {r["name"] for r in kept}
     configs = [c for c in wanted if c.name not in done]
     print(f"[quality] evaluating: fp, {', '.join(c.name for c in configs)}", file=sys.stderr)
