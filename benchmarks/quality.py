@@ -4,7 +4,7 @@ Rows (one run, same windows): fp; uniform KV8/KV4/KV2/K8V4/K4V2 (per-token, g32 
 (keys per-channel g32), the format-v2 widths at 4 and 3 nominal bits (K5V3, KV3, per-token and
 KIVI-style), had-kv4 (per-token KV4 with K and V Hadamard-rotated; the `per-token`
 search preset rotates keys only), the `kivi` preset's uniform rows at 4 and 3 nominal bits
-(KIVI keys, Hadamard-rotated values: kivi-hadv-kv4, -k5v3, -kv3, -k4v2); every profile in
+(KIVI keys, Hadamard-rotated values: kivi-hadv-kv4, kivi-hadv-kv3); every profile in
 exported_configs/ that fits the model (picked up automatically); transformers' QuantizedCache
 (quanto backend, 4 and 2 bits) when optimum-quanto imports.
 Perplexity: WikiText-2 test, first N non-overlapping 1024-token windows, K/V quantized before any
@@ -53,7 +53,7 @@ NAME = "quality"  # results file stem (--name)
 # most telling first: rows are saved as they come
 UNIFORM = "kv8,kv4,kivi4,k8v4,k4v2,kivi-k4v2,kv2,kivi2,k5v3,kivi-k5v3,kv3,kivi3"
 # the kivi search preset rotates its values: its uniform rows at 4 and 3 nominal bits
-UNIFORM_ROTATED = "kivi-hadv-kv4,kivi-hadv-k5v3,kivi-hadv-kv3,kivi-hadv-k4v2"
+UNIFORM_ROTATED = "kivi-hadv-kv4,kivi-hadv-kv3"
 
 
 def exported_profiles(fingerprint: ModelFingerprint, folder: Path) -> list[EvalConfig]:

@@ -36,8 +36,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--preset",
         default="per-token",
-        help="per-token (Hadamard keys, token axis, g32), kivi (channel keys g32) or "
-        "a preset JSON file; the flags below override it",
+        help="per-token (Hadamard keys, token axis, g32), per-token-g64, kivi (channel keys "
+        "g32), kivi-hadv (kivi, Hadamard values) or a preset JSON file; the flags below "
+        "override it",
     )
     p.add_argument("--key-axis", choices=("token", "channel"))
     p.add_argument("--key-rotation", choices=("hadamard", "none"))

@@ -37,7 +37,10 @@ def test_presets():
     s = pt.layer_spec(0, 4, 2)
     assert s.k == QuantSpec(4, 32, rotation="hadamard") and s.v == QuantSpec(2, 32)
     assert kivi.layer_spec(1, 2, 16).k.axis == "channel" and kivi.layer_spec(1, 2, 16).v.bits == 16
-    assert kivi.layer_spec(0, 4, 3).v == QuantSpec(3, 32, rotation="hadamard")
+    assert kivi.layer_spec(0, 4, 3).v == QuantSpec(3, 32)
+    hadv = PRESETS["kivi-hadv"].layer_spec(0, 4, 3)
+    assert hadv.k == QuantSpec(4, 32, axis="channel")
+    assert hadv.v == QuantSpec(3, 32, rotation="hadamard")
     assert pt.layer_spec(0, 16, 16).k == QuantSpec(16)
 
 
