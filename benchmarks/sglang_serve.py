@@ -245,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     for p, cache in order:
         rows.append(measure(args, model_dir, p, tokenizer, cache))
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "greedy"}), flush=True)
-    report(args, rows, time.perf_counter() - started)
+        # written after every row ("complete": false until the last): a stopped run keeps its rows
+        report(args, rows, time.perf_counter() - started, len(order), table=len(rows) == len(order))
     return 0
 
 
@@ -260,7 +261,7 @@ def speed_vs_stock(rows: list[dict]) -> None:
             row[key + "_x"] = row[key] / ref
 
 
-def report(args, rows: list[dict], wall: float) -> None:
+def report(args, rows: list[dict], wall: float, planned: int, table: bool = True) -> None:
     budget = int(args.budget_gib * (1 << 30))
     stock = rows[0]
     speed_vs_stock(rows)
@@ -268,6 +269,26 @@ def report(args, rows: list[dict], wall: float) -> None:
         row["tokens_for_budget"] = sglang_capacity(row["cell_bytes"], budget)
         row["capacity_x"] = row["tokens_for_budget"] / stock["tokens_for_budget"]
         row["agree_exact"], row["agree_prefix"] = agreement(stock["greedy"], row["greedy"])
+    if table:
+        print_table(args, rows)
+    result = {
+        "command": " ".join([sys.executable, *sys.argv]),
+        "hardware": hardware(),
+        "device": args.device,
+        "dtype": args.dtype,
+        "budget_bytes": budget,
+        "wall_s": round(wall, 1),
+        "complete": len(rows) == planned,
+        "rows_planned": planned,
+        "prompts": PROMPTS,
+        "rows": rows,
+    }
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    if table:
+        print(f"hardware: {result['hardware']}; wall {wall:.0f} s; wrote {args.out}")
+
+
+def print_table(args, rows: list[dict]) -> None:
     head = (
         f"{'config':<52} {'bits':>5} {'B/token':>8} {'tokens/' + str(args.budget_gib) + 'GiB':>13}"
         f" {'x stock':>7} {'tok/s 1':>8} {'x':>5} {'tok/s 8':>8} {'x':>5} {'same out':>8}"
@@ -283,18 +304,6 @@ def report(args, rows: list[dict], wall: float) -> None:
             f"{r['decode_tok_s_8_x']:>5.2f} {r['agree_exact']:>8.2f} {r['agree_prefix']:>7.2f} "
             f"{'-' if kl is None else format(kl, '.4f'):>8}"
         )
-    result = {
-        "command": " ".join([sys.executable, *sys.argv]),
-        "hardware": hardware(),
-        "device": args.device,
-        "dtype": args.dtype,
-        "budget_bytes": budget,
-        "wall_s": round(wall, 1),
-        "prompts": PROMPTS,
-        "rows": rows,
-    }
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"hardware: {result['hardware']}; wall {wall:.0f} s; wrote {args.out}")
 
 
 if __name__ == "__main__":
