@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtuner.quant import QuantSpec, dequantize, fake_quantize, hadamard, quantize
-from kvtuner.quant.reference import pack_codes, unpack_codes
+from kvtuner.quant.packing import pack_codes, unpack_codes
 
 SPECS = [
     QuantSpec(bits, group, sym)
