@@ -46,7 +46,11 @@ def test_16bit_rows_equal_fp_and_fewer_bits_hurt_more(tiny_llama):
     fp = perplexity(tiny_llama, w.tokens, EvalConfig("fp", "fp"))
     res = {c.name: perplexity(tiny_llama, w.tokens, c) for c in configs(tiny_llama, "kv16,kv8,kv2")}
     assert res["kv16"].window_nll == fp.window_nll
-    assert abs(res["kv2"].delta_pct(fp)) > 5 * abs(res["kv8"].delta_pct(fp)) > 0
+    # 8 bits moves each window's NLL (~1e-6 relative on this tiny model: their sum, and so the
+    # ppl, can come out equal to fp's in fp32), 2 bits far more
+    assert res["kv8"].window_nll != fp.window_nll
+    assert abs(res["kv2"].delta_pct(fp)) > 5 * abs(res["kv8"].delta_pct(fp))
+    assert abs(res["kv2"].delta_pct(fp)) > 0.1
 
 
 def test_evaluate_reports_measured_bytes_and_decode_speed(tiny_llama, tmp_path):
