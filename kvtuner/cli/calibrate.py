@@ -104,17 +104,13 @@ def _summary(sens, seconds: float) -> str:
 
 
 def quiet_loaders() -> None:
-    """--no-progress also silences the weight-loading and dataset progress bars."""
-    import os
-
+    """--no-progress also silences the weight-loading and dataset progress bars (not the GGUF
+    conversion bar: transformers draws it with a plain tqdm that no switch reaches)."""
     import datasets
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
     datasets.disable_progress_bars()
-    # transformers' GGUF conversion bar is a plain tqdm, deaf to the switch above; tqdm reads
-    # TQDM_* environment variables as its defaults
-    os.environ["TQDM_DISABLE"] = "1"
 
 
 def run(args: argparse.Namespace) -> int:
