@@ -3,7 +3,7 @@
 Rows (one run, same windows): fp; uniform KV8/KV4/KV2/K8V4/K4V2 (per-token, g32 asym), KIVI-4/KIVI-2
 (keys per-channel g32), the format-v2 widths at 4 and 3 nominal bits (K5V3, KV3, per-token and
 KIVI-style), had-kv4 (per-token KV4 with K and V Hadamard-rotated; the `per-token`
-search preset rotates keys only), the `kivi` preset's uniform rows at 4 and 3 nominal bits
+search preset rotates keys only), the `kivi-hadv` preset's uniform rows at 4 and 3 bits
 (KIVI keys, Hadamard-rotated values: kivi-hadv-kv4, kivi-hadv-kv3); every profile in
 exported_configs/ that fits the model (picked up automatically); transformers' QuantizedCache
 (quanto backend, 4 and 2 bits) when optimum-quanto imports.
@@ -52,7 +52,7 @@ RESULTS = Path(__file__).parent / "results"
 NAME = "quality"  # results file stem (--name)
 # most telling first: rows are saved as they come
 UNIFORM = "kv8,kv4,kivi4,k8v4,k4v2,kivi-k4v2,kv2,kivi2,k5v3,kivi-k5v3,kv3,kivi3"
-# the kivi search preset rotates its values: its uniform rows at 4 and 3 nominal bits
+# the kivi-hadv search preset (KIVI keys, rotated values): its uniform rows at 4 and 3 nominal bits
 UNIFORM_ROTATED = "kivi-hadv-kv4,kivi-hadv-kv3"
 
 

@@ -9,7 +9,7 @@ pays the same metadata: 8 bytes of fp16 scale+zero per 32 elements = +1 bit per 
 - a rotation prefix rotates over head_dim with a Hadamard matrix: ``had-`` K and V, ``hadk-``
   keys only (the ``per-token`` search preset's format), ``hadv-`` values only; it combines with
   KIVI-style keys after ``kivi-``: ``kivi-hadv-kv4`` = KIVI keys, rotated per-token values (the
-  ``kivi`` search preset's format).
+  ``kivi-hadv`` search preset's format).
 Group 32 (not DESIGN.md's first table's 64) because the search presets and the SGLang pool use 32.
 """
 
