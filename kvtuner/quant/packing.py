@@ -63,8 +63,9 @@ def unpack_codes(
         return packed if dtype is None else packed.to(dtype)
     out = torch.empty(*packed.shape, per_byte, dtype=dtype or torch.uint8, device=packed.device)
     mask = (1 << bits) - 1
-    for i in range(per_byte):
-        out[..., i] = (packed >> (i * bits)) & mask
+    for i in range(per_byte):  # code 0 needs no shift, the top code no mask: one pass each less
+        code = packed >> (i * bits) if i else packed
+        out[..., i] = code & mask if i < per_byte - 1 else code
     return out.flatten(-2)
 
 

@@ -146,11 +146,15 @@ def _quantize_token(x: torch.Tensor, spec: QuantSpec, values: bool = False):
 def _split_meta(rows: torch.Tensor, spec: QuantSpec, n_codes: int, n_meta: int):
     # whole-byte codes unpack straight into fp32 (the scale multiply then runs in place); word
     # codes stay integer and become fp32 inside the multiply (one pass fewer for them)
+    # token rows: their code and metadata slices are short strided runs (32 + 8 bytes for 4-bit
+    # D=64), which slow every later pass on CPU; one contiguous copy each is cheaper overall
+    # (channel blocks' runs are long: copying them costs more than it saves)
+    dense = (lambda t: t.contiguous()) if spec.axis == "token" else (lambda t: t)
     dtype = torch.float32 if 8 % spec.bits == 0 else None
-    codes = unpack_codes(rows[..., :n_codes], spec.bits, dtype)
+    codes = unpack_codes(dense(rows[..., :n_codes]), spec.bits, dtype)
     meta = from_fp16_bytes(rows[..., n_codes:])  # [..., n_meta] scales, then n_meta zeros
-    scale = meta[..., :n_meta]
-    zero = None if spec.symmetric else meta[..., n_meta:]
+    scale = dense(meta[..., :n_meta])
+    zero = None if spec.symmetric else dense(meta[..., n_meta:])
     return codes, scale, zero
 
 
