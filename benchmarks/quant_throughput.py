@@ -1,9 +1,12 @@
 """Pack + unpack throughput of the torch reference quantizer on CPU, next to clone().
 
 GB/s = bytes of the input tensor / wall time per call (torch.utils.benchmark). ``pack`` is
-``quantize(x)``, ``unpack`` is ``dequantize(rows, dtype=x.dtype)``; ``ratio`` = pack+unpack GB/s
-over clone() GB/s of the same tensor, measured in alternating rounds of the same run (CPU speed
-on a shared machine swings 2-7x). Columns: median over rounds, and ``best`` (fastest round).
+``quantize(x)``, ``unpack`` is ``dequantize(rows, dtype=x.dtype)`` (``unpack µs``: one call);
+``ratio`` = pack+unpack GB/s over clone() GB/s of the same tensor, measured in alternating rounds
+of the same run (CPU speed on a shared machine swings 2-7x). Columns: median over rounds, and
+``best`` (fastest round). Specs: 2/4/8 bits (both grids), then 3 bits, channel-axis 4 bits
+(x [T, H, D] read as [H, T, D]) and Hadamard-rotated 4 bits. ``--shape 544 3 64`` is one layer's
+K (or V) history of the decode benchmark, what packed decode dequantizes per layer and step.
 
     python benchmarks/quant_throughput.py [--threads N] [--shape 4096 3 64]
 """
@@ -25,6 +28,12 @@ from kvtuner.profile import write_json_atomic
 from kvtuner.quant import QuantSpec, dequantize, quantize
 
 OUT = Path(__file__).parent / "results" / "quant_throughput.json"
+SPECS = (  # 2/4/8 bits both grids, then the search presets' other shapes
+    *(QuantSpec(bits, 32, symmetric) for bits in (2, 4, 8) for symmetric in (False, True)),
+    QuantSpec(3, 32),
+    QuantSpec(4, 32, axis="channel"),
+    QuantSpec(4, 32, rotation="hadamard"),
+)
 
 
 def cpu_model() -> str:
@@ -73,6 +82,7 @@ def measure(x: torch.Tensor, spec: QuantSpec, rounds: int, min_run_time: float) 
         "packed_bytes": rows.numel(),
         "pack_gbps": gb / med["pack"],
         "unpack_gbps": gb / med["unpack"],
+        "unpack_us": 1e6 * med["unpack"],
         "pack_unpack_gbps": gb / (med["pack"] + med["unpack"]),
         "clone_gbps": gb / med["clone"],
         "ratio_to_clone": med["clone"] / (med["pack"] + med["unpack"]),
@@ -86,6 +96,7 @@ def table(results: list[dict]) -> str:
     cols = [
         ("pack", "pack_gbps"),
         ("unpack", "unpack_gbps"),
+        ("unpack µs", "unpack_us"),
         ("pack+unpack", "pack_unpack_gbps"),
         ("clone", "clone_gbps"),
         ("ratio", "ratio_to_clone"),
@@ -121,10 +132,10 @@ def main() -> None:
     results = []
     for dtype in (torch.bfloat16, torch.float32):
         x = torch.randn(*args.shape).to(dtype)
-        for bits in (2, 4, 8):
-            for symmetric in (False, True):
-                spec = QuantSpec(bits, 32, symmetric)
-                results.append(measure(x, spec, args.rounds, args.min_run_time))
+        for spec in SPECS:
+            # channel-axis groups run along tokens: [T, H, D] -> [H, T, D]
+            xs = x.transpose(0, 1).contiguous() if spec.axis == "channel" else x
+            results.append(measure(xs, spec, args.rounds, args.min_run_time))
     hardware = {
         "cpu": cpu_model(),
         "cores": os.cpu_count(),

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import io
-import json
 import os
 import statistics
 import subprocess
@@ -190,7 +189,9 @@ def main(argv: list[str] | None = None) -> None:
         "prompt_tokens": PROMPT,
         "rows": rows,
     }
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    from kvtuner.profile import write_json_atomic
+
+    write_json_atomic(args.out, doc)
 
 
 if __name__ == "__main__":

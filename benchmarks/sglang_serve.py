@@ -42,7 +42,13 @@ sys.path.insert(0, str(REPO / "tests" / "runtime_loader" / "sglang"))
 
 from sglang_server import SGLangServer, smollm2_hf_dir  # noqa: E402
 
-from kvtuner.profile import ModelFingerprint, Profile, load_profile, save_profile  # noqa: E402
+from kvtuner.profile import (  # noqa: E402
+    ModelFingerprint,
+    Profile,
+    load_profile,
+    save_profile,
+    write_json_atomic,
+)
 from kvtuner.quant import QuantSpec  # noqa: E402
 
 PROMPTS = [
@@ -283,7 +289,7 @@ def report(args, rows: list[dict], wall: float, planned: int, table: bool = True
         "prompts": PROMPTS,
         "rows": rows,
     }
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json_atomic(args.out, result)
     if table:
         print(f"hardware: {result['hardware']}; wall {wall:.0f} s; wrote {args.out}")
 

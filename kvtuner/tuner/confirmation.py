@@ -1,5 +1,5 @@
 """Confirmation: re-measure the study's finalists on calibration windows the study never saw and
-keep the one that is best there.
+keep the one that is best there (`held_back` picks those windows, `confirm_on_held_back` runs it).
 
 Why: the study ranks configurations by KL on a few hundred tokens, where margins of a few percent
 are noise (measured on SmolLM2: a g64 4-bit mix 3 % better than uniform on 512 calibration tokens
@@ -16,7 +16,14 @@ from ..errors import KVTunerError
 from ..profile import LayerSpec
 from .results import Measured
 
-__all__ = ["CONFIRM_FINALISTS", "Confirmed", "confirm", "finalists"]
+__all__ = [
+    "CONFIRM_FINALISTS",
+    "Confirmed",
+    "confirm",
+    "confirm_on_held_back",
+    "finalists",
+    "held_back",
+]
 
 CONFIRM_FINALISTS = 4  # best measured configurations re-measured (plus the best uniform one)
 
@@ -47,3 +54,30 @@ def confirm(
     """Each candidate's KL from ``evaluate``, best first (ties: fewer bytes, earlier trial)."""
     done = [Confirmed(m, float(evaluate(m.specs))) for m in candidates]
     return sorted(done, key=lambda c: (c.kl, c.measured.bytes_per_token, c.measured.number))
+
+
+def held_back(tokenizer, dataset, data, samples: int):
+    """``samples`` calibration windows disjoint from ``data`` (same text, seed and length)."""
+    from ..calibration import load_calibration_data
+
+    return load_calibration_data(
+        tokenizer,
+        dataset=dataset,
+        num_samples=samples,
+        seq_len=data.seq_len,
+        seed=data.seed,
+        offset=data.num_samples,
+    )
+
+
+def confirm_on_held_back(lm, measured, held, log) -> tuple[Confirmed, ...]:
+    """Re-measure the finalists on the held-back windows, best first."""
+    from ..calibration import fp_reference, measure_kl
+
+    reference = fp_reference(lm, held.tokens)
+    out = confirm(finalists(measured), lambda s: measure_kl(lm, held.tokens, s, reference))
+    log(f"confirmation on {held.tokens.numel()} more calibration tokens (KL study -> confirm):")
+    for c in out:
+        m = c.measured
+        log(f"  trial {m.number:>3} {m.origin or 'sampled':<22} {m.kl:.5g} -> {c.kl:.5g}")
+    return tuple(out)

@@ -29,7 +29,7 @@ from ..search_spaces import (
     pair_label,
 )
 from .budget import Budget
-from .confirmation import Confirmed, confirm, finalists
+from .confirmation import Confirmed, confirm_on_held_back, held_back
 from .report import Baseline, format_summary, plot_pareto, write_pareto_dir
 from .results import Measured, best_measured, measured_trials, pareto_set
 from .study import StudySettings, run_study
@@ -164,33 +164,6 @@ def _sig(x: float) -> float:
     return float(f"{x:.6g}")
 
 
-def _held_back(tokenizer, dataset, data, samples: int):
-    """``samples`` calibration windows disjoint from ``data`` (same text, seed and length)."""
-    from ..calibration import load_calibration_data
-
-    return load_calibration_data(
-        tokenizer,
-        dataset=dataset,
-        num_samples=samples,
-        seq_len=data.seq_len,
-        seed=data.seed,
-        offset=data.num_samples,
-    )
-
-
-def _confirm_best(lm, measured, held, log) -> tuple[Confirmed, ...]:
-    """Re-measure the finalists on the held-back windows, best first."""
-    from ..calibration import fp_reference, measure_kl
-
-    reference = fp_reference(lm, held.tokens)
-    out = confirm(finalists(measured), lambda s: measure_kl(lm, held.tokens, s, reference))
-    log(f"confirmation on {held.tokens.numel()} more calibration tokens (KL study -> confirm):")
-    for c in out:
-        m = c.measured
-        log(f"  trial {m.number:>3} {m.origin or 'sampled':<22} {m.kl:.5g} -> {c.kl:.5g}")
-    return tuple(out)
-
-
 def _confirm_metrics(held, confirmation: tuple[Confirmed, ...]) -> dict:
     if not confirmation:
         return {}
@@ -281,7 +254,7 @@ def search(
     data = load_calibration_data(
         tokenizer, dataset=dataset, num_samples=num_samples, seq_len=seq_len, seed=data_seed
     )
-    held = _held_back(tokenizer, dataset, data, confirm_samples) if confirm_samples else None
+    held = held_back(tokenizer, dataset, data, confirm_samples) if confirm_samples else None
     sens_path = Path(sensitivity) if sensitivity else _sensitivity_path(output)
     wanted = {**search_preset.settings(), "bits": list(bits or DEFAULT_BITS)}
     if sensitivity or _matches(sens_path, fp, data.describe(), wanted):
@@ -310,7 +283,7 @@ def search(
     best = best_measured(measured)
     if best is None:
         raise KVTunerError("the study holds no finished feasible trial; raise --n-trials/--timeout")
-    confirmation = _confirm_best(lm, measured, held, log) if held is not None else ()
+    confirmation = confirm_on_held_back(lm, measured, held, log) if held is not None else ()
     if confirmation:
         best = confirmation[0].measured
     base = _baselines(st, space, measured, evaluate, baselines)
