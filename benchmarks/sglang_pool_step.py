@@ -29,6 +29,8 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from kvtuner.profile import write_json_atomic
+
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "benchmarks" / "results" / "sglang_pool_step.json"
 CONFIGS = {  # name -> ((bits, group, rotate K), (bits, group)) per-token, asymmetric
@@ -189,8 +191,6 @@ def main(argv: list[str] | None = None) -> None:
         "prompt_tokens": PROMPT,
         "rows": rows,
     }
-    from kvtuner.profile import write_json_atomic
-
     write_json_atomic(args.out, doc)
 
 

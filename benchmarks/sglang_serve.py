@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(measure(args, model_dir, p, tokenizer, cache))
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "greedy"}), flush=True)
         # written after every row ("complete": false until the last): a stopped run keeps its rows
-        report(args, rows, time.perf_counter() - started, len(order), table=len(rows) == len(order))
+        report(args, rows, time.perf_counter() - started, len(order))
     return 0
 
 
@@ -267,7 +267,8 @@ def speed_vs_stock(rows: list[dict]) -> None:
             row[key + "_x"] = row[key] / ref
 
 
-def report(args, rows: list[dict], wall: float, planned: int, table: bool = True) -> None:
+def report(args, rows: list[dict], wall: float, planned: int) -> None:
+    complete = len(rows) == planned  # the table is printed once, after the last row
     budget = int(args.budget_gib * (1 << 30))
     stock = rows[0]
     speed_vs_stock(rows)
@@ -275,7 +276,7 @@ def report(args, rows: list[dict], wall: float, planned: int, table: bool = True
         row["tokens_for_budget"] = sglang_capacity(row["cell_bytes"], budget)
         row["capacity_x"] = row["tokens_for_budget"] / stock["tokens_for_budget"]
         row["agree_exact"], row["agree_prefix"] = agreement(stock["greedy"], row["greedy"])
-    if table:
+    if complete:
         print_table(args, rows)
     result = {
         "command": " ".join([sys.executable, *sys.argv]),
@@ -284,13 +285,13 @@ def report(args, rows: list[dict], wall: float, planned: int, table: bool = True
         "dtype": args.dtype,
         "budget_bytes": budget,
         "wall_s": round(wall, 1),
-        "complete": len(rows) == planned,
+        "complete": complete,
         "rows_planned": planned,
         "prompts": PROMPTS,
         "rows": rows,
     }
     write_json_atomic(args.out, result)
-    if table:
+    if complete:
         print(f"hardware: {result['hardware']}; wall {wall:.0f} s; wrote {args.out}")
 
 

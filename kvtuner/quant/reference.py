@@ -149,13 +149,14 @@ def _split_meta(rows: torch.Tensor, spec: QuantSpec, n_codes: int, n_meta: int):
     # token rows: their code and metadata slices are short strided runs (32 + 8 bytes for 4-bit
     # D=64), which slow every later pass on CPU; one contiguous copy each is cheaper overall
     # (channel blocks' runs are long: copying them costs more than it saves)
-    dense = (lambda t: t.contiguous()) if spec.axis == "token" else (lambda t: t)
-    dtype = torch.float32 if 8 % spec.bits == 0 else None
-    codes = unpack_codes(dense(rows[..., :n_codes]), spec.bits, dtype)
+    codes = rows[..., :n_codes]
     meta = from_fp16_bytes(rows[..., n_codes:])  # [..., n_meta] scales, then n_meta zeros
-    scale = dense(meta[..., :n_meta])
-    zero = None if spec.symmetric else dense(meta[..., n_meta:])
-    return codes, scale, zero
+    scale, zero = meta[..., :n_meta], meta[..., n_meta:]
+    if spec.axis == "token":
+        codes, scale, zero = codes.contiguous(), scale.contiguous(), zero.contiguous()
+    dtype = torch.float32 if 8 % spec.bits == 0 else None
+    codes = unpack_codes(codes, spec.bits, dtype)
+    return codes, scale, None if spec.symmetric else zero
 
 
 def _dequantize_token(rows: torch.Tensor, spec: QuantSpec, d: int) -> torch.Tensor:
