@@ -151,12 +151,12 @@ def _split_meta(rows: torch.Tensor, spec: QuantSpec, n_codes: int, n_meta: int):
     # (channel blocks' runs are long: copying them costs more than it saves)
     codes = rows[..., :n_codes]
     meta = from_fp16_bytes(rows[..., n_codes:])  # [..., n_meta] scales, then n_meta zeros
-    scale, zero = meta[..., :n_meta], meta[..., n_meta:]
+    scale, zero = meta[..., :n_meta], None if spec.symmetric else meta[..., n_meta:]
     if spec.axis == "token":
-        codes, scale, zero = codes.contiguous(), scale.contiguous(), zero.contiguous()
+        codes, scale = codes.contiguous(), scale.contiguous()
+        zero = None if zero is None else zero.contiguous()
     dtype = torch.float32 if 8 % spec.bits == 0 else None
-    codes = unpack_codes(codes, spec.bits, dtype)
-    return codes, scale, None if spec.symmetric else zero
+    return unpack_codes(codes, spec.bits, dtype), scale, zero
 
 
 def _dequantize_token(rows: torch.Tensor, spec: QuantSpec, d: int) -> torch.Tensor:

@@ -11,10 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from ..errors import KVTunerError
 from ..profile import LayerSpec
 from .results import Measured
+
+if TYPE_CHECKING:
+    from ..calibration import CalibrationData
 
 __all__ = [
     "CONFIRM_FINALISTS",
@@ -56,7 +60,9 @@ def confirm(
     return sorted(done, key=lambda c: (c.kl, c.measured.bytes_per_token, c.measured.number))
 
 
-def held_back(tokenizer, dataset, data, samples: int):
+def held_back(
+    tokenizer: Any, dataset: str | None, data: CalibrationData, samples: int
+) -> CalibrationData:
     """``samples`` calibration windows disjoint from ``data`` (same text, seed and length)."""
     from ..calibration import load_calibration_data
 
@@ -70,7 +76,9 @@ def held_back(tokenizer, dataset, data, samples: int):
     )
 
 
-def confirm_on_held_back(lm, measured, held, log) -> tuple[Confirmed, ...]:
+def confirm_on_held_back(
+    lm: Any, measured: Sequence[Measured], held: CalibrationData, log: Callable[[str], None]
+) -> tuple[Confirmed, ...]:
     """Re-measure the finalists on the held-back windows, best first."""
     from ..calibration import fp_reference, measure_kl
 
