@@ -76,7 +76,7 @@ def format_table(report: EvalReport) -> str:
 
 
 def format_markdown(report: EvalReport) -> str:
-    """The same rows as a Markdown table (for the README)."""
+    """The same rows as a Markdown table (for docs/results.md)."""
     head = "| " + " | ".join(name for name, _ in _COLUMNS) + " |"
     rule = "|" + "|".join("---" if fmt.startswith("<") else "---:" for _, fmt in _COLUMNS) + "|"
     body = ["| " + " | ".join(_cells(r)) + " |" for r in report.rows]

@@ -5,7 +5,7 @@ SGLang pool quantizes at write time. ``per-token-g64``: the same with groups of 
 scale/zero bytes: 4.5 instead of 5 effective bits at 4 bits, for serving capacity; more loss).
 ``kivi``: channel-axis keys (groups of 32 tokens), token-axis values group 32 — HF runtime only.
 ``kivi-hadv``: ``kivi`` with Hadamard-rotated values (on SmolLM2 its searched profiles beat
-``kivi``'s on held-out KL at 3 and 2.5 bits, not at 4: see the README's search benchmark).
+``kivi``'s on held-out KL at 3 and 2.5 bits, not at 4: see docs/results.md, Search).
 A user JSON file gives ``{"name", "key", "value"}`` where key/value are QuantSpec fields without
 ``bits``. Bits 16 always mean "leave alone" (fp16).
 """
