@@ -7,6 +7,7 @@ import time
 from dataclasses import replace
 
 from ..errors import KVTunerError
+from .output import Verbosity, add_verbosity_arguments
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -49,7 +50,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cache-dir", help="per-layer result cache (default ~/.cache/kvtuner)")
     p.add_argument("--no-cache", action="store_true", help="measure everything again")
     p.add_argument("--trust-remote-code", action="store_true")
-    p.add_argument("--no-progress", action="store_true")
+    add_verbosity_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -103,16 +104,6 @@ def _summary(sens, seconds: float) -> str:
     return "\n".join(lines)
 
 
-def quiet_loaders() -> None:
-    """--no-progress also silences the weight-loading and dataset progress bars (not the GGUF
-    conversion bar: transformers draws it with a plain tqdm that no switch reaches)."""
-    import datasets
-    import transformers
-
-    transformers.utils.logging.disable_progress_bar()
-    datasets.disable_progress_bars()
-
-
 def run(args: argparse.Namespace) -> int:
     from ..calibration import calibrate, load_calibration_data, load_model
     from ..calibration.corpus import check_dataset
@@ -121,8 +112,8 @@ def run(args: argparse.Namespace) -> int:
     key, value = specs_from_args(args)  # bad flags fail before anything loads
     bits = parse_bits(args.bits) if args.bits else DEFAULT_BITS
     check_dataset(args.dataset)
-    if args.no_progress:
-        quiet_loaders()
+    verbosity = Verbosity.from_args(args)
+    verbosity.apply()
     start = time.perf_counter()
     model, tokenizer = load_model(args.model, trust_remote_code=args.trust_remote_code)
     data = load_calibration_data(
@@ -141,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
         value_spec=value,
         cache_dir=args.cache_dir,
         use_cache=not args.no_cache,
-        progress=not args.no_progress,
+        progress=verbosity.progress,
     )
     sens.save(args.output)
     print(_summary(sens, time.perf_counter() - start))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import KVTunerError
+from .output import Verbosity, add_verbosity_arguments
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -66,6 +67,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch threads")
     p.add_argument("--output", default=None, help="write the report as JSON here")
     p.add_argument("--plot", default=None, help="write a PNG of Δppl vs effective bits here")
+    add_verbosity_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -126,11 +128,15 @@ def run(args: argparse.Namespace) -> int:
         )
     )
     configs = build_configs(args, model_fingerprint(args.model))
+    verbosity = Verbosity.from_args(args)
+    verbosity.apply()
     model, tokenizer = load_model(args.model)
     windows = load_eval_windows(
         tokenizer, dataset=args.dataset, num_windows=args.num_windows, seq_len=args.seq_len
     )
-    report = evaluate(model, windows, configs, model_name=args.model, decode=decode)
+    report = evaluate(
+        model, windows, configs, model_name=args.model, decode=decode, log=verbosity.info
+    )
     print(format_table(report))
     if args.output:
         print(f"wrote {write_report(report, args.output)}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import KVTunerError
+from .output import Verbosity, add_verbosity_arguments
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -32,6 +33,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="feed the prompt as raw text even if the tokenizer has a chat template",
     )
+    add_verbosity_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -50,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
         specs = load_profile(args.profile, fingerprint)
     else:
         specs = uniform_specs(args.uniform, fingerprint)
+    Verbosity.from_args(args).apply()
     model, tokenizer = load_model(args.model)
     done = generate_text(
         model,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from .calibrate import add_bits_argument, parse_bits, quiet_loaders
+from .calibrate import add_bits_argument, parse_bits
+from .output import Verbosity, add_verbosity_arguments
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -78,7 +79,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="also measure the uniform configs over the budget, for the summary",
     )
-    p.add_argument("--no-progress", action="store_true")
+    add_verbosity_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -88,8 +89,8 @@ def run(args: argparse.Namespace) -> int:
     from ..tuner.study import StudySettings
 
     bits = parse_bits(args.bits) if args.bits else None
-    if args.no_progress:
-        quiet_loaders()
+    verbosity = Verbosity.from_args(args)
+    verbosity.apply()
     settings = StudySettings(
         n_trials=args.n_trials,
         timeout=args.timeout,
@@ -114,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
         pareto_dir=args.pareto_dir,
         plot=args.plot,
         baselines=args.all_baselines,
-        progress=not args.no_progress,
+        progress=verbosity.progress,
+        log=verbosity.info,
     )
     print(outcome.summary)
     p = outcome.profile

@@ -114,7 +114,7 @@ def _check_prompt(decode: DecodeSettings | None, windows: EvalWindows) -> None:
         )
 
 
-def _ppl_row(model, windows, config, fingerprint, fp_result) -> tuple[dict, PerplexityResult]:
+def _ppl_row(model, windows, config, fingerprint, fp_result, log) -> tuple[dict, PerplexityResult]:
     t0, stored = time.perf_counter(), []
 
     def first_window_bytes(i: int, cache: Any) -> None:
@@ -123,7 +123,7 @@ def _ppl_row(model, windows, config, fingerprint, fp_result) -> tuple[dict, Perp
 
     res = perplexity(model, windows.tokens, config, on_window=first_window_bytes)
     row = _row(config, fingerprint, res, fp_result or res, stored[0] if stored else None)
-    _log(f"[eval] {config.name}: ppl {res.ppl:.4f} ({time.perf_counter() - t0:.0f} s)")
+    log(f"[eval] {config.name}: ppl {res.ppl:.4f} ({time.perf_counter() - t0:.0f} s)")
     return row, res
 
 
@@ -136,10 +136,12 @@ def evaluate(
     decode: DecodeSettings | None = None,
     on_row: Callable[[EvalReport], None] | None = None,
     fp_result: PerplexityResult | None = None,
+    log: Callable[[str], None] = _log,
 ) -> EvalReport:
     """fp first, then each config: perplexity (+ bytes stored), then its decode speed (paired
     with a default-cache run) if asked; ``on_row(report)`` after each row (partial results).
-    ``fp_result``: fp perplexity of these windows from an earlier run (no fp row is added)."""
+    ``fp_result``: fp perplexity of these windows from an earlier run (no fp row is added).
+    ``log``: where the per-row progress lines go (default stderr)."""
     _check_prompt(decode, windows)
     start = time.perf_counter()
     fingerprint = ModelFingerprint.from_config(model.config)
@@ -149,7 +151,7 @@ def evaluate(
     report = EvalReport(model_name, fingerprint, windows.describe(), settings)
     first = [] if fp_result is not None else [EvalConfig("fp", "fp")]
     for config in [*first, *configs]:
-        row, res = _ppl_row(model, windows, config, fingerprint, fp_result)
+        row, res = _ppl_row(model, windows, config, fingerprint, fp_result, log)
         fp_result = fp_result or res
         if decode is not None:
             prompt = windows.tokens.flatten()[: decode.prompt_tokens]

@@ -30,6 +30,7 @@ def test_search_end_to_end_profile_validates_and_loads(tmp_path, smollm2):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "uniform k4v2" in proc.stdout and "searched" in proc.stdout
+    assert "it/s]" not in proc.stderr  # --no-progress: no bar at all, GGUF conversion included
     model, _ = smollm2
     profile = load_profile(out, fingerprint_of(model))
     assert profile.nominal_bits <= 3.0 and profile.budget["asked"] == "3bit"
