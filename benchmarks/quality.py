@@ -165,9 +165,14 @@ def main(argv: list[str] | None = None) -> int:
         help="only time decoding of these rows (comma list, or 'all')",
     )
     p.add_argument("--name", default="quality", help="results file stem under benchmarks/results")
+    p.add_argument("--replot", action="store_true", help="redraw the PNG from the JSON only")
     args = p.parse_args(argv)
     global NAME
     NAME = args.name
+    if args.replot:  # measures nothing: the rows come from the results JSON
+        report = EvalReport.from_dict(read_json(RESULTS / f"{NAME}.json", "results"))
+        print(f"wrote {plot_report(report, RESULTS / f'{NAME}.png')}")
+        return 0
     cli = shlex.join(sys.argv[1:] if argv is None else argv)
     command = f"OMP_NUM_THREADS={torch.get_num_threads()} python benchmarks/quality.py {cli}"
     model, tokenizer = load_model(args.model)

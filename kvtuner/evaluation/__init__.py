@@ -4,7 +4,8 @@ from .compare import EvalReport, evaluate, hardware
 from .configs import DEFAULT_UNIFORM, EvalConfig, parse_uniform, uniform_specs
 from .data import EvalWindows, default_dataset, load_eval_windows
 from .perplexity import PerplexityResult, perplexity
-from .report import format_markdown, format_table, plot_report, write_report
+from .plot import plot_report
+from .report import format_markdown, format_table, write_report
 from .speed import DecodeSettings, measure_decode
 
 __all__ = [

@@ -66,6 +66,13 @@ class EvalReport:
             "rows": self.rows,
         }
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EvalReport:
+        """A report as written by :meth:`to_dict` (e.g. a results JSON), to re-present it."""
+        fingerprint = ModelFingerprint.from_dict(data["fingerprint"])
+        fields = ("data", "settings", "rows", "hardware", "wall_s")
+        return cls(data["model"], fingerprint, **{f: data[f] for f in fields})
+
 
 def _stored_bytes(cache: Any) -> int:
     if hasattr(cache, "nbytes"):

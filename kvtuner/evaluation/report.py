@@ -1,4 +1,4 @@
-"""Presenting an EvalReport: a text table, JSON (atomic), and a Δppl-vs-bits PNG (matplotlib)."""
+"""Presenting an EvalReport: text and Markdown tables, JSON (atomic); the PNG is in plot.py."""
 
 from __future__ import annotations
 
@@ -6,11 +6,10 @@ import math
 import os
 from pathlib import Path
 
-from ..errors import KVTunerError
 from ..profile import write_json_atomic
 from .compare import EvalReport
 
-__all__ = ["format_markdown", "format_table", "plot_report", "write_report"]
+__all__ = ["format_markdown", "format_table", "write_report"]
 
 
 def _fmt(value, spec: str) -> str:
@@ -86,44 +85,3 @@ def format_markdown(report: EvalReport) -> str:
 def write_report(report: EvalReport, path: str | os.PathLike) -> Path:
     write_json_atomic(path, report.to_dict())
     return Path(path)
-
-
-def plot_report(report: EvalReport, path: str | os.PathLike) -> Path:
-    """PNG of Δppl % (log scale) vs effective bits; profiles and baselines marked apart."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise KVTunerError("--plot needs matplotlib: pip install 'kvtuner[viz]'") from None
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    styles = {
-        "uniform": ("o", "tab:blue"),
-        "profile": ("*", "tab:red"),
-        "hf-quanto": ("s", "tab:gray"),
-    }
-    for kind, (marker, color) in styles.items():
-        rows = [r for r in report.rows if r["kind"] == kind]
-        if not rows:
-            continue
-        xs = [r["effective_bits"] for r in rows]
-        ys = [max(r["delta_ppl_pct"], 1e-3) for r in rows]
-        ax.scatter(
-            xs, ys, marker=marker, color=color, s=80 if kind == "profile" else 40, label=kind
-        )
-        for r, x, y in zip(rows, xs, ys, strict=True):
-            ax.annotate(r["name"], (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
-    ax.set_yscale("log")
-    ax.set_xlabel("effective bits per element (scales/zeros included)")
-    ax.set_ylabel("Δ perplexity vs fp, % (log)")
-    ax.set_title(f"{report.model}: {report.data['num_windows']}×{report.data['seq_len']} tokens")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    os.replace(tmp, path)
-    return path
