@@ -18,6 +18,11 @@ per-call cost of quantizing during decode; tokens waiting for their chunk are re
 (unquantized when r > 0, fake-quantized — identical to packing them — when r = 0).
 
 16-bit specs never pack: the tail keeps the original tensor (exact), whatever ``residual_length``.
+
+Memory: no stored tensor is a view of a larger buffer (see :func:`_own`), so after a prefill and
+after every pack the stream holds exactly ``packed`` and ``tail`` (plus ``deq`` when asked for):
+what :meth:`PackedStream.nbytes` reports for fp16/bf16 tails. A prefill then keeps no layer's
+full-precision K/V once that layer is packed.
 """
 
 from __future__ import annotations
@@ -30,7 +35,16 @@ FP_ACCOUNTING_BYTES = 2  # unpacked elements are accounted as fp16, the profile'
 
 
 def _cat(a: torch.Tensor | None, b: torch.Tensor) -> torch.Tensor:
-    return b if a is None or a.shape[-2] == 0 else torch.cat([a, b], dim=-2)
+    return _own(b) if a is None or a.shape[-2] == 0 else torch.cat([a, b], dim=-2)
+
+
+def _own(t: torch.Tensor) -> torch.Tensor:
+    """t, or a compact copy of it when t is a view into a larger storage (a slice of the
+    prefill's K/V, of a fused qkv projection, of the tail before packing): a view keeps its
+    whole storage alive, so the cache would hold far more than :meth:`PackedStream.nbytes`."""
+    if t.untyped_storage().nbytes() > t.numel() * t.element_size():
+        return t.clone(memory_format=torch.contiguous_format)
+    return t
 
 
 class PackedStream:
@@ -96,7 +110,7 @@ class PackedStream:
             if self.keep_dequantized:
                 new = dequantize(rows, self.spec, self.head_dim, x.dtype)
                 self.deq = _cat(self.deq, new)
-            self.tail = self.tail[:, :, n:]
+            self.tail = _own(self.tail[:, :, n:])
         return self.read(x.dtype)
 
     def read(self, dtype: torch.dtype) -> torch.Tensor:
