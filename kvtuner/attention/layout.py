@@ -1,0 +1,146 @@
+"""DecodeBatch: what one decode-attention call reads, checked once (shapes, dtypes, devices)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..quant.spec import QuantSpec
+
+__all__ = ["DecodeBatch", "choose_splits"]
+
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+_INTS = (torch.int32, torch.int64)
+
+
+@dataclass(frozen=True)
+class DecodeBatch:
+    """One query token per request against one layer's packed K and V rows.
+
+    Paged (``slot_table`` given): rows ``[slots, Hkv, R]``; request b's token t is in slot
+    ``slot_table[table_rows[b], t]``; ``lengths [B]`` int32 is required. Contiguous: rows
+    ``[B, Hkv, T, R]``; ``lengths`` defaults to T for every request. Tails ``[B, Hkv, Tt, D]``
+    follow the packed tokens; ``starts [B]`` int32 masks the positions before it (left padding).
+    """
+
+    q: torch.Tensor
+    k_rows: torch.Tensor
+    v_rows: torch.Tensor
+    k_spec: QuantSpec
+    v_spec: QuantSpec
+    lengths: torch.Tensor | None = None
+    slot_table: torch.Tensor | None = None
+    table_rows: torch.Tensor | None = None
+    k_tail: torch.Tensor | None = None
+    v_tail: torch.Tensor | None = None
+    starts: torch.Tensor | None = None
+    sm_scale: float | None = None
+
+    def __post_init__(self) -> None:
+        q = self.q
+        if q.dim() != 3 or q.dtype not in _FLOATS or q.stride(2) != 1:
+            raise ValueError(
+                f"q must be fp16/bf16/fp32 [B, Hq, D] with contiguous D, got "
+                f"{q.dtype} {tuple(q.shape)} strides {q.stride()}"
+            )
+        dim = q.shape[2]
+        if dim < 16 or dim & (dim - 1):
+            raise ValueError(f"head_dim must be a power of two >= 16, got {dim}")
+        for name, spec in (("k", self.k_spec), ("v", self.v_spec)):
+            self._check_rows(name, getattr(self, f"{name}_rows"), spec)
+        if self.lengths is None and self.slot_table is None:
+            lengths = torch.full((q.shape[0],), self.k_rows.shape[2], device=q.device)
+            object.__setattr__(self, "lengths", lengths.to(torch.int32))
+        self._check_indices()
+        self._check_tails()
+
+    def _check_rows(self, name: str, rows: torch.Tensor, spec: QuantSpec) -> None:
+        if not isinstance(spec, QuantSpec) or spec.axis != "token":
+            raise ValueError(f"{name}_spec must be a token-axis QuantSpec, got {spec!r}")
+        dim, paged = self.q.shape[2], self.slot_table is not None
+        want = 3 if paged else 4
+        if rows.dtype != torch.uint8 or rows.dim() != want or rows.stride(-1) != 1:
+            layout = "[slots, Hkv, R]" if paged else "[B, Hkv, T, R]"
+            raise ValueError(
+                f"{name}_rows must be uint8 {layout} with contiguous rows, got "
+                f"{rows.dtype} {tuple(rows.shape)} strides {rows.stride()}"
+            )
+        if rows.shape[-1] != spec.row_bytes(dim):
+            raise ValueError(
+                f"{name}_rows have {rows.shape[-1]} bytes, {spec.short()} at "
+                f"head_dim {dim} needs {spec.row_bytes(dim)}"
+            )
+        if not spec.is_quantized and any(s % 2 for s in rows.stride()[:-1]):
+            raise ValueError(f"16-bit {name}_rows need even byte strides (fp16 elements)")
+        if rows.device != self.q.device:
+            raise ValueError(f"{name}_rows are on {rows.device}, q on {self.q.device}")
+        heads = self.q.shape[1]
+        if rows.shape[1] == 0 or heads % rows.shape[1]:
+            raise ValueError(f"{heads} query heads are not a multiple of {rows.shape[1]} KV heads")
+        if rows.shape[1] != self.k_rows.shape[1] or (not paged and rows.shape[0] != len(self.q)):
+            raise ValueError(
+                f"k_rows {tuple(self.k_rows.shape)} and v_rows "
+                f"{tuple(self.v_rows.shape)} do not fit q {tuple(self.q.shape)}"
+            )
+
+    def _check_indices(self) -> None:
+        bsz, dev = self.q.shape[0], self.q.device
+        paged = self.slot_table is not None
+        if paged and (self.slot_table.dim() != 2 or self.slot_table.dtype not in _INTS):
+            raise ValueError(
+                f"slot_table must be int32/int64 [rows, W], got "
+                f"{self.slot_table.dtype} {tuple(self.slot_table.shape)}"
+            )
+        if paged and self.slot_table.stride(1) != 1:
+            raise ValueError("slot_table rows must be contiguous")
+        if self.table_rows is not None and not paged:
+            raise ValueError("table_rows needs a slot_table")
+        for name in ("lengths", "table_rows", "starts"):
+            t = getattr(self, name)
+            if name == "lengths" and t is None:
+                raise ValueError("a paged decode batch needs lengths")
+            if t is not None and (t.shape != (bsz,) or t.dtype != torch.int32 or t.device != dev):
+                raise ValueError(
+                    f"{name} must be int32 [{bsz}] on {dev}, got {t.dtype} "
+                    f"{tuple(t.shape)} on {t.device}"
+                )
+
+    def _check_tails(self) -> None:
+        if (self.k_tail is None) != (self.v_tail is None):
+            raise ValueError("k_tail and v_tail come together")
+        if self.k_tail is None:
+            return
+        bsz, _, dim = self.q.shape
+        want = (bsz, self.kv_heads, self.k_tail.shape[2], dim)
+        for t in (self.k_tail, self.v_tail):
+            if tuple(t.shape) != want or t.stride(3) != 1 or t.dtype not in _FLOATS:
+                raise ValueError(
+                    f"tails must be float {want} with contiguous D, got {t.dtype} "
+                    f"{tuple(t.shape)} strides {t.stride()}"
+                )
+            if t.device != self.q.device:
+                raise ValueError(f"tails are on {t.device}, q on {self.q.device}")
+
+    @property
+    def kv_heads(self) -> int:
+        return self.k_rows.shape[1]
+
+    @property
+    def max_packed(self) -> int:
+        """Upper bound of any request's packed tokens, known without a device sync."""
+        return self.slot_table.shape[1] if self.slot_table is not None else self.k_rows.shape[2]
+
+    @property
+    def tail_tokens(self) -> int:
+        return 0 if self.k_tail is None else self.k_tail.shape[2]
+
+
+def choose_splits(batch: int, kv_heads: int, max_tokens: int, device: torch.device) -> int:
+    """Sequence splits per (request, KV head): enough programs to fill the GPU (about 4 per SM),
+    each with at least 256 tokens to amortize its reduce; on CPU (interpreter) at most 2."""
+    if device.type != "cuda":
+        return 1 if max_tokens <= 64 else 2
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    wanted = -(-4 * sms // max(1, batch * kv_heads))
+    return max(1, min(wanted, -(-max_tokens // 256), 64))

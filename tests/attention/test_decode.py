@@ -1,0 +1,156 @@
+"""Fused decode attention vs the torch reference (dequantize, then SDPA), under TRITON_INTERPRET."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvtuner.attention import decode_attention, decode_attention_reference
+from kvtuner.quant import QuantSpec, quantize
+
+D = 32
+RAGGED = [70, 1, 37]  # several tiles and splits, a length-1 request, a partial tile
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def paged_pool(lengths, kv_heads, k_spec, v_spec, seed=0, slots=160):
+    """A pool [slots, Hkv, R] per K and V, and a slot table scattering each request's tokens."""
+    g = gen(seed)
+    k = torch.randn(slots, kv_heads, D, generator=g) * 2
+    v = torch.randn(slots, kv_heads, D, generator=g)
+    perm = torch.randperm(slots, generator=g)
+    table = torch.zeros(len(lengths), max(lengths), dtype=torch.int32)
+    used = 0
+    for b, n in enumerate(lengths):
+        table[b, :n] = perm[used : used + n]
+        used += n
+    lens = torch.tensor(lengths, dtype=torch.int32)
+    return quantize(k, k_spec), quantize(v, v_spec), table, lens
+
+
+def both(q, *args, tol=2e-5, **kwargs):
+    got = decode_attention(q, *args, **kwargs)
+    ref = decode_attention_reference(q, *args, **kwargs)
+    assert got.shape == ref.shape and got.dtype == q.dtype
+    torch.testing.assert_close(got, ref, atol=tol, rtol=tol, equal_nan=True)
+    return got, ref
+
+
+@pytest.mark.parametrize(
+    "k_spec,v_spec",
+    [
+        (QuantSpec(2), QuantSpec(2, group_size=16, symmetric=True)),
+        (QuantSpec(3, group_size=16), QuantSpec(3, symmetric=True)),
+        (QuantSpec(4), QuantSpec(4, symmetric=True)),
+        (QuantSpec(5, symmetric=True), QuantSpec(5, group_size=8)),
+        (QuantSpec(6), QuantSpec(6, group_size=16)),
+        (QuantSpec(8, symmetric=True), QuantSpec(8)),
+        (QuantSpec(16), QuantSpec(16)),
+        (QuantSpec(4, group_size=16), QuantSpec(16)),  # a mixed layer
+    ],
+    ids=lambda s: s.short(),
+)
+def test_every_bit_width_on_a_paged_pool_with_ragged_lengths(k_spec, v_spec):
+    k_rows, v_rows, table, lens = paged_pool(RAGGED, 2, k_spec, v_spec)
+    q = torch.randn(3, 8, D, generator=gen(1))
+    both(q, k_rows, v_rows, k_spec, v_spec, lengths=lens, slot_table=table, block_tokens=16,
+         num_splits=3)  # fmt: skip
+
+
+@pytest.mark.parametrize("ratio", [1, 4, 8])
+def test_gqa_ratios(ratio):
+    spec = QuantSpec(4)
+    k_rows, v_rows, table, lens = paged_pool([40, 9], 2, spec, spec, seed=ratio)
+    q = torch.randn(2, 2 * ratio, D, generator=gen(2))
+    both(q, k_rows, v_rows, spec, spec, lengths=lens, slot_table=table, block_tokens=16)
+
+
+def test_table_rows_pick_each_requests_row_of_a_shared_table():
+    spec = QuantSpec(8)
+    k_rows, v_rows, table, lens = paged_pool([20, 33, 5], 1, spec, spec)
+    rows = torch.tensor([2, 0], dtype=torch.int32)  # SGLang: req_to_token[req_pool_indices]
+    q = torch.randn(2, 2, D, generator=gen(3))
+    got, _ = both(q, k_rows, v_rows, spec, spec, lengths=lens[rows.long()], slot_table=table,
+                  table_rows=rows)  # fmt: skip
+    direct = decode_attention(q, k_rows, v_rows, spec, spec, lengths=lens[rows.long()],
+                              slot_table=table[rows.long()])  # fmt: skip
+    assert torch.equal(got, direct)
+
+
+def contiguous_rows(bsz, kv_heads, tokens, k_spec, v_spec, seed=0):
+    """The HF cache's layout: rows [B, Hkv, T, R], and a full-precision tail [B, Hkv, 5, D]."""
+    g = gen(seed)
+    k, v = (torch.randn(bsz, kv_heads, tokens + 5, D, generator=g) for _ in range(2))
+    rows = quantize(k[:, :, :tokens], k_spec), quantize(v[:, :, :tokens], v_spec)
+    return rows, (k[:, :, tokens:], v[:, :, tokens:])
+
+
+@pytest.mark.parametrize("rotation", ["none", "hadamard"])
+def test_contiguous_rows_with_a_tail_and_left_padding(rotation):
+    k_spec, v_spec = QuantSpec(4, rotation=rotation), QuantSpec(3, rotation=rotation)
+    (k_rows, v_rows), (k_tail, v_tail) = contiguous_rows(3, 2, 45, k_spec, v_spec)
+    q = torch.randn(3, 4, D, generator=gen(4))
+    starts = torch.tensor([0, 7, 47], dtype=torch.int32)  # request 2: padding into the tail
+    both(q, k_rows, v_rows, k_spec, v_spec, k_tail=k_tail, v_tail=v_tail, starts=starts,
+         block_tokens=16, num_splits=2)  # fmt: skip
+
+
+def test_a_tail_alone_and_a_request_with_nothing_to_attend():
+    spec = QuantSpec(4)
+    (k_rows, v_rows), (k_tail, v_tail) = contiguous_rows(2, 2, 16, spec, spec)
+    q = torch.randn(2, 4, D, generator=gen(5))
+    lens = torch.tensor([0, 16], dtype=torch.int32)
+    both(q, k_rows, v_rows, spec, spec, lengths=lens, k_tail=k_tail, v_tail=v_tail)
+    got, _ = both(q, k_rows, v_rows, spec, spec, lengths=lens)
+    assert torch.equal(got[0], torch.zeros_like(got[0]))
+
+
+def test_bf16_queries_match_within_bf16_rounding():
+    spec = QuantSpec(4)
+    k_rows, v_rows, table, lens = paged_pool(RAGGED, 2, spec, spec)
+    q = torch.randn(3, 8, D, generator=gen(6)).bfloat16()
+    both(q, k_rows, v_rows, spec, spec, lengths=lens, slot_table=table, tol=3e-2)
+
+
+def test_nan_poisoned_groups_stay_local():
+    k_spec, v_spec = QuantSpec(4), QuantSpec(4, group_size=8)
+    k_rows, v_rows, table, lens = paged_pool(RAGGED, 2, k_spec, v_spec)
+    nan = torch.tensor([0x00, 0x7E], dtype=torch.uint8)  # fp16 NaN, little-endian
+    at = k_spec.code_bytes(D)
+    k_rows[table[0, 50], 0, at : at + 2] = nan  # the scale of a key group of request 0
+    at = v_spec.code_bytes(D) + 2
+    v_rows[table[2, 3], 1, at : at + 2] = nan  # the 2nd value group's scale, request 2
+    unused = sorted(set(range(160)) - set(table.flatten().tolist()))[0]
+    table[1, 5] = unused  # beyond request 1's length: never read
+    k_rows[unused, :, :] = 0xFF
+    q = torch.randn(3, 8, D, generator=gen(7))
+    got, _ = both(q, k_rows, v_rows, k_spec, v_spec, lengths=lens, slot_table=table,
+                  block_tokens=16, num_splits=3)  # fmt: skip
+    nan = got.isnan()
+    assert nan[0, :4].all() and not nan[0, 4:].any()  # K: every query head of KV head 0
+    assert nan[2, 4:, 8:16].all() and nan[2].sum() == 4 * 8  # V: its 8 channels, KV head 1
+    assert not nan[1].any()
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (dict(q=torch.randn(3, 3, D)), "multiple"),
+        (dict(q=torch.randn(3, 8, 24)), "power of two"),
+        (dict(lengths=torch.tensor(RAGGED)), "int32"),
+        (dict(k_spec=QuantSpec(8)), "bytes"),
+        (dict(k_spec=QuantSpec(4, axis="channel")), "token-axis"),
+        (dict(slot_table=None), "B, Hkv, T, R"),
+    ],
+)
+def test_launcher_rejects_bad_arguments_with_one_line(change, match):
+    k_rows, v_rows, table, lens = paged_pool(RAGGED, 2, QuantSpec(4), QuantSpec(4))
+    args = dict(q=torch.randn(3, 8, D), k_rows=k_rows, v_rows=v_rows, k_spec=QuantSpec(4),
+                v_spec=QuantSpec(4), lengths=lens, slot_table=table)  # fmt: skip
+    args.update(change)
+    with pytest.raises(ValueError, match=match) as info:
+        decode_attention(**args)
+    assert "\n" not in str(info.value)
