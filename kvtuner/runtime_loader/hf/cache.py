@@ -9,6 +9,7 @@ from transformers.cache_utils import Cache
 
 from ...errors import KVTunerError
 from ...profile import LayerSpec, ModelFingerprint, Profile
+from .attention import DECODE_KERNEL_MODES, KernelDispatch
 from .layer import KVTunerLayer
 from .stream import predicted_stream_nbytes
 
@@ -26,11 +27,13 @@ class KVTunerCache(Cache):
         residual_length: int,
         keep_dequantized: bool,
         pack_chunk: int = 1,
+        dispatch: KernelDispatch | None = None,
     ):
         kw = dict(
             residual_length=residual_length,
             keep_dequantized=keep_dequantized,
             pack_chunk=pack_chunk,
+            dispatch=dispatch,
         )
         super().__init__(layers=[KVTunerLayer(s, fingerprint.head_dim, **kw) for s in specs])
         self.specs = tuple(specs)
@@ -113,6 +116,7 @@ def make_cache(
     residual_length: int = 0,
     keep_dequantized: bool = False,
     pack_chunk: int = 1,
+    decode_kernel: str = "auto",
 ) -> KVTunerCache:
     """A packed per-layer K/V cache for ``model`` (``generate(past_key_values=...)`` or forward).
 
@@ -126,6 +130,11 @@ def make_cache(
         ``residual_length`` tokens stay unquantized). A chunk of e.g. 32 quantizes once every 32
         decode steps instead of every step; waiting tokens are read like the window (exact when
         ``residual_length=0``: they are read fake-quantized, identical to packed).
+    decode_kernel: when the model runs ``attn_implementation="kvtuner"`` (see
+        :func:`~.attention.use_kvtuner_attention`), decode steps read the packed rows with the
+        fused Triton kernel: ``"auto"`` on CUDA, ``"always"`` also on CPU (needs
+        ``TRITON_INTERPRET=1``; tests), ``"never"``. Any other attention reads the dequantized
+        history, as before.
     """
     for name, value, low in (
         ("residual_length", residual_length, 0),
@@ -133,6 +142,10 @@ def make_cache(
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise KVTunerError(f"{name} must be an int >= {low}, got {value!r}")
+    if decode_kernel not in DECODE_KERNEL_MODES:
+        raise KVTunerError(
+            f"decode_kernel must be one of {DECODE_KERNEL_MODES}, got {decode_kernel!r}"
+        )
     config = getattr(model, "config", model)
     _check_attention_types(config)
     specs, model_fp = layer_specs_for(config, profile_or_layer_specs)
@@ -142,4 +155,5 @@ def make_cache(
         residual_length=residual_length,
         keep_dequantized=keep_dequantized,
         pack_chunk=pack_chunk,
+        dispatch=KernelDispatch(decode_kernel, config),
     )

@@ -102,6 +102,11 @@ class PackedStream:
     def append(self, x: torch.Tensor) -> torch.Tensor:
         """Store new tokens x[B, H, T, D]; return the whole history [B, H, T_all, D] as attention
         must read it (model dtype)."""
+        self.store(x)
+        return self.read(x.dtype)
+
+    def store(self, x: torch.Tensor) -> None:
+        """Store new tokens x[B, H, T, D], packing those that leave the residual window."""
         self.tail = _cat(self.tail, x)
         n = self._packable()
         if n:
@@ -111,12 +116,24 @@ class PackedStream:
                 new = dequantize(rows, self.spec, self.head_dim, x.dtype)
                 self.deq = _cat(self.deq, new)
             self.tail = _own(self.tail[:, :, n:])
-        return self.read(x.dtype)
+
+    def rows(self) -> torch.Tensor:
+        """Packed rows [B, H, Tp, R] (Tp may be 0) for the fused kernel; needs a stored tail."""
+        if self.packed is not None:
+            return self.packed
+        b, h = self.tail.shape[:2]
+        r = self.spec.row_bytes(self.head_dim)
+        return torch.empty(b, h, 0, r, dtype=torch.uint8, device=self.tail.device)
+
+    def attended_tail(self) -> torch.Tensor | None:
+        """The tail as attention reads it: fake-quantized when ``residual_length`` is 0 (a
+        filling channel block, tokens waiting for their chunk), else as stored."""
+        if self.spec.is_quantized and self.residual_length == 0 and self.tail_tokens:
+            return fake_quantize(self.tail, self.spec)
+        return self.tail
 
     def read(self, dtype: torch.dtype) -> torch.Tensor:
-        tail = self.tail
-        if self.spec.is_quantized and self.residual_length == 0 and self.tail_tokens:
-            tail = fake_quantize(tail, self.spec)  # channel axis only: the still-filling block
+        tail = self.attended_tail()
         if self.packed is None:
             return tail
         deq = self.deq if self.keep_dequantized else self._dequantize_all(dtype)
