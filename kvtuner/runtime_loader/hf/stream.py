@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from ...quant import QuantSpec, dequantize, fake_quantize, quantize
+from ...quant import QuantSpec, dequantize, fake_quantize, quantize_rows
 
 FP_ACCOUNTING_BYTES = 2  # unpacked elements are accounted as fp16, the profile's 16-bit format
 
@@ -110,7 +110,7 @@ class PackedStream:
         self.tail = _cat(self.tail, x)
         n = self._packable()
         if n:
-            rows = quantize(self.tail[:, :, :n], self.spec)
+            rows = quantize_rows(self.tail[:, :, :n], self.spec)  # CUDA: the Triton kernel
             self.packed = _cat(self.packed, rows)
             if self.keep_dequantized:
                 new = dequantize(rows, self.spec, self.head_dim, x.dtype)
