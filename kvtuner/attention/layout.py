@@ -1,4 +1,4 @@
-"""DecodeBatch: what one decode-attention call reads, checked once (shapes, dtypes, devices)."""
+"""AttentionBatch: what one packed-attention call reads, checked once (shapes, dtypes, devices)."""
 
 from __future__ import annotations
 
@@ -8,15 +8,16 @@ import torch
 
 from ..quant.spec import QuantSpec
 
-__all__ = ["DecodeBatch", "choose_splits"]
+__all__ = ["AttentionBatch", "choose_splits"]
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 _INTS = (torch.int32, torch.int64)
 
 
 @dataclass(frozen=True)
-class DecodeBatch:
-    """One query token per request against one layer's packed K and V rows.
+class AttentionBatch:
+    """The newest Tq tokens of each request (q [B, Tq, Hq, D]) against one layer's packed K
+    and V rows.
 
     Paged (``slot_table`` given): rows ``[slots, Hkv, R]``; request b's token t is in slot
     ``slot_table[table_rows[b], t]``; ``lengths [B]`` int32 is required. Contiguous: rows
@@ -39,12 +40,14 @@ class DecodeBatch:
 
     def __post_init__(self) -> None:
         q = self.q
-        if q.dim() != 3 or q.dtype not in _FLOATS or q.stride(2) != 1:
+        if q.dim() != 4 or q.dtype not in _FLOATS or q.stride(3) != 1:
             raise ValueError(
-                f"q must be fp16/bf16/fp32 [B, Hq, D] with contiguous D, got "
+                f"q must be fp16/bf16/fp32 [B, Tq, Hq, D] with contiguous D, got "
                 f"{q.dtype} {tuple(q.shape)} strides {q.stride()}"
             )
-        dim = q.shape[2]
+        dim = q.shape[3]
+        if q.shape[1] == 0:
+            raise ValueError("q has no query tokens")
         if dim < 16 or dim & (dim - 1):
             raise ValueError(f"head_dim must be a power of two >= 16, got {dim}")
         for name, spec in (("k", self.k_spec), ("v", self.v_spec)):
@@ -58,7 +61,7 @@ class DecodeBatch:
     def _check_rows(self, name: str, rows: torch.Tensor, spec: QuantSpec) -> None:
         if not isinstance(spec, QuantSpec) or spec.axis != "token":
             raise ValueError(f"{name}_spec must be a token-axis QuantSpec, got {spec!r}")
-        dim, paged = self.q.shape[2], self.slot_table is not None
+        dim, paged = self.q.shape[3], self.slot_table is not None
         want = 3 if paged else 4
         if rows.dtype != torch.uint8 or rows.dim() != want or rows.stride(-1) != 1:
             layout = "[slots, Hkv, R]" if paged else "[B, Hkv, T, R]"
@@ -75,7 +78,7 @@ class DecodeBatch:
             raise ValueError(f"16-bit {name}_rows need even byte strides (fp16 elements)")
         if rows.device != self.q.device:
             raise ValueError(f"{name}_rows are on {rows.device}, q on {self.q.device}")
-        heads = self.q.shape[1]
+        heads = self.q.shape[2]
         if rows.shape[1] == 0 or heads % rows.shape[1]:
             raise ValueError(f"{heads} query heads are not a multiple of {rows.shape[1]} KV heads")
         if rows.shape[1] != self.k_rows.shape[1] or (not paged and rows.shape[0] != len(self.q)):
@@ -111,7 +114,7 @@ class DecodeBatch:
             raise ValueError("k_tail and v_tail come together")
         if self.k_tail is None:
             return
-        bsz, _, dim = self.q.shape
+        bsz, dim = self.q.shape[0], self.q.shape[3]
         want = (bsz, self.kv_heads, self.k_tail.shape[2], dim)
         for t in (self.k_tail, self.v_tail):
             if tuple(t.shape) != want or t.stride(3) != 1 or t.dtype not in _FLOATS:
@@ -137,8 +140,9 @@ class DecodeBatch:
 
 
 def choose_splits(batch: int, kv_heads: int, max_tokens: int, device: torch.device) -> int:
-    """Sequence splits per (request, KV head): enough programs to fill the GPU (about 4 per SM),
-    each with at least 256 tokens to amortize its reduce; on CPU (interpreter) at most 2."""
+    """Sequence splits per (query rows of a request, KV head): enough programs to fill the GPU
+    (about 4 per SM), each with at least 256 tokens to amortize its reduce; on CPU
+    (interpreter) at most 2."""
     if device.type != "cuda":
         return 1 if max_tokens <= 64 else 2
     sms = torch.cuda.get_device_properties(device).multi_processor_count

@@ -1,4 +1,4 @@
-"""Torch reference of :func:`~.decode.decode_attention`: gather, dequantize, then SDPA (fp32)."""
+"""Torch references of :mod:`.decode`'s kernels: gather, dequantize, then SDPA (fp32)."""
 
 from __future__ import annotations
 
@@ -6,15 +6,14 @@ import torch
 import torch.nn.functional as F
 
 from ..quant.reference import dequantize
-from .layout import DecodeBatch
+from .layout import AttentionBatch
 
-__all__ = ["decode_attention_reference", "request_kv"]
+__all__ = ["decode_attention_reference", "extend_attention_reference", "request_kv"]
 
 
-def request_kv(batch: DecodeBatch, b: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Request b's attended K and V, dequantized fp32 [Hkv, T_b, D] (packed, then tail, from
-    ``starts[b]`` on)."""
-    n, dim = int(batch.lengths[b]), batch.q.shape[2]
+def request_kv(batch: AttentionBatch, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Request b's stored K and V, dequantized fp32 [Hkv, T_b, D] (packed, then tail)."""
+    n, dim = int(batch.lengths[b]), batch.q.shape[3]
     out = []
     for rows, spec, tail in (
         (batch.k_rows, batch.k_spec, batch.k_tail),
@@ -28,22 +27,39 @@ def request_kv(batch: DecodeBatch, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         x = dequantize(mine, spec, dim, torch.float32)
         if tail is not None:
             x = torch.cat([x, tail[b].float()], dim=1)
-        start = 0 if batch.starts is None else int(batch.starts[b])
-        out.append(x[:, start:])
+        out.append(x)
     return out[0], out[1]
 
 
-def decode_attention_reference(q: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-    """Same arguments as :func:`~.decode.decode_attention` (``num_splits``/``block_tokens``
-    ignored) -> [B, Hq, D] in q's dtype; a request with nothing to attend gets zeros."""
+def _allowed(batch: AttentionBatch, b: int, total: int) -> torch.Tensor:
+    """bool [Tq, total]: query i (position total - Tq + i) sees keys in [start, its position]."""
+    q_len, dev = batch.q.shape[1], batch.q.device
+    pos = torch.arange(total, device=dev)
+    q_pos = total - q_len + torch.arange(q_len, device=dev)
+    start = 0 if batch.starts is None else int(batch.starts[b])
+    return (pos[None, :] <= q_pos[:, None]) & (pos[None, :] >= start)
+
+
+def extend_attention_reference(q: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    """Same arguments as :func:`~.decode.extend_attention` (``num_splits``/``block_tokens``
+    ignored) -> [B, Tq, Hq, D] in q's dtype; a query with nothing to attend gets zeros."""
     kwargs.pop("num_splits", None)
     kwargs.pop("block_tokens", None)
-    batch = DecodeBatch(q, *args, **kwargs)
+    batch = AttentionBatch(q, *args, **kwargs)
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     for b in range(q.shape[0]):
         k, v = request_kv(batch, b)
-        if k.shape[1]:
-            qb = q[b].float().unsqueeze(1)  # [Hq, 1, D]
-            att = F.scaled_dot_product_attention(qb, k, v, scale=batch.sm_scale, enable_gqa=True)
-            out[b] = att.squeeze(1)
+        allowed = _allowed(batch, b, k.shape[1])
+        seen = allowed.any(-1)  # [Tq]
+        if seen.any():
+            qb = q[b].float().transpose(0, 1)  # [Hq, Tq, D]
+            att = F.scaled_dot_product_attention(
+                qb, k, v, attn_mask=allowed, scale=batch.sm_scale, enable_gqa=True
+            )
+            out[b] = torch.where(seen[:, None, None], att.transpose(0, 1), 0.0)
     return out.to(q.dtype)
+
+
+def decode_attention_reference(q: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    """:func:`extend_attention_reference` of one query token per request, q [B, Hq, D]."""
+    return extend_attention_reference(q.unsqueeze(1), *args, **kwargs).squeeze(1)

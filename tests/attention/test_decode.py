@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvtuner.attention import decode_attention, decode_attention_reference
+from kvtuner.attention import (
+    decode_attention,
+    decode_attention_reference,
+    extend_attention,
+    extend_attention_reference,
+)
 from kvtuner.quant import QuantSpec, quantize
 
 D = 32
@@ -32,8 +37,14 @@ def paged_pool(lengths, kv_heads, k_spec, v_spec, seed=0, slots=160):
 
 
 def both(q, *args, tol=2e-5, **kwargs):
-    got = decode_attention(q, *args, **kwargs)
-    ref = decode_attention_reference(q, *args, **kwargs)
+    """Kernel and reference outputs (decode for q [B, Hq, D], extend for [B, Tq, Hq, D])."""
+    fused, reference = (
+        (decode_attention, decode_attention_reference)
+        if q.dim() == 3
+        else (extend_attention, extend_attention_reference)
+    )
+    got = fused(q, *args, **kwargs)
+    ref = reference(q, *args, **kwargs)
     assert got.shape == ref.shape and got.dtype == q.dtype
     torch.testing.assert_close(got, ref, atol=tol, rtol=tol, equal_nan=True)
     return got, ref
@@ -133,6 +144,25 @@ def test_nan_poisoned_groups_stay_local():
     assert nan[0, :4].all() and not nan[0, 4:].any()  # K: every query head of KV head 0
     assert nan[2, 4:, 8:16].all() and nan[2].sum() == 4 * 8  # V: its 8 channels, KV head 1
     assert not nan[1].any()
+
+
+@pytest.mark.parametrize("ratio", [1, 8])
+def test_extend_attends_the_packed_prefix_and_itself_causally(ratio):
+    k_spec, v_spec = QuantSpec(4), QuantSpec(3, group_size=16, symmetric=True)
+    k_rows, v_rows, table, lens = paged_pool([70, 6, 37], 2, k_spec, v_spec)  # new tokens stored
+    q = torch.randn(3, 6, 2 * ratio, D, generator=gen(8))  # the last 6 tokens of each request
+    both(q, k_rows, v_rows, k_spec, v_spec, lengths=lens, slot_table=table, block_tokens=16,
+         num_splits=2)  # fmt: skip
+
+
+def test_extend_over_rows_and_tail_with_left_padding_and_rotation():
+    k_spec, v_spec = QuantSpec(4, rotation="hadamard"), QuantSpec(8, rotation="hadamard")
+    (k_rows, v_rows), (k_tail, v_tail) = contiguous_rows(2, 2, 30, k_spec, v_spec)
+    q = torch.randn(2, 9, 4, D, generator=gen(9))  # 4 queries on packed rows, 5 on the tail
+    starts = torch.tensor([3, 28], dtype=torch.int32)  # request 1: its first queries see nothing
+    got, _ = both(q, k_rows, v_rows, k_spec, v_spec, k_tail=k_tail, v_tail=v_tail,
+                  starts=starts, block_tokens=16)  # fmt: skip
+    assert torch.equal(got[1, :2], torch.zeros_like(got[1, :2]))  # positions 26, 27 < start
 
 
 @pytest.mark.parametrize(
