@@ -61,6 +61,39 @@ def _kv_tile(ptr, off, ok, D: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr,
 
 
 @triton.jit
+def _channel_tile(base, t, ok, stride_block, D: tl.constexpr, BITS: tl.constexpr,
+                  G: tl.constexpr, SYM: tl.constexpr):  # fmt: skip
+    """Tokens t [BT] of channel-axis blocks at ``base`` (block i at ``i * stride_block``: the
+    codes of G tokens, then D scales, D zeros) -> fp32 [BT, D]."""
+    BT: tl.constexpr = t.shape[0]
+    NB: tl.constexpr = D * BITS // 8  # code bytes of one token in a block
+    HALF: tl.constexpr = (1 << (BITS - 1)) - 1
+    block = base + (t // G).to(tl.int64) * stride_block  # [BT]
+    codes = tl.reshape(_load_codes(block + (t % G) * NB, ok, NB, D // 8, BITS), [BT, D])
+    meta = block[:, None] + G * NB + 2 * tl.arange(0, D)[None, :]  # [BT, D] scale bytes
+    scale = _load_fp16(meta, ok[:, None])
+    if SYM:
+        return tl.math.div_rn((codes - HALF) * scale, HALF * 1.0)
+    return _load_fp16(meta + 2 * D, ok[:, None]) + codes * scale
+
+
+@triton.jit
+def _stored_tile(base, tail, t, tok, ok, packed, stride_tok, stride_tail, D: tl.constexpr,
+                 BITS: tl.constexpr, G: tl.constexpr, SYM: tl.constexpr,
+                 CHANNEL: tl.constexpr):  # fmt: skip
+    """Positions t [BT] of one K or V: packed rows below ``packed`` tokens, the tail (rows at
+    ``tail + i * stride_tail``) from there on -> fp32 [BT, D]."""
+    in_rows = ok & (t < packed)
+    if CHANNEL:
+        x = _channel_tile(base, t, in_rows, stride_tok, D, BITS, G, SYM)
+    else:
+        x = _kv_tile(base, tok * stride_tok, in_rows, D, BITS, G, SYM)
+    in_tail = (ok & (t >= packed))[:, None]
+    at = tail + (t - packed).to(tl.int64)[:, None] * stride_tail + tl.arange(0, D)[None, :]
+    return tl.where(in_tail, tl.load(at, mask=in_tail, other=0.0).to(tl.float32), x)
+
+
+@triton.jit
 def _attend(q, k, v, ok, m, denom, acc, sm_scale_log2, DOT_IEEE: tl.constexpr):
     """One tile of the online softmax: q [QP, D], k/v fp32 [BT, D], ok [QP, BT]."""
     if DOT_IEEE:
@@ -84,17 +117,19 @@ def _attend(q, k, v, ok, m, denom, acc, sm_scale_log2, DOT_IEEE: tl.constexpr):
 def _attention_kernel(
     q_ptr, k_ptr, v_ptr, kt_ptr, vt_ptr, table_ptr, rows_ptr, len_ptr, start_ptr, o_ptr,
     lse_ptr, stride_qb, stride_qt, stride_qh, k_sb, k_st, k_sh, v_sb, v_st, v_sh, kt_sb, kt_sh,
-    kt_st, vt_sb, vt_sh, vt_st, stride_table, q_len, tail_len, chunk, num_splits,
+    kt_st, vt_sb, vt_sh, vt_st, stride_table, q_len, k_delta, v_tail_len, chunk, num_splits,
     sm_scale_log2, D: tl.constexpr, GROUP: tl.constexpr, GP: tl.constexpr, BQ: tl.constexpr,
     BT: tl.constexpr, K_BITS: tl.constexpr, K_G: tl.constexpr, K_SYM: tl.constexpr,
-    V_BITS: tl.constexpr, V_G: tl.constexpr, V_SYM: tl.constexpr, PAGED: tl.constexpr,
-    HAS_ROWS: tl.constexpr, HAS_START: tl.constexpr, DOT_IEEE: tl.constexpr,
+    K_CHANNEL: tl.constexpr, V_BITS: tl.constexpr, V_G: tl.constexpr, V_SYM: tl.constexpr,
+    PAGED: tl.constexpr, HAS_ROWS: tl.constexpr, HAS_START: tl.constexpr,
+    DOT_IEEE: tl.constexpr,
 ):  # fmt: skip
     b, h = tl.program_id(0), tl.program_id(1)
     qb, split = tl.program_id(2) // num_splits, tl.program_id(2) % num_splits
     b64, h64 = b.to(tl.int64), h.to(tl.int64)
     row = tl.load(rows_ptr + b).to(tl.int64) if HAS_ROWS else b64
-    length = tl.load(len_ptr + b)
+    v_len = tl.load(len_ptr + b)  # packed V tokens; K has k_delta more (channel blocks)
+    k_len = v_len + k_delta
     start = tl.load(start_ptr + b) if HAS_START else 0
     QP: tl.constexpr = BQ * GP if BQ * GP >= 16 else 16  # rows: (query token, head of group)
     r, d = tl.arange(0, QP), tl.arange(0, D)
@@ -103,14 +138,19 @@ def _attention_kernel(
     q_ok = (r % GP < GROUP) & (qi < q_len) & (r < BQ * GP)
     q_at = q_ptr + b64 * stride_qb + qi.to(tl.int64)[:, None] * stride_qt
     q = tl.load(q_at + qh[:, None] * stride_qh + d[None, :], mask=q_ok[:, None], other=0.0)
-    qpos = length + tail_len - q_len + qi  # global position: the queries are the last tokens
+    total = v_len + v_tail_len
+    qpos = total - q_len + qi  # global position: the queries are the last tokens
     last = tl.max(tl.where(q_ok, qpos, -1), 0)  # keys past this one no row of ours attends
     m = tl.full([QP], -float("inf"), tl.float32)
     denom = tl.zeros([QP], tl.float32)
     acc = tl.zeros([QP, D], tl.float32)
     k_base, v_base = k_ptr + b64 * k_sb + h64 * k_sh, v_ptr + b64 * v_sb + h64 * v_sh
+    kt_base, vt_base = kt_ptr + b64 * kt_sb + h64 * kt_sh, vt_ptr + b64 * vt_sb + h64 * vt_sh
+    both = tl.minimum(k_len, v_len)  # below: K and V both packed (the split-K hot loop)
     lo = split * chunk
-    hi = tl.minimum(tl.minimum(lo + chunk, length), last + 1)
+    hi = tl.minimum(tl.minimum(lo + chunk, both), last + 1)
+    # above `both`: packed for one of K/V, tail for the other, or tail for both; last split
+    end = tl.where(split == num_splits - 1, tl.minimum(total, last + 1), both)
     for t0 in range(lo, hi, BT):
         t = t0 + tl.arange(0, BT)
         ok = (t < hi) & (t >= start)
@@ -118,20 +158,27 @@ def _attention_kernel(
             tok = tl.load(table_ptr + row * stride_table + t, mask=ok, other=0).to(tl.int64)
         else:
             tok = t.to(tl.int64)
-        k = _kv_tile(k_base, tok * k_st, ok, D, K_BITS, K_G, K_SYM)
+        if K_CHANNEL:
+            k = _channel_tile(k_base, t, ok, k_st, D, K_BITS, K_G, K_SYM)
+        else:
+            k = _kv_tile(k_base, tok * k_st, ok, D, K_BITS, K_G, K_SYM)
         v = _kv_tile(v_base, tok * v_st, ok, D, V_BITS, V_G, V_SYM)
         causal = ok[None, :] & (t[None, :] <= qpos[:, None])
         m, denom, acc = _attend(q, k, v, causal, m, denom, acc, sm_scale_log2, DOT_IEEE)
-    tail_hi = tl.where(split == num_splits - 1, tl.minimum(tail_len, last + 1 - length), 0)
-    kt_base, vt_base = kt_ptr + b64 * kt_sb + h64 * kt_sh, vt_ptr + b64 * vt_sb + h64 * vt_sh
-    for t0 in range(0, tail_hi, BT):  # the last split owns the tail
-        i = t0 + tl.arange(0, BT)
-        ok = (i < tail_hi) & (length + i >= start)
-        k = tl.load(kt_base + i[:, None] * kt_st + d[None, :], mask=ok[:, None], other=0.0)
-        v = tl.load(vt_base + i[:, None] * vt_st + d[None, :], mask=ok[:, None], other=0.0)
-        causal = ok[None, :] & (length + i[None, :] <= qpos[:, None])
-        m, denom, acc = _attend(q, k.to(tl.float32), v.to(tl.float32), causal, m, denom, acc,
-                                sm_scale_log2, DOT_IEEE)  # fmt: skip
+    for t0 in range(both, end, BT):
+        t = t0 + tl.arange(0, BT)
+        ok = (t < end) & (t >= start)
+        if PAGED:
+            tok = tl.load(table_ptr + row * stride_table + t, mask=ok & (t < v_len), other=0)
+            tok = tok.to(tl.int64)
+        else:
+            tok = t.to(tl.int64)
+        k = _stored_tile(k_base, kt_base, t, tok, ok, k_len, k_st, kt_st, D, K_BITS, K_G, K_SYM,
+                         K_CHANNEL)  # fmt: skip
+        v = _stored_tile(v_base, vt_base, t, tok, ok, v_len, v_st, vt_st, D, V_BITS, V_G, V_SYM,
+                         False)  # fmt: skip
+        causal = ok[None, :] & (t[None, :] <= qpos[:, None])
+        m, denom, acc = _attend(q, k, v, causal, m, denom, acc, sm_scale_log2, DOT_IEEE)
     seen = denom > 0
     out = acc / tl.where(seen, denom, 1.0)[:, None]
     lse = tl.where(seen, m + tl.log2(tl.where(seen, denom, 1.0)), -float("inf"))
@@ -212,8 +259,9 @@ def _launch(batch: AttentionBatch, splits: int, block_tokens: int) -> torch.Tens
         q.stride(0), q.stride(1), q.stride(2), *_row_strides(k_rows, paged),
         *_row_strides(v_rows, paged), k_tail.stride(0), k_tail.stride(1), k_tail.stride(2),
         v_tail.stride(0), v_tail.stride(1), v_tail.stride(2), table.stride(0) if paged else 0,
-        q_len, batch.tail_tokens, chunk, splits, sm_scale * _LOG2E, D=dim, GROUP=group, GP=gp,
-        BQ=bq, BT=block_tokens, **_spec_args(k_spec, "K"), **_spec_args(v_spec, "V"),
+        q_len, batch.k_delta, batch.v_tail_tokens, chunk, splits, sm_scale * _LOG2E, D=dim,
+        GROUP=group, GP=gp, BQ=bq, BT=block_tokens, **_spec_args(k_spec, "K"),
+        K_CHANNEL=k_spec.axis == "channel" and k_spec.is_quantized, **_spec_args(v_spec, "V"),
         PAGED=paged, HAS_ROWS=batch.table_rows is not None, HAS_START=batch.starts is not None,
         DOT_IEEE=q.dtype == torch.float32,
     )  # fmt: skip

@@ -21,8 +21,11 @@ class AttentionBatch:
 
     Paged (``slot_table`` given): rows ``[slots, Hkv, R]``; request b's token t is in slot
     ``slot_table[table_rows[b], t]``; ``lengths [B]`` int32 is required. Contiguous: rows
-    ``[B, Hkv, T, R]``; ``lengths`` defaults to T for every request. Tails ``[B, Hkv, Tt, D]``
-    follow the packed tokens; ``starts [B]`` int32 masks the positions before it (left padding).
+    ``[B, Hkv, T, R]``, or for channel-axis keys blocks ``[B, Hkv, T/G, block_bytes]``;
+    ``lengths`` (V's packed tokens) defaults to V's T for every request, and must be left out
+    when K and V pack different token counts. Tails ``[B, Hkv, Tt, D]`` follow each one's packed
+    tokens (K and V end at the same position); ``starts [B]`` int32 masks the positions before
+    it (left padding).
     """
 
     q: torch.Tensor
@@ -52,16 +55,24 @@ class AttentionBatch:
             raise ValueError(f"head_dim must be a power of two >= 16, got {dim}")
         for name, spec in (("k", self.k_spec), ("v", self.v_spec)):
             self._check_rows(name, getattr(self, f"{name}_rows"), spec)
+        if self.k_delta and self.lengths is not None:
+            raise ValueError("K and V pack different token counts: leave lengths out")
         if self.lengths is None and self.slot_table is None:
-            lengths = torch.full((q.shape[0],), self.k_rows.shape[2], device=q.device)
+            lengths = torch.full((q.shape[0],), self._packed("v"), device=q.device)
             object.__setattr__(self, "lengths", lengths.to(torch.int32))
         self._check_indices()
         self._check_tails()
 
     def _check_rows(self, name: str, rows: torch.Tensor, spec: QuantSpec) -> None:
-        if not isinstance(spec, QuantSpec) or spec.axis != "token":
-            raise ValueError(f"{name}_spec must be a token-axis QuantSpec, got {spec!r}")
         dim, paged = self.q.shape[3], self.slot_table is not None
+        channel = isinstance(spec, QuantSpec) and spec.axis == "channel" and spec.is_quantized
+        if not isinstance(spec, QuantSpec) or (spec.axis != "token" and not channel):
+            raise ValueError(f"{name}_spec must be a QuantSpec, got {spec!r}")
+        if channel and (name == "v" or paged):
+            raise ValueError(
+                f"{name}_spec: channel-axis blocks are read for keys in contiguous rows only "
+                "(values and paged pools are token-axis)"
+            )
         want = 3 if paged else 4
         if rows.dtype != torch.uint8 or rows.dim() != want or rows.stride(-1) != 1:
             layout = "[slots, Hkv, R]" if paged else "[B, Hkv, T, R]"
@@ -69,10 +80,11 @@ class AttentionBatch:
                 f"{name}_rows must be uint8 {layout} with contiguous rows, got "
                 f"{rows.dtype} {tuple(rows.shape)} strides {rows.stride()}"
             )
-        if rows.shape[-1] != spec.row_bytes(dim):
+        want_bytes = spec.block_bytes(dim) if channel else spec.row_bytes(dim)
+        if rows.shape[-1] != want_bytes:
             raise ValueError(
                 f"{name}_rows have {rows.shape[-1]} bytes, {spec.short()} at "
-                f"head_dim {dim} needs {spec.row_bytes(dim)}"
+                f"head_dim {dim} needs {want_bytes}"
             )
         if not spec.is_quantized and any(s % 2 for s in rows.stride()[:-1]):
             raise ValueError(f"16-bit {name}_rows need even byte strides (fp16 elements)")
@@ -115,28 +127,44 @@ class AttentionBatch:
         if self.k_tail is None:
             return
         bsz, dim = self.q.shape[0], self.q.shape[3]
-        want = (bsz, self.kv_heads, self.k_tail.shape[2], dim)
         for t in (self.k_tail, self.v_tail):
-            if tuple(t.shape) != want or t.stride(3) != 1 or t.dtype not in _FLOATS:
+            want = (bsz, self.kv_heads, t.shape[2], dim)
+            if t.dim() != 4 or tuple(t.shape) != want or t.stride(3) != 1 or t.dtype not in _FLOATS:
                 raise ValueError(
-                    f"tails must be float {want} with contiguous D, got {t.dtype} "
-                    f"{tuple(t.shape)} strides {t.stride()}"
+                    f"tails must be float [B, Hkv, Tt, D] = {want} with contiguous D, got "
+                    f"{t.dtype} {tuple(t.shape)} strides {t.stride()}"
                 )
             if t.device != self.q.device:
                 raise ValueError(f"tails are on {t.device}, q on {self.q.device}")
+        if self.k_delta + self.k_tail.shape[2] != self.v_tail_tokens:
+            raise ValueError(
+                f"K ({self._packed('k')} packed + {self.k_tail.shape[2]}) and V "
+                f"({self._packed('v')} packed + {self.v_tail_tokens}) must end at the same token"
+            )
+
+    def _packed(self, name: str) -> int:
+        """Packed tokens of K or V (contiguous rows: all requests alike)."""
+        rows, spec = (self.k_rows, self.k_spec) if name == "k" else (self.v_rows, self.v_spec)
+        per_row = spec.group_size if spec.axis == "channel" and spec.is_quantized else 1
+        return rows.shape[2] * per_row
 
     @property
     def kv_heads(self) -> int:
         return self.k_rows.shape[1]
 
     @property
-    def max_packed(self) -> int:
-        """Upper bound of any request's packed tokens, known without a device sync."""
-        return self.slot_table.shape[1] if self.slot_table is not None else self.k_rows.shape[2]
+    def k_delta(self) -> int:
+        """K's packed tokens minus V's (contiguous rows; 0 in a paged pool)."""
+        return 0 if self.slot_table is not None else self._packed("k") - self._packed("v")
 
     @property
-    def tail_tokens(self) -> int:
-        return 0 if self.k_tail is None else self.k_tail.shape[2]
+    def max_packed(self) -> int:
+        """Upper bound of any request's packed V tokens, known without a device sync."""
+        return self.slot_table.shape[1] if self.slot_table is not None else self._packed("v")
+
+    @property
+    def v_tail_tokens(self) -> int:
+        return 0 if self.v_tail is None else self.v_tail.shape[2]
 
 
 def choose_splits(batch: int, kv_heads: int, max_tokens: int, device: torch.device) -> int:

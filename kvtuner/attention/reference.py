@@ -13,15 +13,17 @@ __all__ = ["decode_attention_reference", "extend_attention_reference", "request_
 
 def request_kv(batch: AttentionBatch, b: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Request b's stored K and V, dequantized fp32 [Hkv, T_b, D] (packed, then tail)."""
-    n, dim = int(batch.lengths[b]), batch.q.shape[3]
+    dim, v_len = batch.q.shape[3], int(batch.lengths[b])
     out = []
-    for rows, spec, tail in (
-        (batch.k_rows, batch.k_spec, batch.k_tail),
-        (batch.v_rows, batch.v_spec, batch.v_tail),
+    for rows, spec, tail, n in (
+        (batch.k_rows, batch.k_spec, batch.k_tail, v_len + batch.k_delta),
+        (batch.v_rows, batch.v_spec, batch.v_tail, v_len),
     ):
         if batch.slot_table is not None:
             row = b if batch.table_rows is None else int(batch.table_rows[b])
             mine = rows[batch.slot_table[row, :n].long()].transpose(0, 1)  # [Hkv, n, R]
+        elif spec.axis == "channel" and spec.is_quantized:
+            mine = rows[b, :, : n // spec.group_size]  # blocks of G tokens
         else:
             mine = rows[b, :, :n]
         x = dequantize(mine, spec, dim, torch.float32)

@@ -67,8 +67,17 @@ def both(q, *args, tol=2e-5, **kwargs):
 def test_every_bit_width_on_a_paged_pool_with_ragged_lengths(k_spec, v_spec):
     k_rows, v_rows, table, lens = paged_pool(RAGGED, 2, k_spec, v_spec)
     q = torch.randn(3, 8, D, generator=gen(1))
-    both(q, k_rows, v_rows, k_spec, v_spec, lengths=lens, slot_table=table, block_tokens=16,
-         num_splits=3)  # fmt: skip
+    both(
+        q,
+        k_rows,
+        v_rows,
+        k_spec,
+        v_spec,
+        lengths=lens,
+        slot_table=table,
+        block_tokens=16,
+        num_splits=3,
+    )
 
 
 @pytest.mark.parametrize("ratio", [1, 4, 8])
@@ -84,10 +93,12 @@ def test_table_rows_pick_each_requests_row_of_a_shared_table():
     k_rows, v_rows, table, lens = paged_pool([20, 33, 5], 1, spec, spec)
     rows = torch.tensor([2, 0], dtype=torch.int32)  # SGLang: req_to_token[req_pool_indices]
     q = torch.randn(2, 2, D, generator=gen(3))
-    got, _ = both(q, k_rows, v_rows, spec, spec, lengths=lens[rows.long()], slot_table=table,
-                  table_rows=rows)  # fmt: skip
-    direct = decode_attention(q, k_rows, v_rows, spec, spec, lengths=lens[rows.long()],
-                              slot_table=table[rows.long()])  # fmt: skip
+    got, _ = both(
+        q, k_rows, v_rows, spec, spec, lengths=lens[rows.long()], slot_table=table, table_rows=rows
+    )
+    direct = decode_attention(
+        q, k_rows, v_rows, spec, spec, lengths=lens[rows.long()], slot_table=table[rows.long()]
+    )
     assert torch.equal(got, direct)
 
 
@@ -105,8 +116,18 @@ def test_contiguous_rows_with_a_tail_and_left_padding(rotation):
     (k_rows, v_rows), (k_tail, v_tail) = contiguous_rows(3, 2, 45, k_spec, v_spec)
     q = torch.randn(3, 4, D, generator=gen(4))
     starts = torch.tensor([0, 7, 47], dtype=torch.int32)  # request 2: padding into the tail
-    both(q, k_rows, v_rows, k_spec, v_spec, k_tail=k_tail, v_tail=v_tail, starts=starts,
-         block_tokens=16, num_splits=2)  # fmt: skip
+    both(
+        q,
+        k_rows,
+        v_rows,
+        k_spec,
+        v_spec,
+        k_tail=k_tail,
+        v_tail=v_tail,
+        starts=starts,
+        block_tokens=16,
+        num_splits=2,
+    )
 
 
 def test_a_tail_alone_and_a_request_with_nothing_to_attend():
@@ -138,8 +159,17 @@ def test_nan_poisoned_groups_stay_local():
     table[1, 5] = unused  # beyond request 1's length: never read
     k_rows[unused, :, :] = 0xFF
     q = torch.randn(3, 8, D, generator=gen(7))
-    got, _ = both(q, k_rows, v_rows, k_spec, v_spec, lengths=lens, slot_table=table,
-                  block_tokens=16, num_splits=3)  # fmt: skip
+    got, _ = both(
+        q,
+        k_rows,
+        v_rows,
+        k_spec,
+        v_spec,
+        lengths=lens,
+        slot_table=table,
+        block_tokens=16,
+        num_splits=3,
+    )
     nan = got.isnan()
     assert nan[0, :4].all() and not nan[0, 4:].any()  # K: every query head of KV head 0
     assert nan[2, 4:, 8:16].all() and nan[2].sum() == 4 * 8  # V: its 8 channels, KV head 1
@@ -151,8 +181,17 @@ def test_extend_attends_the_packed_prefix_and_itself_causally(ratio):
     k_spec, v_spec = QuantSpec(4), QuantSpec(3, group_size=16, symmetric=True)
     k_rows, v_rows, table, lens = paged_pool([70, 6, 37], 2, k_spec, v_spec)  # new tokens stored
     q = torch.randn(3, 6, 2 * ratio, D, generator=gen(8))  # the last 6 tokens of each request
-    both(q, k_rows, v_rows, k_spec, v_spec, lengths=lens, slot_table=table, block_tokens=16,
-         num_splits=2)  # fmt: skip
+    both(
+        q,
+        k_rows,
+        v_rows,
+        k_spec,
+        v_spec,
+        lengths=lens,
+        slot_table=table,
+        block_tokens=16,
+        num_splits=2,
+    )
 
 
 def test_extend_over_rows_and_tail_with_left_padding_and_rotation():
@@ -160,9 +199,64 @@ def test_extend_over_rows_and_tail_with_left_padding_and_rotation():
     (k_rows, v_rows), (k_tail, v_tail) = contiguous_rows(2, 2, 30, k_spec, v_spec)
     q = torch.randn(2, 9, 4, D, generator=gen(9))  # 4 queries on packed rows, 5 on the tail
     starts = torch.tensor([3, 28], dtype=torch.int32)  # request 1: its first queries see nothing
-    got, _ = both(q, k_rows, v_rows, k_spec, v_spec, k_tail=k_tail, v_tail=v_tail,
-                  starts=starts, block_tokens=16)  # fmt: skip
+    got, _ = both(
+        q,
+        k_rows,
+        v_rows,
+        k_spec,
+        v_spec,
+        k_tail=k_tail,
+        v_tail=v_tail,
+        starts=starts,
+        block_tokens=16,
+    )
     assert torch.equal(got[1, :2], torch.zeros_like(got[1, :2]))  # positions 26, 27 < start
+
+
+def kivi_rows(bsz, k_spec, v_spec, blocks, v_packed, tokens, seed=0):
+    """The HF cache's KIVI layer: channel-axis K blocks + K tail, token V rows + V tail."""
+    g = gen(seed)
+    k, v = (torch.randn(bsz, 2, tokens, D, generator=g) for _ in range(2))
+    k_packed = blocks * k_spec.group_size
+    rows = quantize(k[:, :, :k_packed], k_spec), quantize(v[:, :, :v_packed], v_spec)
+    return rows, (k[:, :, k_packed:], v[:, :, v_packed:])
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_channel_axis_keys_with_their_own_tail(symmetric):
+    k_spec = QuantSpec(2, group_size=16, axis="channel", symmetric=symmetric)
+    v_spec = QuantSpec(4)
+    (k_rows, v_rows), tails = kivi_rows(2, k_spec, v_spec, blocks=3, v_packed=53, tokens=57)
+    q = torch.randn(2, 4, D, generator=gen(10))  # K: 48 packed + 9 tail; V: 53 + 4
+    both(
+        q,
+        k_rows,
+        v_rows,
+        k_spec,
+        v_spec,
+        k_tail=tails[0],
+        v_tail=tails[1],
+        starts=torch.tensor([0, 20], dtype=torch.int32),
+        block_tokens=16,
+        num_splits=2,
+    )
+    qx = torch.randn(2, 7, 4, D, generator=gen(11))  # extend over the same layer
+    both(qx, k_rows, v_rows, k_spec, v_spec, k_tail=tails[0], v_tail=tails[1], block_tokens=16)
+
+
+def test_values_packed_past_keys_and_16bit_keys_all_in_the_tail():
+    v_spec = QuantSpec(8)
+    (k_rows, v_rows), tails = kivi_rows(
+        2, QuantSpec(16), v_spec, blocks=0, v_packed=40, tokens=45
+    )  # K: all tail
+    q = torch.randn(2, 4, D, generator=gen(12))
+    both(
+        q, k_rows, v_rows, QuantSpec(16), v_spec, k_tail=tails[0], v_tail=tails[1], block_tokens=16
+    )
+    with pytest.raises(ValueError, match="same token"):
+        decode_attention(
+            q, k_rows, v_rows, QuantSpec(16), v_spec, k_tail=tails[0][:, :, 1:], v_tail=tails[1]
+        )
 
 
 @pytest.mark.parametrize(
@@ -178,8 +272,15 @@ def test_extend_over_rows_and_tail_with_left_padding_and_rotation():
 )
 def test_launcher_rejects_bad_arguments_with_one_line(change, match):
     k_rows, v_rows, table, lens = paged_pool(RAGGED, 2, QuantSpec(4), QuantSpec(4))
-    args = dict(q=torch.randn(3, 8, D), k_rows=k_rows, v_rows=v_rows, k_spec=QuantSpec(4),
-                v_spec=QuantSpec(4), lengths=lens, slot_table=table)  # fmt: skip
+    args = dict(
+        q=torch.randn(3, 8, D),
+        k_rows=k_rows,
+        v_rows=v_rows,
+        k_spec=QuantSpec(4),
+        v_spec=QuantSpec(4),
+        lengths=lens,
+        slot_table=table,
+    )
     args.update(change)
     with pytest.raises(ValueError, match=match) as info:
         decode_attention(**args)
