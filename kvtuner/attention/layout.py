@@ -66,7 +66,7 @@ class AttentionBatch:
     def _check_rows(self, name: str, rows: torch.Tensor, spec: QuantSpec) -> None:
         dim, paged = self.q.shape[3], self.slot_table is not None
         channel = isinstance(spec, QuantSpec) and spec.axis == "channel" and spec.is_quantized
-        if not isinstance(spec, QuantSpec) or (spec.axis != "token" and not channel):
+        if not isinstance(spec, QuantSpec):
             raise ValueError(f"{name}_spec must be a QuantSpec, got {spec!r}")
         if channel and (name == "v" or paged):
             raise ValueError(

@@ -57,12 +57,10 @@ class KVTunerLayer(DynamicLayer):
         return self.k.read(dtype), self.v.read(dtype)
 
     def _fusable(self) -> bool:
-        """The fused kernel reads this layer: token-axis rows (or 16-bit), a power-of-two
-        head_dim >= 16, and K and V split alike between packed rows and tail."""
-        d = self.k.head_dim
-        token_rows = self.spec.k.axis == self.spec.v.axis == "token"
-        same_split = self.k.packed_tokens == self.v.packed_tokens
-        return token_rows and same_split and d >= 16 and not d & (d - 1)
+        """The fused kernel reads this layer: token-axis (or 16-bit) values, keys of either
+        axis, a power-of-two head_dim >= 16."""
+        d, v = self.k.head_dim, self.spec.v
+        return (v.axis == "token" or not v.is_quantized) and d >= 16 and not d & (d - 1)
 
     def attend(
         self, q: torch.Tensor, *, starts: torch.Tensor | None, sm_scale: float | None

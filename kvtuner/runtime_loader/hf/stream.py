@@ -118,11 +118,13 @@ class PackedStream:
             self.tail = _own(self.tail[:, :, n:])
 
     def rows(self) -> torch.Tensor:
-        """Packed rows [B, H, Tp, R] (Tp may be 0) for the fused kernel; needs a stored tail."""
+        """Packed rows [B, H, Tp, R] or channel blocks [B, H, Tp/G, R] (possibly none) for the
+        fused kernel; needs a stored tail."""
         if self.packed is not None:
             return self.packed
         b, h = self.tail.shape[:2]
-        r = self.spec.row_bytes(self.head_dim)
+        channel = self.spec.axis == "channel" and self.spec.is_quantized
+        r = self.spec.block_bytes(self.head_dim) if channel else self.spec.row_bytes(self.head_dim)
         return torch.empty(b, h, 0, r, dtype=torch.uint8, device=self.tail.device)
 
     def attended_tail(self) -> torch.Tensor | None:
