@@ -9,6 +9,7 @@ prefill beyond the weights (the cache and nothing else), beside the bytes the ca
 (``nbytes()``; K+V tensors for HF's caches). Packed caches run ``attn_implementation="kvtuner"``
 (decode reads packed rows with the fused kernel; KIVI's channel-axis keys still dequantize),
 HF's caches run sdpa. ``× best HF`` = tok/s over the faster of DynamicCache and StaticCache.
+``--pack-reserve N`` lets packed histories grow in place (held MiB then exceeds nbytes MiB).
 
     python benchmarks/hf_decode.py --device cuda
     python benchmarks/hf_decode.py --device cpu --layers 2 --heads 4 --kv-heads 2 --head-dim 64 \\
@@ -50,6 +51,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--intermediate", type=int, default=8192)
     p.add_argument("--vocab", type=int, default=32000)
     p.add_argument("--residual-length", type=int, default=0)
+    p.add_argument("--pack-reserve", type=int, default=0,
+                   help="spare packed rows to grow in place (0: exact size)")  # fmt: skip
     p.add_argument("--output", type=Path, default=OUT)
     return p.parse_args()
 
@@ -84,7 +87,8 @@ def new_cache(model, args, label: str, total: int):
     k, v = (QuantSpec(**kw) for kw in CACHES[label])
     profile = Profile.uniform("bench", ModelFingerprint.from_config(model.config), k, v)
     kernel = "auto" if args.device == "cuda" else "always"  # CPU: prove the kernel path
-    return make_cache(model, profile, residual_length=args.residual_length, decode_kernel=kernel)
+    return make_cache(model, profile, residual_length=args.residual_length, decode_kernel=kernel,
+                      pack_reserve=args.pack_reserve)  # fmt: skip
 
 
 def cache_nbytes(cache) -> int:

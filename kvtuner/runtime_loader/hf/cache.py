@@ -27,12 +27,14 @@ class KVTunerCache(Cache):
         residual_length: int,
         keep_dequantized: bool,
         pack_chunk: int = 1,
+        pack_reserve: int = 0,
         dispatch: KernelDispatch | None = None,
     ):
         kw = dict(
             residual_length=residual_length,
             keep_dequantized=keep_dequantized,
             pack_chunk=pack_chunk,
+            pack_reserve=pack_reserve,
             dispatch=dispatch,
         )
         super().__init__(layers=[KVTunerLayer(s, fingerprint.head_dim, **kw) for s in specs])
@@ -116,6 +118,7 @@ def make_cache(
     residual_length: int = 0,
     keep_dequantized: bool = False,
     pack_chunk: int = 1,
+    pack_reserve: int = 0,
     decode_kernel: str = "auto",
 ) -> KVTunerCache:
     """A packed per-layer K/V cache for ``model`` (``generate(past_key_values=...)`` or forward).
@@ -130,6 +133,10 @@ def make_cache(
         ``residual_length`` tokens stay unquantized). A chunk of e.g. 32 quantizes once every 32
         decode steps instead of every step; waiting tokens are read like the window (exact when
         ``residual_length=0``: they are read fake-quantized, identical to packed).
+    pack_reserve: 0 (default) keeps every packed history exact-size, so memory held equals
+        ``nbytes()``, but each pack copies the layer's whole history. N > 0 grows it in place
+        with N rows (plus 1/8) of spare capacity: a decode step then writes only its new rows
+        (GPU decode at long context), holding up to that much beyond ``nbytes()``.
     decode_kernel: when the model runs ``attn_implementation="kvtuner"`` (see
         :func:`~.attention.use_kvtuner_attention`), decode steps read the packed rows with the
         fused Triton kernel: ``"auto"`` on CUDA, ``"always"`` also on CPU (needs
@@ -139,6 +146,7 @@ def make_cache(
     for name, value, low in (
         ("residual_length", residual_length, 0),
         ("pack_chunk", pack_chunk, 1),
+        ("pack_reserve", pack_reserve, 0),
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise KVTunerError(f"{name} must be an int >= {low}, got {value!r}")
@@ -155,5 +163,6 @@ def make_cache(
         residual_length=residual_length,
         keep_dequantized=keep_dequantized,
         pack_chunk=pack_chunk,
+        pack_reserve=pack_reserve,
         dispatch=KernelDispatch(decode_kernel, config),
     )

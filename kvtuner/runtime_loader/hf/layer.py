@@ -31,12 +31,13 @@ class KVTunerLayer(DynamicLayer):
         residual_length: int,
         keep_dequantized: bool,
         pack_chunk: int = 1,
+        pack_reserve: int = 0,
         dispatch: KernelDispatch | None = None,
     ):
         super().__init__()
         self.spec = spec
         self.dispatch = dispatch or KernelDispatch("never")
-        self._args = (head_dim, residual_length, keep_dequantized, pack_chunk)
+        self._args = (head_dim, residual_length, keep_dequantized, pack_chunk, pack_reserve)
         self.k = PackedStream(spec.k, *self._args)
         self.v = PackedStream(spec.v, *self._args)
 

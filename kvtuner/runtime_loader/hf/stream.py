@@ -57,12 +57,15 @@ class PackedStream:
         residual_length: int,
         keep_dequantized: bool,
         pack_chunk: int = 1,
+        pack_reserve: int = 0,
     ):
         spec.check_head_dim(head_dim)
         self.spec, self.head_dim = spec, head_dim
         self.residual_length = residual_length
         self.keep_dequantized = keep_dequantized
         self.pack_chunk = pack_chunk
+        self.pack_reserve = pack_reserve
+        self._buffer: torch.Tensor | None = None  # pack_reserve > 0: packed is a prefix of it
         self.packed: torch.Tensor | None = None
         self.tail: torch.Tensor | None = None
         self.deq: torch.Tensor | None = None
@@ -111,7 +114,7 @@ class PackedStream:
         n = self._packable()
         if n:
             rows = quantize_rows(self.tail[:, :, :n], self.spec)  # CUDA: the Triton kernel
-            self.packed = _cat(self.packed, rows)
+            self._append_packed(rows)
             if self.keep_dequantized:
                 new = dequantize(rows, self.spec, self.head_dim, x.dtype)
                 self.deq = _cat(self.deq, new)
@@ -126,6 +129,26 @@ class PackedStream:
         channel = self.spec.axis == "channel" and self.spec.is_quantized
         r = self.spec.block_bytes(self.head_dim) if channel else self.spec.row_bytes(self.head_dim)
         return torch.empty(b, h, 0, r, dtype=torch.uint8, device=self.tail.device)
+
+    def _append_packed(self, rows: torch.Tensor) -> None:
+        """``packed += rows``. With ``pack_reserve`` the rows land in spare capacity and the
+        history is copied only when the buffer is full (it then grows by ``pack_reserve`` rows
+        plus 1/8): decode stops copying the whole history every step, at the price of holding up
+        to that much beyond :meth:`nbytes`."""
+        if not self.pack_reserve:
+            self.packed = _cat(self.packed, rows)
+            return
+        used = 0 if self.packed is None else self.packed.shape[2]
+        need = used + rows.shape[2]
+        if self._buffer is None or self._buffer.shape[2] < need:
+            grown = rows.new_empty(
+                *rows.shape[:2], need + self.pack_reserve + need // 8, rows.shape[3]
+            )
+            if used:
+                grown[:, :, :used] = self.packed
+            self._buffer = grown
+        self._buffer[:, :, used:need] = rows
+        self.packed = self._buffer[:, :, :need]
 
     def attended_tail(self) -> torch.Tensor | None:
         """The tail as attention reads it: fake-quantized when ``residual_length`` is 0 (a
@@ -151,12 +174,14 @@ class PackedStream:
             t = getattr(self, name)
             if t is not None:
                 setattr(self, name, t.index_select(0, index.to(t.device)))
+        self._buffer = None  # packed is a compact copy now
 
     def repeat_interleave(self, repeats: int) -> None:
         for name in ("packed", "tail", "deq"):
             t = getattr(self, name)
             if t is not None:
                 setattr(self, name, t.repeat_interleave(repeats, dim=0))
+        self._buffer = None
 
 
 def predicted_stream_nbytes(

@@ -58,6 +58,7 @@ def same_generation(got, ref) -> None:
         (QuantSpec(3, group_size=16), QuantSpec(6), {"pack_chunk": 4}),
         (QuantSpec(4, group_size=8, axis="channel"), QuantSpec(4), {}),  # KIVI, filling block
         (QuantSpec(2, group_size=8, axis="channel"), QuantSpec(16), {"residual_length": 3}),
+        (QuantSpec(5), QuantSpec(4, group_size=16), {"pack_reserve": 2}),  # rows: a buffer's prefix
     ],
 )
 def test_fused_decode_gives_the_dequantize_then_sdpa_tokens(

@@ -80,3 +80,25 @@ def test_a_slice_of_a_fused_projection_is_copied_not_kept_alive():
     qkv = torch.randn(2, 2, 12, 3 * 32, dtype=torch.bfloat16)  # one buffer, as a fused qkv_proj
     layer.update(qkv[..., 32:64], qkv[..., 64:])
     assert held_nbytes([layer]) == layer.nbytes() < qkv.numel() * 2
+
+
+@torch.no_grad()
+def test_pack_reserve_grows_in_place_with_bounded_spare_and_the_same_logits():
+    model = bf16_llama()
+    profile = Profile.uniform(
+        "tiny", ModelFingerprint.from_config(model.config), QuantSpec(4), QuantSpec(8)
+    )
+    exact, reserved = make_cache(model, profile), make_cache(model, profile, pack_reserve=16)
+    outs = [model(ids(2, 40), past_key_values=c) for c in (exact, reserved)]
+    moves = 0
+    for _ in range(25):
+        before = reserved.layers[0].k.packed.untyped_storage().data_ptr()
+        nxt = outs[0].logits[:, -1:].argmax(-1)
+        outs = [model(nxt, past_key_values=c) for c in (exact, reserved)]
+        assert torch.equal(outs[0].logits, outs[1].logits)
+        moves += reserved.layers[0].k.packed.untyped_storage().data_ptr() != before
+        assert reserved.nbytes() == exact.nbytes() == held_nbytes(exact.layers)
+        stream = reserved.layers[1].v
+        spare = stream._buffer.shape[2] - stream.packed.shape[2]
+        assert 0 <= spare <= 16 + stream._buffer.shape[2] // 8
+    assert moves == 1  # 40 + 16 + 40 // 8 = 61 rows: one regrowth in 25 steps, not 25 copies
