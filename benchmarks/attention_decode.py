@@ -23,6 +23,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from bench_device import prepare_device
+
 OUT = Path(__file__).parent / "results" / "attention_decode.json"
 SPECS = {  # label: (K spec kwargs, V spec kwargs)
     "KV2 g32": (dict(bits=2), dict(bits=2)),
@@ -179,15 +181,10 @@ def hardware(device: str, bandwidth: float) -> dict:
 
 def main() -> None:
     args = parse_args()
-    if args.device == "cpu":
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is first imported
-    import torch
+    prepare_device(args.device)
 
     from kvtuner.profile import write_json_atomic
 
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("error: --device cuda but no CUDA device is available", file=sys.stderr)
-        sys.exit(2)
     seconds = timer(args.device)
     bandwidth = copy_gbps(args.device, seconds)
     try:

@@ -25,6 +25,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from bench_device import prepare_device
+
 OUT = Path(__file__).parent / "results" / "hf_decode.json"
 CACHES = {  # label: None for HF's own caches, else (K spec kwargs, V spec kwargs)
     "dynamic": None,
@@ -183,15 +185,11 @@ def table(rows: list[dict]) -> str:
 
 def main() -> None:
     args = parse_args()
-    if args.device == "cpu":
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is first imported
+    prepare_device(args.device)
     import torch
 
     from kvtuner.profile import write_json_atomic
 
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("error: --device cuda but no CUDA device is available", file=sys.stderr)
-        sys.exit(2)
     model = build_model(args)
     grid = [(b, c, k) for b in args.batch for c in args.context for k in args.caches]
     rows = [measure(model, args, *point) for point in grid]

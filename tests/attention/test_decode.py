@@ -36,6 +36,12 @@ def paged_pool(lengths, kv_heads, k_spec, v_spec, seed=0, slots=160):
     return quantize(k, k_spec), quantize(v, v_spec), table, lens
 
 
+def pool_args(lengths, kv_heads, k_spec, v_spec, seed=0):
+    """(rows and specs, index keywords) of a paged pool holding requests of ``lengths``."""
+    k_rows, v_rows, table, lens = paged_pool(lengths, kv_heads, k_spec, v_spec, seed)
+    return (k_rows, v_rows, k_spec, v_spec), dict(lengths=lens, slot_table=table)
+
+
 def both(q, *args, tol=2e-5, **kwargs):
     """Kernel and reference outputs (decode for q [B, Hq, D], extend for [B, Tq, Hq, D])."""
     fused, reference = (
@@ -65,19 +71,9 @@ def both(q, *args, tol=2e-5, **kwargs):
     ids=lambda s: s.short(),
 )
 def test_every_bit_width_on_a_paged_pool_with_ragged_lengths(k_spec, v_spec):
-    k_rows, v_rows, table, lens = paged_pool(RAGGED, 2, k_spec, v_spec)
+    args, index = pool_args(RAGGED, 2, k_spec, v_spec)
     q = torch.randn(3, 8, D, generator=gen(1))
-    both(
-        q,
-        k_rows,
-        v_rows,
-        k_spec,
-        v_spec,
-        lengths=lens,
-        slot_table=table,
-        block_tokens=16,
-        num_splits=3,
-    )
+    both(q, *args, **index, block_tokens=16, num_splits=3)
 
 
 @pytest.mark.parametrize("ratio", [1, 4, 8])
@@ -102,41 +98,31 @@ def test_table_rows_pick_each_requests_row_of_a_shared_table():
     assert torch.equal(got, direct)
 
 
-def contiguous_rows(bsz, kv_heads, tokens, k_spec, v_spec, seed=0):
-    """The HF cache's layout: rows [B, Hkv, T, R], and a full-precision tail [B, Hkv, 5, D]."""
+def stored_rows(k_spec, v_spec, k_packed, v_packed, tokens, bsz=2, seed=0):
+    """The HF cache's layout: (rows [B, 2, T, R] or K blocks and specs, tail keywords); K and V
+    pack their first k_packed / v_packed of ``tokens`` and keep the rest in their tails."""
     g = gen(seed)
-    k, v = (torch.randn(bsz, kv_heads, tokens + 5, D, generator=g) for _ in range(2))
-    rows = quantize(k[:, :, :tokens], k_spec), quantize(v[:, :, :tokens], v_spec)
-    return rows, (k[:, :, tokens:], v[:, :, tokens:])
+    k, v = (torch.randn(bsz, 2, tokens, D, generator=g) for _ in range(2))
+    rows = quantize(k[:, :, :k_packed], k_spec), quantize(v[:, :, :v_packed], v_spec)
+    return (*rows, k_spec, v_spec), dict(k_tail=k[:, :, k_packed:], v_tail=v[:, :, v_packed:])
 
 
 @pytest.mark.parametrize("rotation", ["none", "hadamard"])
 def test_contiguous_rows_with_a_tail_and_left_padding(rotation):
     k_spec, v_spec = QuantSpec(4, rotation=rotation), QuantSpec(3, rotation=rotation)
-    (k_rows, v_rows), (k_tail, v_tail) = contiguous_rows(3, 2, 45, k_spec, v_spec)
+    args, tails = stored_rows(k_spec, v_spec, 45, 45, 50, bsz=3)
     q = torch.randn(3, 4, D, generator=gen(4))
     starts = torch.tensor([0, 7, 47], dtype=torch.int32)  # request 2: padding into the tail
-    both(
-        q,
-        k_rows,
-        v_rows,
-        k_spec,
-        v_spec,
-        k_tail=k_tail,
-        v_tail=v_tail,
-        starts=starts,
-        block_tokens=16,
-        num_splits=2,
-    )
+    both(q, *args, **tails, starts=starts, block_tokens=16, num_splits=2)
 
 
 def test_a_tail_alone_and_a_request_with_nothing_to_attend():
     spec = QuantSpec(4)
-    (k_rows, v_rows), (k_tail, v_tail) = contiguous_rows(2, 2, 16, spec, spec)
+    args, tails = stored_rows(spec, spec, 16, 16, 21)
     q = torch.randn(2, 4, D, generator=gen(5))
     lens = torch.tensor([0, 16], dtype=torch.int32)
-    both(q, k_rows, v_rows, spec, spec, lengths=lens, k_tail=k_tail, v_tail=v_tail)
-    got, _ = both(q, k_rows, v_rows, spec, spec, lengths=lens)
+    both(q, *args, **tails, lengths=lens)
+    got, _ = both(q, *args, lengths=lens)
     assert torch.equal(got[0], torch.zeros_like(got[0]))
 
 
@@ -159,17 +145,8 @@ def test_nan_poisoned_groups_stay_local():
     table[1, 5] = unused  # beyond request 1's length: never read
     k_rows[unused, :, :] = 0xFF
     q = torch.randn(3, 8, D, generator=gen(7))
-    got, _ = both(
-        q,
-        k_rows,
-        v_rows,
-        k_spec,
-        v_spec,
-        lengths=lens,
-        slot_table=table,
-        block_tokens=16,
-        num_splits=3,
-    )
+    args = (k_rows, v_rows, k_spec, v_spec)
+    got, _ = both(q, *args, lengths=lens, slot_table=table, block_tokens=16, num_splits=3)
     nan = got.isnan()
     assert nan[0, :4].all() and not nan[0, 4:].any()  # K: every query head of KV head 0
     assert nan[2, 4:, 8:16].all() and nan[2].sum() == 4 * 8  # V: its 8 channels, KV head 1
@@ -179,84 +156,38 @@ def test_nan_poisoned_groups_stay_local():
 @pytest.mark.parametrize("ratio", [1, 8])
 def test_extend_attends_the_packed_prefix_and_itself_causally(ratio):
     k_spec, v_spec = QuantSpec(4), QuantSpec(3, group_size=16, symmetric=True)
-    k_rows, v_rows, table, lens = paged_pool([70, 6, 37], 2, k_spec, v_spec)  # new tokens stored
+    args, index = pool_args([70, 6, 37], 2, k_spec, v_spec)  # the new tokens already stored
     q = torch.randn(3, 6, 2 * ratio, D, generator=gen(8))  # the last 6 tokens of each request
-    both(
-        q,
-        k_rows,
-        v_rows,
-        k_spec,
-        v_spec,
-        lengths=lens,
-        slot_table=table,
-        block_tokens=16,
-        num_splits=2,
-    )
+    both(q, *args, **index, block_tokens=16, num_splits=2)
 
 
 def test_extend_over_rows_and_tail_with_left_padding_and_rotation():
     k_spec, v_spec = QuantSpec(4, rotation="hadamard"), QuantSpec(8, rotation="hadamard")
-    (k_rows, v_rows), (k_tail, v_tail) = contiguous_rows(2, 2, 30, k_spec, v_spec)
+    args, tails = stored_rows(k_spec, v_spec, 30, 30, 35)
     q = torch.randn(2, 9, 4, D, generator=gen(9))  # 4 queries on packed rows, 5 on the tail
     starts = torch.tensor([3, 28], dtype=torch.int32)  # request 1: its first queries see nothing
-    got, _ = both(
-        q,
-        k_rows,
-        v_rows,
-        k_spec,
-        v_spec,
-        k_tail=k_tail,
-        v_tail=v_tail,
-        starts=starts,
-        block_tokens=16,
-    )
+    got, _ = both(q, *args, **tails, starts=starts, block_tokens=16)
     assert torch.equal(got[1, :2], torch.zeros_like(got[1, :2]))  # positions 26, 27 < start
-
-
-def kivi_rows(bsz, k_spec, v_spec, blocks, v_packed, tokens, seed=0):
-    """The HF cache's KIVI layer: channel-axis K blocks + K tail, token V rows + V tail."""
-    g = gen(seed)
-    k, v = (torch.randn(bsz, 2, tokens, D, generator=g) for _ in range(2))
-    k_packed = blocks * k_spec.group_size
-    rows = quantize(k[:, :, :k_packed], k_spec), quantize(v[:, :, :v_packed], v_spec)
-    return rows, (k[:, :, k_packed:], v[:, :, v_packed:])
 
 
 @pytest.mark.parametrize("symmetric", [False, True])
 def test_channel_axis_keys_with_their_own_tail(symmetric):
     k_spec = QuantSpec(2, group_size=16, axis="channel", symmetric=symmetric)
-    v_spec = QuantSpec(4)
-    (k_rows, v_rows), tails = kivi_rows(2, k_spec, v_spec, blocks=3, v_packed=53, tokens=57)
-    q = torch.randn(2, 4, D, generator=gen(10))  # K: 48 packed + 9 tail; V: 53 + 4
-    both(
-        q,
-        k_rows,
-        v_rows,
-        k_spec,
-        v_spec,
-        k_tail=tails[0],
-        v_tail=tails[1],
-        starts=torch.tensor([0, 20], dtype=torch.int32),
-        block_tokens=16,
-        num_splits=2,
-    )
+    args, tails = stored_rows(k_spec, QuantSpec(4), 48, 53, 57)  # KIVI: K 48 + 9, V 53 + 4
+    q = torch.randn(2, 4, D, generator=gen(10))
+    starts = torch.tensor([0, 20], dtype=torch.int32)
+    both(q, *args, **tails, starts=starts, block_tokens=16, num_splits=2)
     qx = torch.randn(2, 7, 4, D, generator=gen(11))  # extend over the same layer
-    both(qx, k_rows, v_rows, k_spec, v_spec, k_tail=tails[0], v_tail=tails[1], block_tokens=16)
+    both(qx, *args, **tails, block_tokens=16)
 
 
 def test_values_packed_past_keys_and_16bit_keys_all_in_the_tail():
-    v_spec = QuantSpec(8)
-    (k_rows, v_rows), tails = kivi_rows(
-        2, QuantSpec(16), v_spec, blocks=0, v_packed=40, tokens=45
-    )  # K: all tail
+    args, tails = stored_rows(QuantSpec(16), QuantSpec(8), 0, 40, 45)  # K: all in its tail
     q = torch.randn(2, 4, D, generator=gen(12))
-    both(
-        q, k_rows, v_rows, QuantSpec(16), v_spec, k_tail=tails[0], v_tail=tails[1], block_tokens=16
-    )
+    both(q, *args, **tails, block_tokens=16)
+    tails["k_tail"] = tails["k_tail"][:, :, 1:]
     with pytest.raises(ValueError, match="same token"):
-        decode_attention(
-            q, k_rows, v_rows, QuantSpec(16), v_spec, k_tail=tails[0][:, :, 1:], v_tail=tails[1]
-        )
+        decode_attention(q, *args, **tails)
 
 
 @pytest.mark.parametrize(
