@@ -52,8 +52,11 @@ class KernelDispatch:
 
 
 def tag(key_states: torch.Tensor, layer: Any) -> torch.Tensor:
-    setattr(key_states, _TAG, layer)
-    return key_states
+    """A fresh alias of ``key_states`` marked with ``layer`` (never the tensor itself: the
+    cache may keep that one as its tail, and a later read must not look fused)."""
+    marker = key_states.view_as(key_states)
+    setattr(marker, _TAG, layer)
+    return marker
 
 
 def left_padding_starts(mask: torch.Tensor | None, total: int) -> torch.Tensor | None | bool:
