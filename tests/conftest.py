@@ -13,6 +13,16 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``cuda`` need a GPU: skipped, naming why, where there is none (CI)."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (none here); run on the GPU machine")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
 def tiny_config(family: str = "llama", **overrides):
     """A 2-layer random decoder with GQA (4 query heads, 2 KV heads, head_dim 32)."""
     import transformers

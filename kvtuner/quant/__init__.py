@@ -1,6 +1,6 @@
 """The packed KV quantizer shared by calibration, the HF cache and the SGLang pool."""
 
-from .ops import gather_dequantized, scatter_quantized
+from .ops import gather_dequantized, quantize_rows, scatter_quantized
 from .reference import dequantize, fake_quantize, hadamard, quantize
 from .spec import QUANTIZED_BITS, SUPPORTED_BITS, V1_BITS, QuantSpec
 
@@ -14,5 +14,6 @@ __all__ = [
     "gather_dequantized",
     "hadamard",
     "quantize",
+    "quantize_rows",
     "scatter_quantized",
 ]

@@ -64,3 +64,19 @@ def gather_dequantized(
 
         return triton_gather_dequantized(buffer, loc, spec, head_dim, dtype)
     return dequantize(buffer[loc.long()], spec, head_dim, dtype)
+
+
+def quantize_rows(x: torch.Tensor, spec: QuantSpec, *, kernel: bool | None = None) -> torch.Tensor:
+    """``quantize(x, spec)`` (the same bytes) for token rows x[..., D]; channel-axis specs go
+    to :func:`quantize`. ``kernel`` (default: x on CUDA) runs the Triton kernel, one launch
+    instead of the reference's dozen ops (CPU tensors need ``TRITON_INTERPRET=1``)."""
+    if not (x.is_cuda if kernel is None else kernel) or spec.axis != "token":
+        return quantize(x, spec)
+    from .triton_kernels import triton_scatter_quantized
+
+    flat = x.reshape(-1, 1, x.shape[-1])  # every token-head row its own slot
+    rows = torch.empty(*flat.shape[:2], spec.row_bytes(x.shape[-1]), dtype=torch.uint8,
+                       device=x.device)  # fmt: skip
+    loc = torch.arange(flat.shape[0], device=x.device)
+    triton_scatter_quantized(rows, loc, flat, spec)
+    return rows.view(*x.shape[:-1], rows.shape[-1])

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvtuner.quant import QuantSpec, dequantize, gather_dequantized, quantize, scatter_quantized
+from kvtuner.quant import (
+    QuantSpec,
+    dequantize,
+    gather_dequantized,
+    quantize,
+    quantize_rows,
+    scatter_quantized,
+)
 
 
 @pytest.mark.parametrize(
@@ -30,6 +37,18 @@ def test_scatter_touches_only_given_slots(spec):
     assert torch.equal(buf[untouched], before[untouched])
     out = gather_dequantized(buf, loc, spec, 64, torch.bfloat16)
     assert torch.equal(out, dequantize(quantize(x, spec), spec, 64, torch.bfloat16))
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [QuantSpec(4), QuantSpec(3, 16, True), QuantSpec(16), QuantSpec(8, rotation="hadamard")],
+    ids=QuantSpec.short,
+)
+def test_quantize_rows_with_the_kernel_gives_the_reference_bytes(spec):
+    x = torch.randn(2, 3, 33, 64, dtype=torch.bfloat16)[:, :, 1:]  # a strided view, as a tail
+    assert torch.equal(quantize_rows(x, spec, kernel=True), quantize(x, spec))
+    channel = QuantSpec(4, axis="channel")  # blocks of tokens: always the reference
+    assert torch.equal(quantize_rows(x, channel, kernel=True), quantize(x, channel))
 
 
 def _args(**change):

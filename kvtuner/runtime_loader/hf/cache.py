@@ -9,6 +9,7 @@ from transformers.cache_utils import Cache
 
 from ...errors import KVTunerError
 from ...profile import LayerSpec, ModelFingerprint, Profile
+from .attention import DECODE_KERNEL_MODES, KernelDispatch
 from .layer import KVTunerLayer
 from .stream import predicted_stream_nbytes
 
@@ -26,11 +27,15 @@ class KVTunerCache(Cache):
         residual_length: int,
         keep_dequantized: bool,
         pack_chunk: int = 1,
+        pack_reserve: int = 0,
+        dispatch: KernelDispatch | None = None,
     ):
         kw = dict(
             residual_length=residual_length,
             keep_dequantized=keep_dequantized,
             pack_chunk=pack_chunk,
+            pack_reserve=pack_reserve,
+            dispatch=dispatch,
         )
         super().__init__(layers=[KVTunerLayer(s, fingerprint.head_dim, **kw) for s in specs])
         self.specs = tuple(specs)
@@ -113,6 +118,8 @@ def make_cache(
     residual_length: int = 0,
     keep_dequantized: bool = False,
     pack_chunk: int = 1,
+    pack_reserve: int = 0,
+    decode_kernel: str = "auto",
 ) -> KVTunerCache:
     """A packed per-layer K/V cache for ``model`` (``generate(past_key_values=...)`` or forward).
 
@@ -126,13 +133,27 @@ def make_cache(
         ``residual_length`` tokens stay unquantized). A chunk of e.g. 32 quantizes once every 32
         decode steps instead of every step; waiting tokens are read like the window (exact when
         ``residual_length=0``: they are read fake-quantized, identical to packed).
+    pack_reserve: 0 (default) keeps every packed history exact-size, so memory held equals
+        ``nbytes()``, but each pack copies the layer's whole history. N > 0 grows it in place
+        with N rows (plus 1/8) of spare capacity: a decode step then writes only its new rows
+        (GPU decode at long context), holding up to that much beyond ``nbytes()``.
+    decode_kernel: when the model runs ``attn_implementation="kvtuner"`` (see
+        :func:`~.attention.use_kvtuner_attention`), decode steps read the packed rows with the
+        fused Triton kernel: ``"auto"`` on CUDA, ``"always"`` also on CPU (needs
+        ``TRITON_INTERPRET=1``; tests), ``"never"``. Any other attention reads the dequantized
+        history, as before.
     """
     for name, value, low in (
         ("residual_length", residual_length, 0),
         ("pack_chunk", pack_chunk, 1),
+        ("pack_reserve", pack_reserve, 0),
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise KVTunerError(f"{name} must be an int >= {low}, got {value!r}")
+    if decode_kernel not in DECODE_KERNEL_MODES:
+        raise KVTunerError(
+            f"decode_kernel must be one of {DECODE_KERNEL_MODES}, got {decode_kernel!r}"
+        )
     config = getattr(model, "config", model)
     _check_attention_types(config)
     specs, model_fp = layer_specs_for(config, profile_or_layer_specs)
@@ -142,4 +163,6 @@ def make_cache(
         residual_length=residual_length,
         keep_dequantized=keep_dequantized,
         pack_chunk=pack_chunk,
+        pack_reserve=pack_reserve,
+        dispatch=KernelDispatch(decode_kernel, config),
     )

@@ -6,6 +6,7 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from ...profile import LayerSpec
+from .attention import KernelDispatch, tag
 from .stream import PackedStream
 
 
@@ -15,6 +16,8 @@ class KVTunerLayer(DynamicLayer):
     ``update(k, v)`` takes the new states ``[B, H, T, D]`` and returns the whole history as
     attention must read it (dequantized packed rows + the full-precision residual window).
     ``self.keys`` / ``self.values`` expose the unpacked tails only, like ``QuantizedLayer``.
+    A decode step that ``dispatch`` sends to the fused kernel returns the new key tagged with
+    this layer instead (:mod:`.attention` then calls :meth:`attend`): no history is dequantized.
     Rolling back tokens (``crop``) is not supported: a packed block cannot be partially undone.
     """
 
@@ -28,10 +31,13 @@ class KVTunerLayer(DynamicLayer):
         residual_length: int,
         keep_dequantized: bool,
         pack_chunk: int = 1,
+        pack_reserve: int = 0,
+        dispatch: KernelDispatch | None = None,
     ):
         super().__init__()
         self.spec = spec
-        self._args = (head_dim, residual_length, keep_dequantized, pack_chunk)
+        self.dispatch = dispatch or KernelDispatch("never")
+        self._args = (head_dim, residual_length, keep_dequantized, pack_chunk, pack_reserve)
         self.k = PackedStream(spec.k, *self._args)
         self.v = PackedStream(spec.v, *self._args)
 
@@ -40,10 +46,34 @@ class KVTunerLayer(DynamicLayer):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        keys = self.k.append(key_states)
-        values = self.v.append(value_states)
+        self.k.store(key_states)
+        self.v.store(value_states)
         self.keys, self.values = self.k.tail, self.v.tail
-        return keys, values
+        if self.dispatch.wants(key_states) and self._fusable():
+            return tag(key_states, self), value_states
+        return self.history(key_states.dtype)
+
+    def history(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V [B, H, T, D] as attention must read them (dequantized packed rows + tail)."""
+        return self.k.read(dtype), self.v.read(dtype)
+
+    def _fusable(self) -> bool:
+        """The fused kernel reads this layer: token-axis (or 16-bit) values, keys of either
+        axis, a power-of-two head_dim >= 16."""
+        d, v = self.k.head_dim, self.spec.v
+        return (v.axis == "token" or not v.is_quantized) and d >= 16 and not d & (d - 1)
+
+    def attend(
+        self, q: torch.Tensor, *, starts: torch.Tensor | None, sm_scale: float | None
+    ) -> torch.Tensor:
+        """Decode attention of q [B, Hq, D] over this layer's packed rows and tail -> [B, Hq, D]."""
+        from ...attention import decode_attention
+
+        k, v = self.k, self.v
+        return decode_attention(
+            q, k.rows(), v.rows(), k.spec, v.spec, k_tail=k.attended_tail(),
+            v_tail=v.attended_tail(), starts=starts, sm_scale=sm_scale,
+        )  # fmt: skip
 
     def get_seq_length(self) -> int:
         return self.k.num_tokens

@@ -18,19 +18,33 @@ per-call cost of quantizing during decode; tokens waiting for their chunk are re
 (unquantized when r > 0, fake-quantized — identical to packing them — when r = 0).
 
 16-bit specs never pack: the tail keeps the original tensor (exact), whatever ``residual_length``.
+
+Memory: no stored tensor is a view of a larger buffer (see :func:`_own`), so after a prefill and
+after every pack the stream holds exactly ``packed`` and ``tail`` (plus ``deq`` when asked for):
+what :meth:`PackedStream.nbytes` reports for fp16/bf16 tails. A prefill then keeps no layer's
+full-precision K/V once that layer is packed.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ...quant import QuantSpec, dequantize, fake_quantize, quantize
+from ...quant import QuantSpec, dequantize, fake_quantize, quantize_rows
 
 FP_ACCOUNTING_BYTES = 2  # unpacked elements are accounted as fp16, the profile's 16-bit format
 
 
 def _cat(a: torch.Tensor | None, b: torch.Tensor) -> torch.Tensor:
-    return b if a is None or a.shape[-2] == 0 else torch.cat([a, b], dim=-2)
+    return _own(b) if a is None or a.shape[-2] == 0 else torch.cat([a, b], dim=-2)
+
+
+def _own(t: torch.Tensor) -> torch.Tensor:
+    """t, or a compact copy of it when t is a view into a larger storage (a slice of the
+    prefill's K/V, of a fused qkv projection, of the tail before packing): a view keeps its
+    whole storage alive, so the cache would hold far more than :meth:`PackedStream.nbytes`."""
+    if t.untyped_storage().nbytes() > t.numel() * t.element_size():
+        return t.clone(memory_format=torch.contiguous_format)
+    return t
 
 
 class PackedStream:
@@ -43,12 +57,15 @@ class PackedStream:
         residual_length: int,
         keep_dequantized: bool,
         pack_chunk: int = 1,
+        pack_reserve: int = 0,
     ):
         spec.check_head_dim(head_dim)
         self.spec, self.head_dim = spec, head_dim
         self.residual_length = residual_length
         self.keep_dequantized = keep_dequantized
         self.pack_chunk = pack_chunk
+        self.pack_reserve = pack_reserve
+        self._buffer: torch.Tensor | None = None  # pack_reserve > 0: packed is a prefix of it
         self.packed: torch.Tensor | None = None
         self.tail: torch.Tensor | None = None
         self.deq: torch.Tensor | None = None
@@ -88,21 +105,60 @@ class PackedStream:
     def append(self, x: torch.Tensor) -> torch.Tensor:
         """Store new tokens x[B, H, T, D]; return the whole history [B, H, T_all, D] as attention
         must read it (model dtype)."""
+        self.store(x)
+        return self.read(x.dtype)
+
+    def store(self, x: torch.Tensor) -> None:
+        """Store new tokens x[B, H, T, D], packing those that leave the residual window."""
         self.tail = _cat(self.tail, x)
         n = self._packable()
         if n:
-            rows = quantize(self.tail[:, :, :n], self.spec)
-            self.packed = _cat(self.packed, rows)
+            rows = quantize_rows(self.tail[:, :, :n], self.spec)  # CUDA: the Triton kernel
+            self._append_packed(rows)
             if self.keep_dequantized:
                 new = dequantize(rows, self.spec, self.head_dim, x.dtype)
                 self.deq = _cat(self.deq, new)
-            self.tail = self.tail[:, :, n:]
-        return self.read(x.dtype)
+            self.tail = _own(self.tail[:, :, n:])
+
+    def rows(self) -> torch.Tensor:
+        """Packed rows [B, H, Tp, R] or channel blocks [B, H, Tp/G, R] (possibly none) for the
+        fused kernel; needs a stored tail."""
+        if self.packed is not None:
+            return self.packed
+        b, h = self.tail.shape[:2]
+        channel = self.spec.axis == "channel" and self.spec.is_quantized
+        r = self.spec.block_bytes(self.head_dim) if channel else self.spec.row_bytes(self.head_dim)
+        return torch.empty(b, h, 0, r, dtype=torch.uint8, device=self.tail.device)
+
+    def _append_packed(self, rows: torch.Tensor) -> None:
+        """``packed += rows``. With ``pack_reserve`` the rows land in spare capacity and the
+        history is copied only when the buffer is full (it then grows by ``pack_reserve`` rows
+        plus 1/8): decode stops copying the whole history every step, at the price of holding up
+        to that much beyond :meth:`nbytes`."""
+        if not self.pack_reserve:
+            self.packed = _cat(self.packed, rows)
+            return
+        used = 0 if self.packed is None else self.packed.shape[2]
+        need = used + rows.shape[2]
+        if self._buffer is None or self._buffer.shape[2] < need:
+            grown = rows.new_empty(
+                *rows.shape[:2], need + self.pack_reserve + need // 8, rows.shape[3]
+            )
+            if used:
+                grown[:, :, :used] = self.packed
+            self._buffer = grown
+        self._buffer[:, :, used:need] = rows
+        self.packed = self._buffer[:, :, :need]
+
+    def attended_tail(self) -> torch.Tensor | None:
+        """The tail as attention reads it: fake-quantized when ``residual_length`` is 0 (a
+        filling channel block, tokens waiting for their chunk), else as stored."""
+        if self.spec.is_quantized and self.residual_length == 0 and self.tail_tokens:
+            return fake_quantize(self.tail, self.spec)
+        return self.tail
 
     def read(self, dtype: torch.dtype) -> torch.Tensor:
-        tail = self.tail
-        if self.spec.is_quantized and self.residual_length == 0 and self.tail_tokens:
-            tail = fake_quantize(tail, self.spec)  # channel axis only: the still-filling block
+        tail = self.attended_tail()
         if self.packed is None:
             return tail
         deq = self.deq if self.keep_dequantized else self._dequantize_all(dtype)
@@ -118,12 +174,14 @@ class PackedStream:
             t = getattr(self, name)
             if t is not None:
                 setattr(self, name, t.index_select(0, index.to(t.device)))
+        self._buffer = None  # packed is a compact copy now
 
     def repeat_interleave(self, repeats: int) -> None:
         for name in ("packed", "tail", "deq"):
             t = getattr(self, name)
             if t is not None:
                 setattr(self, name, t.repeat_interleave(repeats, dim=0))
+        self._buffer = None
 
 
 def predicted_stream_nbytes(

@@ -1,0 +1,178 @@
+"""AttentionBatch: what one packed-attention call reads, checked once (shapes, dtypes, devices)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..quant.spec import QuantSpec
+
+__all__ = ["AttentionBatch", "choose_splits"]
+
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+_INTS = (torch.int32, torch.int64)
+
+
+@dataclass(frozen=True)
+class AttentionBatch:
+    """The newest Tq tokens of each request (q [B, Tq, Hq, D]) against one layer's packed K
+    and V rows.
+
+    Paged (``slot_table`` given): rows ``[slots, Hkv, R]``; request b's token t is in slot
+    ``slot_table[table_rows[b], t]``; ``lengths [B]`` int32 is required. Contiguous: rows
+    ``[B, Hkv, T, R]``, or for channel-axis keys blocks ``[B, Hkv, T/G, block_bytes]``;
+    ``lengths`` (V's packed tokens) defaults to V's T for every request, and must be left out
+    when K and V pack different token counts. Tails ``[B, Hkv, Tt, D]`` follow each one's packed
+    tokens (K and V end at the same position); ``starts [B]`` int32 masks the positions before
+    it (left padding).
+    """
+
+    q: torch.Tensor
+    k_rows: torch.Tensor
+    v_rows: torch.Tensor
+    k_spec: QuantSpec
+    v_spec: QuantSpec
+    lengths: torch.Tensor | None = None
+    slot_table: torch.Tensor | None = None
+    table_rows: torch.Tensor | None = None
+    k_tail: torch.Tensor | None = None
+    v_tail: torch.Tensor | None = None
+    starts: torch.Tensor | None = None
+    sm_scale: float | None = None
+
+    def __post_init__(self) -> None:
+        q = self.q
+        if q.dim() != 4 or q.dtype not in _FLOATS or q.stride(3) != 1:
+            raise ValueError(
+                f"q must be fp16/bf16/fp32 [B, Tq, Hq, D] with contiguous D, got "
+                f"{q.dtype} {tuple(q.shape)} strides {q.stride()}"
+            )
+        dim = q.shape[3]
+        if q.shape[1] == 0:
+            raise ValueError("q has no query tokens")
+        if dim < 16 or dim & (dim - 1):
+            raise ValueError(f"head_dim must be a power of two >= 16, got {dim}")
+        for name, spec in (("k", self.k_spec), ("v", self.v_spec)):
+            self._check_rows(name, getattr(self, f"{name}_rows"), spec)
+        if self.k_delta and self.lengths is not None:
+            raise ValueError("K and V pack different token counts: leave lengths out")
+        if self.lengths is None and self.slot_table is None:
+            lengths = torch.full((q.shape[0],), self._packed("v"), device=q.device)
+            object.__setattr__(self, "lengths", lengths.to(torch.int32))
+        self._check_indices()
+        self._check_tails()
+
+    def _check_rows(self, name: str, rows: torch.Tensor, spec: QuantSpec) -> None:
+        dim, paged = self.q.shape[3], self.slot_table is not None
+        channel = isinstance(spec, QuantSpec) and spec.axis == "channel" and spec.is_quantized
+        if not isinstance(spec, QuantSpec):
+            raise ValueError(f"{name}_spec must be a QuantSpec, got {spec!r}")
+        if channel and (name == "v" or paged):
+            raise ValueError(
+                f"{name}_spec: channel-axis blocks are read for keys in contiguous rows only "
+                "(values and paged pools are token-axis)"
+            )
+        want = 3 if paged else 4
+        if rows.dtype != torch.uint8 or rows.dim() != want or rows.stride(-1) != 1:
+            layout = "[slots, Hkv, R]" if paged else "[B, Hkv, T, R]"
+            raise ValueError(
+                f"{name}_rows must be uint8 {layout} with contiguous rows, got "
+                f"{rows.dtype} {tuple(rows.shape)} strides {rows.stride()}"
+            )
+        want_bytes = spec.block_bytes(dim) if channel else spec.row_bytes(dim)
+        if rows.shape[-1] != want_bytes:
+            raise ValueError(
+                f"{name}_rows have {rows.shape[-1]} bytes, {spec.short()} at "
+                f"head_dim {dim} needs {want_bytes}"
+            )
+        if not spec.is_quantized and any(s % 2 for s in rows.stride()[:-1]):
+            raise ValueError(f"16-bit {name}_rows need even byte strides (fp16 elements)")
+        if rows.device != self.q.device:
+            raise ValueError(f"{name}_rows are on {rows.device}, q on {self.q.device}")
+        heads = self.q.shape[2]
+        if rows.shape[1] == 0 or heads % rows.shape[1]:
+            raise ValueError(f"{heads} query heads are not a multiple of {rows.shape[1]} KV heads")
+        if rows.shape[1] != self.k_rows.shape[1] or (not paged and rows.shape[0] != len(self.q)):
+            raise ValueError(
+                f"k_rows {tuple(self.k_rows.shape)} and v_rows "
+                f"{tuple(self.v_rows.shape)} do not fit q {tuple(self.q.shape)}"
+            )
+
+    def _check_indices(self) -> None:
+        bsz, dev = self.q.shape[0], self.q.device
+        paged = self.slot_table is not None
+        if paged and (self.slot_table.dim() != 2 or self.slot_table.dtype not in _INTS):
+            raise ValueError(
+                f"slot_table must be int32/int64 [rows, W], got "
+                f"{self.slot_table.dtype} {tuple(self.slot_table.shape)}"
+            )
+        if paged and self.slot_table.stride(1) != 1:
+            raise ValueError("slot_table rows must be contiguous")
+        if self.table_rows is not None and not paged:
+            raise ValueError("table_rows needs a slot_table")
+        for name in ("lengths", "table_rows", "starts"):
+            t = getattr(self, name)
+            if name == "lengths" and t is None:
+                raise ValueError("a paged decode batch needs lengths")
+            if t is not None and (t.shape != (bsz,) or t.dtype != torch.int32 or t.device != dev):
+                raise ValueError(
+                    f"{name} must be int32 [{bsz}] on {dev}, got {t.dtype} "
+                    f"{tuple(t.shape)} on {t.device}"
+                )
+
+    def _check_tails(self) -> None:
+        if (self.k_tail is None) != (self.v_tail is None):
+            raise ValueError("k_tail and v_tail come together")
+        if self.k_tail is None:
+            return
+        bsz, dim = self.q.shape[0], self.q.shape[3]
+        for t in (self.k_tail, self.v_tail):
+            want = (bsz, self.kv_heads, t.shape[2], dim)
+            if t.dim() != 4 or tuple(t.shape) != want or t.stride(3) != 1 or t.dtype not in _FLOATS:
+                raise ValueError(
+                    f"tails must be float [B, Hkv, Tt, D] = {want} with contiguous D, got "
+                    f"{t.dtype} {tuple(t.shape)} strides {t.stride()}"
+                )
+            if t.device != self.q.device:
+                raise ValueError(f"tails are on {t.device}, q on {self.q.device}")
+        if self.k_delta + self.k_tail.shape[2] != self.v_tail_tokens:
+            raise ValueError(
+                f"K ({self._packed('k')} packed + {self.k_tail.shape[2]}) and V "
+                f"({self._packed('v')} packed + {self.v_tail_tokens}) must end at the same token"
+            )
+
+    def _packed(self, name: str) -> int:
+        """Packed tokens of K or V (contiguous rows: all requests alike)."""
+        rows, spec = (self.k_rows, self.k_spec) if name == "k" else (self.v_rows, self.v_spec)
+        per_row = spec.group_size if spec.axis == "channel" and spec.is_quantized else 1
+        return rows.shape[2] * per_row
+
+    @property
+    def kv_heads(self) -> int:
+        return self.k_rows.shape[1]
+
+    @property
+    def k_delta(self) -> int:
+        """K's packed tokens minus V's (contiguous rows; 0 in a paged pool)."""
+        return 0 if self.slot_table is not None else self._packed("k") - self._packed("v")
+
+    @property
+    def max_packed(self) -> int:
+        """Upper bound of any request's packed V tokens, known without a device sync."""
+        return self.slot_table.shape[1] if self.slot_table is not None else self._packed("v")
+
+    @property
+    def v_tail_tokens(self) -> int:
+        return 0 if self.v_tail is None else self.v_tail.shape[2]
+
+
+def choose_splits(batch: int, kv_heads: int, max_tokens: int, device: torch.device) -> int:
+    """Sequence splits per (query rows of a request, KV head): enough programs to fill the GPU
+    (about 4 per SM), each with at least 256 tokens to amortize its reduce; on CPU
+    (interpreter) at most 2."""
+    if device.type != "cuda":
+        return 1 if max_tokens <= 64 else 2
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    wanted = -(-4 * sms // max(1, batch * kv_heads))
+    return max(1, min(wanted, -(-max_tokens // 256), 64))

@@ -1,0 +1,77 @@
+"""On a GPU (marker ``cuda``): the compiled kernel vs the reference at real shapes, and the HF
+cache's memory held (``torch.cuda.memory_allocated``) against ``nbytes()``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_model
+
+from kvtuner import ModelFingerprint, Profile, QuantSpec
+from kvtuner.attention import (
+    decode_attention,
+    decode_attention_reference,
+    extend_attention,
+    extend_attention_reference,
+)
+from kvtuner.quant import quantize
+from kvtuner.runtime_loader.hf import make_cache, use_kvtuner_attention
+
+pytestmark = pytest.mark.cuda
+D = 128
+
+
+@pytest.mark.parametrize(
+    "k_spec,v_spec",
+    [
+        (QuantSpec(2), QuantSpec(2)),
+        (QuantSpec(3), QuantSpec(5, symmetric=True)),
+        (QuantSpec(4), QuantSpec(4)),
+        (QuantSpec(6, group_size=64), QuantSpec(8, group_size=64)),
+        (QuantSpec(16), QuantSpec(4, rotation="hadamard")),
+    ],
+    ids=lambda s: s.short(),
+)
+def test_compiled_kernel_matches_the_reference_at_real_shapes(k_spec, v_spec):
+    torch.manual_seed(0)
+    lengths = [3000, 1, 777, 4096]
+    slots = sum(lengths) + 64
+    k = torch.randn(slots, 8, D, device="cuda")
+    v = torch.randn(slots, 8, D, device="cuda")
+    k_rows, v_rows = quantize(k, k_spec), quantize(v, v_spec)
+    perm = torch.randperm(slots, device="cuda").to(torch.int32)
+    table = torch.zeros(4, max(lengths), dtype=torch.int32, device="cuda")
+    used = 0
+    for b, n in enumerate(lengths):
+        table[b, :n] = perm[used : used + n]
+        used += n
+    kw = dict(lengths=torch.tensor(lengths, dtype=torch.int32, device="cuda"), slot_table=table)
+    q = torch.randn(4, 32, D, device="cuda", dtype=torch.bfloat16)
+    got = decode_attention(q, k_rows, v_rows, k_spec, v_spec, **kw).float()
+    ref = decode_attention_reference(q, k_rows, v_rows, k_spec, v_spec, **kw).float()
+    torch.testing.assert_close(got, ref, atol=2e-2, rtol=2e-2)
+    qx = torch.randn(4, 33, 32, D, device="cuda", dtype=torch.bfloat16)
+    got = extend_attention(qx, k_rows, v_rows, k_spec, v_spec, **kw).float()
+    ref = extend_attention_reference(qx, k_rows, v_rows, k_spec, v_spec, **kw).float()
+    torch.testing.assert_close(got, ref, atol=2e-2, rtol=2e-2)
+
+
+@torch.inference_mode()
+def test_hf_cache_holds_what_nbytes_reports_after_prefill_and_decode():
+    model = use_kvtuner_attention(
+        tiny_model("llama", head_dim=64, max_position_embeddings=4096).to("cuda", torch.bfloat16)
+    )
+    fp = ModelFingerprint.from_config(model.config)
+    profile = Profile.uniform("tiny", fp, QuantSpec(4), QuantSpec(4))
+    ids = torch.randint(0, 256, (4, 2048), device="cuda")
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    cache = make_cache(model, profile)
+    out = model(ids, past_key_values=cache, logits_to_keep=1)
+    for _ in range(5):
+        out = model(out.logits[:, -1:].argmax(-1), past_key_values=cache, logits_to_keep=1)
+    del out
+    torch.cuda.synchronize()
+    tensors = 4 * len(cache.layers)  # packed rows and a tail per K and V stream
+    held = torch.cuda.memory_allocated() - base
+    assert cache.nbytes() <= held <= cache.nbytes() + 512 * tensors  # 512 B allocator rounding

@@ -1,0 +1,108 @@
+"""attn_implementation="kvtuner": decode through the fused kernel (forced on CPU, interpreter)
+gives the greedy tokens of the dequantize-then-SDPA path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_model
+
+import kvtuner.attention.decode as fused_decode
+from kvtuner import KVTunerError, ModelFingerprint, Profile, QuantSpec
+from kvtuner.runtime_loader.hf import make_cache, use_kvtuner_attention
+
+
+@pytest.fixture(scope="module")
+def kvtuner_llama():
+    return use_kvtuner_attention(tiny_model("llama"))
+
+
+def uniform(model, k: QuantSpec, v: QuantSpec) -> Profile:
+    return Profile.uniform("tiny", ModelFingerprint.from_config(model.config), k, v)
+
+
+def kernel_calls(monkeypatch) -> list[int]:
+    """Count fused kernel launches (the real kernel still runs)."""
+    calls, real = [], fused_decode.decode_attention
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fused_decode, "decode_attention", counted)
+    return calls
+
+
+def generate(model, profile, ids, mask=None, new=6, **cache_kw):
+    """Greedy tokens and every step's logits [B, new, V]."""
+    cache = make_cache(model, profile, **cache_kw)
+    kw = dict(attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=0)
+    out = model.generate(
+        ids, past_key_values=cache, output_logits=True, return_dict_in_generate=True, **kw
+    )
+    return out.sequences, torch.stack(out.logits, 1)
+
+
+def same_generation(got, ref) -> None:
+    """Identical tokens, and logits within fp32 rounding (tokens of a random tiny model barely
+    depend on attention: a 1 % error in q leaves them alone, not the logits)."""
+    assert torch.equal(got[0], ref[0])
+    torch.testing.assert_close(got[1], ref[1], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "k,v,cache_kw",
+    [
+        (QuantSpec(4), QuantSpec(2, group_size=16), {}),
+        (QuantSpec(8, rotation="hadamard"), QuantSpec(4, symmetric=True), {"residual_length": 5}),
+        (QuantSpec(3, group_size=16), QuantSpec(6), {"pack_chunk": 4}),
+        (QuantSpec(4, group_size=8, axis="channel"), QuantSpec(4), {}),  # KIVI, filling block
+        (QuantSpec(2, group_size=8, axis="channel"), QuantSpec(16), {"residual_length": 3}),
+        (QuantSpec(5), QuantSpec(4, group_size=16), {"pack_reserve": 2}),  # rows: a buffer's prefix
+    ],
+)
+def test_fused_decode_gives_the_dequantize_then_sdpa_tokens(
+    kvtuner_llama, monkeypatch, k, v, cache_kw
+):
+    ids = torch.randint(0, 256, (2, 20), generator=torch.Generator().manual_seed(1))
+    profile = uniform(kvtuner_llama, k, v)
+    ref = generate(kvtuner_llama, profile, ids, decode_kernel="never", **cache_kw)
+    calls = kernel_calls(monkeypatch)
+    got = generate(kvtuner_llama, profile, ids, decode_kernel="always", **cache_kw)
+    same_generation(got, ref)
+    assert len(calls) == 5 * 2  # every decode step of both layers, none for the prefill
+
+
+def test_left_padded_batch_reads_from_each_requests_first_token(kvtuner_llama, monkeypatch):
+    ids = torch.randint(0, 256, (3, 12), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    mask[0, :5] = 0
+    mask[2, :2] = 0
+    ids = ids.masked_fill(mask == 0, 0)
+    profile = uniform(kvtuner_llama, QuantSpec(4), QuantSpec(4))
+    ref = generate(kvtuner_llama, profile, ids, mask, decode_kernel="never", residual_length=3)
+    calls = kernel_calls(monkeypatch)
+    got = generate(kvtuner_llama, profile, ids, mask, decode_kernel="always", residual_length=3)
+    same_generation(got, ref)
+    assert len(calls) == 5 * 2
+
+
+def test_cpu_auto_and_channel_values_stay_on_the_dequantized_path(kvtuner_llama, monkeypatch):
+    ids = torch.randint(0, 256, (1, 40), generator=torch.Generator().manual_seed(3))
+    calls = kernel_calls(monkeypatch)
+    channel_v = uniform(kvtuner_llama, QuantSpec(4), QuantSpec(4, axis="channel"))
+    generate(kvtuner_llama, channel_v, ids, new=3, decode_kernel="always")
+    generate(kvtuner_llama, uniform(kvtuner_llama, QuantSpec(4), QuantSpec(4)), ids, new=3)
+    assert calls == []  # channel-axis values: not fused; "auto" on CPU: sdpa as before
+
+
+def test_other_attention_implementations_never_get_the_fused_marker(monkeypatch):
+    model = tiny_model("llama")  # sdpa
+    ids = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(4))
+    profile = uniform(model, QuantSpec(4), QuantSpec(4))
+    calls = kernel_calls(monkeypatch)
+    ref = generate(use_kvtuner_attention(tiny_model("llama")), profile, ids, decode_kernel="never")
+    same_generation(generate(model, profile, ids, decode_kernel="always"), ref)
+    assert not calls
+    with pytest.raises(KVTunerError, match="decode_kernel"):
+        make_cache(model, profile, decode_kernel="sometimes")
