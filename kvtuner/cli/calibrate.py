@@ -7,6 +7,7 @@ import time
 from dataclasses import replace
 
 from ..errors import KVTunerError
+from .placement_args import add_placement_arguments, placement_from_args
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -31,6 +32,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-samples", type=int, default=DEFAULT_NUM_SAMPLES)
     p.add_argument("--seq-len", type=int, default=DEFAULT_SEQ_LEN)
     p.add_argument("--seed", type=int, default=DEFAULT_SEED, help="which windows are sampled")
+    add_batch_size_argument(p)
+    add_placement_arguments(p)
     p.add_argument("--output", required=True, help="sensitivity JSON to write")
     p.add_argument("--plot", help="layer x (K2..V8) heatmap PNG (needs matplotlib)")
     p.add_argument(
@@ -51,6 +54,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)
+
+
+def add_batch_size_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        help="calibration windows per forward (default: as many as keep one forward's fp32 "
+        "logits under 256 MiB)",
+    )
 
 
 def add_bits_argument(p: argparse.ArgumentParser, what: str) -> None:
@@ -93,9 +105,14 @@ def specs_from_args(args: argparse.Namespace):
     return key, value
 
 
-def _summary(sens, seconds: float) -> str:
+def _summary(sens, seconds: float, device) -> str:
+    from ..placement import peak_memory_line
+
     low = sens.bits[0]
-    lines = [f"fp ppl {sens.fp_ppl:.3f} on {sens.data['tokens']} tokens; {seconds:.1f} s"]
+    lines = [
+        f"fp ppl {sens.fp_ppl:.3f} on {sens.data['tokens']} tokens; {seconds:.1f} s on "
+        f"{sens.data['device']} in {sens.data['dtype']}; {peak_memory_line(device)}"
+    ]
     for part, name in (("k", "key"), ("v", "value")):
         ranked = sorted(range(len(sens.layers)), key=lambda i: -sens.kl(i, part, low))[:5]
         top = ", ".join(f"{i} ({sens.kl(i, part, low):.2e})" for i in ranked)
@@ -116,15 +133,25 @@ def quiet_loaders() -> None:
 def run(args: argparse.Namespace) -> int:
     from ..calibration import calibrate, load_calibration_data, load_model
     from ..calibration.corpus import check_dataset
+    from ..calibration.kl import check_batch_size
+    from ..placement import reset_peak_memory
     from ..search_spaces import DEFAULT_BITS
 
     key, value = specs_from_args(args)  # bad flags fail before anything loads
     bits = parse_bits(args.bits) if args.bits else DEFAULT_BITS
     check_dataset(args.dataset)
+    check_batch_size(args.batch_size)
+    where = placement_from_args(args)
     if args.no_progress:
         quiet_loaders()
     start = time.perf_counter()
-    model, tokenizer = load_model(args.model, trust_remote_code=args.trust_remote_code)
+    reset_peak_memory(where.torch_device)
+    model, tokenizer = load_model(
+        args.model,
+        device=where.device,
+        dtype=where.dtype,
+        trust_remote_code=args.trust_remote_code,
+    )
     data = load_calibration_data(
         tokenizer,
         dataset=args.dataset,
@@ -142,9 +169,10 @@ def run(args: argparse.Namespace) -> int:
         cache_dir=args.cache_dir,
         use_cache=not args.no_cache,
         progress=not args.no_progress,
+        batch_size=args.batch_size,
     )
     sens.save(args.output)
-    print(_summary(sens, time.perf_counter() - start))
+    print(_summary(sens, time.perf_counter() - start, where.torch_device))
     print(f"wrote {args.output}")
     if args.plot:
         from ..calibration.plot import plot_sensitivity

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from .calibrate import add_bits_argument, parse_bits, quiet_loaders
+from .calibrate import add_batch_size_argument, add_bits_argument, parse_bits, quiet_loaders
+from .placement_args import add_placement_arguments, placement_from_args
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -63,6 +64,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="calibration windows (default %(default)s; each trial runs them all)",
     )
     p.add_argument("--seq-len", type=int, default=256, help="tokens per window (%(default)s)")
+    add_batch_size_argument(p)
+    add_placement_arguments(p)
     p.add_argument(
         "--confirm-samples",
         type=int,
@@ -88,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
     from ..tuner.study import StudySettings
 
     bits = parse_bits(args.bits) if args.bits else None
+    where = placement_from_args(args)
     if args.no_progress:
         quiet_loaders()
     settings = StudySettings(
@@ -115,6 +119,9 @@ def run(args: argparse.Namespace) -> int:
         plot=args.plot,
         baselines=args.all_baselines,
         progress=not args.no_progress,
+        device=where.device,
+        dtype=where.dtype,
+        batch_size=args.batch_size,
     )
     print(outcome.summary)
     p = outcome.profile

@@ -46,9 +46,16 @@ def _hadamard_cpu(dim: int) -> torch.Tensor:
 
 
 def hadamard(dim: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """Orthonormal, symmetric Hadamard matrix [dim, dim] (its own inverse), fp32."""
-    h = _hadamard_cpu(dim)
-    return h if h.device == torch.device(device) else h.to(device)
+    """Orthonormal, symmetric Hadamard matrix [dim, dim] (its own inverse), fp32; one copy per
+    device (the CPU values moved once: no host-to-device copy per call)."""
+    device = torch.device(device)
+    return _hadamard_cpu(dim) if device.type == "cpu" else _hadamard_on(dim, str(device))
+
+
+@functools.lru_cache(maxsize=16)
+def _hadamard_on(dim: int, device: str) -> torch.Tensor:
+    with torch.inference_mode(False):  # cached: never an inference tensor (see _hadamard_cpu)
+        return _hadamard_cpu(dim).to(device)
 
 
 def rotate(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
