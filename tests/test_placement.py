@@ -43,7 +43,8 @@ def test_auto_is_cpu_fp32_without_cuda():
 @NO_CUDA
 @pytest.mark.parametrize("device", ["cuda", "cuda:0", "cuda:3"])
 def test_cuda_without_cuda_names_the_fix(device):
-    with pytest.raises(KVTunerError, match=f"--device {device}: no CUDA device .* use --device cpu"):
+    message = f"--device {device}: no CUDA device .* use --device cpu"
+    with pytest.raises(KVTunerError, match=message):
         Placement(device, "auto").resolve()
 
 
