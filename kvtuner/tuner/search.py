@@ -234,6 +234,7 @@ def search(
     device: str = "auto",
     dtype: str = "auto",
     batch_size: int | None = None,
+    loaded: tuple[Any, Any] | None = None,
 ) -> SearchOutcome:
     """Search a profile for ``model`` within ``budget`` and write it to ``output`` (atomic).
 
@@ -244,6 +245,8 @@ def search(
     device, dtype: where the model runs (see :mod:`kvtuner.placement`): calibration, every
     trial and the confirmation pass. batch_size: calibration windows per forward (None: as many
     as keep one forward's fp32 logits under 256 MiB). The outcome reports the peak GPU memory.
+    loaded: an already loaded ``(model, tokenizer)`` (e.g. built from a config), used as is
+    instead of loading ``model``, which then only names it in the profile.
     """
     start = time.monotonic()
     budget = budget if isinstance(budget, Budget) else Budget.parse(budget)
@@ -272,7 +275,10 @@ def search(
     if study.storage is None:
         study = dataclasses.replace(study, storage=default_storage(output))
     reset_peak_memory(where.torch_device)
-    lm, tokenizer = load_model(model, device=where.device, dtype=where.dtype)
+    if loaded is None:
+        lm, tokenizer = load_model(model, device=where.device, dtype=where.dtype)
+    else:
+        (lm, tokenizer), where = loaded, placement_of(loaded[0])
     fp = fingerprint_of(lm)
     _check_feasible(budget, search_preset, fp, min(bits or DEFAULT_BITS))  # before calibration
     data = load_calibration_data(
