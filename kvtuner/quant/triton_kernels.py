@@ -122,51 +122,42 @@ def _scatter_kernel(
     NW: tl.constexpr = D // 8  # words of 8 codes per row
     NB: tl.constexpr = NW * BITS  # code bytes per row
     NG: tl.constexpr = D // G
+    NG_PAD: tl.constexpr = NW_PAD * 8 // G  # groups of the padded tile (extra ones not stored)
     QMAX: tl.constexpr = (1 << BITS) - 1
     HALF: tl.constexpr = (1 << (BITS - 1)) - 1
     w = tl.arange(0, NW_PAD)
-    k = tl.arange(0, 8)
-    e = w[:, None] * 8 + k[None, :]  # [NW_PAD, 8] element index inside the row
-    grp = e // G
+    e = w[:, None] * 8 + tl.arange(0, 8)[None, :]  # [NW_PAD, 8] element index inside the row
     mask = row_ok[:, None, None] & (w < NW)[None, :, None]
     at = _x_offsets(rows, heads, stride_xt, stride_xh)
     x = tl.load(x_ptr + at[:, None, None] + e[None], mask=mask, other=0.0)
     x = x.to(tl.float32)  # [BLOCK, NW_PAD, 8]
     if ROTATE:
         x = _rotated(x, h_ptr, D)
+    x = tl.reshape(x, [BLOCK, NG_PAD, G])  # the same elements, one group per middle index
     finite = (x == x) & (tl.abs(x) < float("inf"))
     safe = tl.where(finite, x, 0.0)
-    scale_t = tl.zeros([BLOCK, NW_PAD, 8], tl.float32)
-    zero_t = tl.zeros([BLOCK, NW_PAD, 8], tl.float32)
-    ok_t = tl.zeros([BLOCK, NW_PAD, 8], tl.int32)
-    for g in tl.static_range(NG):
-        in_g = (grp == g)[None]  # [1, NW_PAD, 8]
-        bad = tl.max(tl.max(tl.where(in_g & (finite == 0), 1, 0), 2), 1)  # [BLOCK]
-        if SYMMETRIC:
-            scale = _fp16_directed(tl.max(tl.max(tl.where(in_g, tl.abs(safe), 0.0), 2), 1), True)
-            ok = (bad == 0) & (scale < float("inf"))
-            zero = scale * 0.0
-        else:
-            mn = tl.min(tl.min(tl.where(in_g, safe, float("inf")), 2), 1)
-            mx = tl.max(tl.max(tl.where(in_g, safe, -float("inf")), 2), 1)
-            zero = _fp16_directed(mn, False)
-            scale = _fp16_directed(tl.math.div_rn(mx - zero, QMAX * 1.0), True)
-            ok = (bad == 0) & (tl.abs(zero) < float("inf")) & (scale < float("inf"))
-            _store_fp16(dst + NB + 2 * NG + 2 * g, zero, ok, row_ok)
-        _store_fp16(dst + NB + 2 * g, scale, ok, row_ok)
-        scale_t = tl.where(in_g, scale[:, None, None], scale_t)
-        zero_t = tl.where(in_g, zero[:, None, None], zero_t)
-        ok_t = tl.where(in_g, ok.to(tl.int32)[:, None, None], ok_t)
-    step = tl.where(scale_t > 0, scale_t, 1.0)
+    bad = tl.max(tl.where(finite, 0, 1), 2)  # [BLOCK, NG_PAD]: a non-finite input poisons
+    g = tl.arange(0, NG_PAD)
+    meta = dst[:, None] + NB + 2 * g[None, :]  # [BLOCK, NG_PAD] fp16 scale slots
+    meta_ok = row_ok[:, None] & (g < NG)[None, :]
     if SYMMETRIC:
-        ratio = tl.where(scale_t > 0, tl.math.div_rn(safe, step), 0.0)
+        scale = _fp16_directed(tl.max(tl.abs(safe), 2), True)
+        ok = (bad == 0) & (scale < float("inf"))
+        step = tl.where(scale > 0, scale, 1.0)[:, :, None]
+        ratio = tl.where(scale[:, :, None] > 0, tl.math.div_rn(safe, step), 0.0)
         q = tl.floor(ratio * HALF + 0.5) + HALF
         q = tl.minimum(tl.maximum(q, 0.0), 2.0 * HALF)
     else:
-        q = tl.floor(tl.math.div_rn(safe - zero_t, step) + 0.5)
+        zero = _fp16_directed(tl.min(safe, 2), False)
+        scale = _fp16_directed(tl.math.div_rn(tl.max(safe, 2) - zero, QMAX * 1.0), True)
+        ok = (bad == 0) & (tl.abs(zero) < float("inf")) & (scale < float("inf"))
+        _store_fp16(meta + 2 * NG, zero, ok, meta_ok)
+        step = tl.where(scale > 0, scale, 1.0)[:, :, None]
+        q = tl.floor(tl.math.div_rn(safe - zero[:, :, None], step) + 0.5)
         q = tl.minimum(tl.maximum(q, 0.0), QMAX * 1.0)
-    q = tl.where(ok_t != 0, q, 0.0).to(tl.int32)
-    _store_codes(dst, q, row_ok, NB, BITS)
+    _store_fp16(meta, scale, ok, meta_ok)
+    q = tl.where(ok[:, :, None], q, 0.0).to(tl.int32)
+    _store_codes(dst, tl.reshape(q, [BLOCK, NW_PAD, 8]), row_ok, NB, BITS)
 
 
 @triton.jit
@@ -227,23 +218,21 @@ def _gather_kernel(
     NW: tl.constexpr = D // 8
     NB: tl.constexpr = NW * BITS
     NG: tl.constexpr = D // G
+    NG_PAD: tl.constexpr = NW_PAD * 8 // G
     HALF: tl.constexpr = (1 << (BITS - 1)) - 1
     w = tl.arange(0, NW_PAD)
     e = w[:, None] * 8 + tl.arange(0, 8)[None, :]  # [NW_PAD, 8]
-    grp = e // G
     q = _load_codes(src, row_ok, NB, NW_PAD, BITS)  # [BLOCK, NW_PAD, 8]
-    scale_t = tl.zeros([BLOCK, NW_PAD, 8], tl.float32)
-    zero_t = tl.zeros([BLOCK, NW_PAD, 8], tl.float32)
-    for g in tl.static_range(NG):
-        in_g = (grp == g)[None]
-        scale_t = tl.where(in_g, _load_fp16(src + NB + 2 * g, row_ok)[:, None, None], scale_t)
-        if not SYMMETRIC:
-            zero = _load_fp16(src + NB + 2 * NG + 2 * g, row_ok)
-            zero_t = tl.where(in_g, zero[:, None, None], zero_t)
+    q = tl.reshape(q, [BLOCK, NG_PAD, G])
+    g = tl.arange(0, NG_PAD)
+    meta = src[:, None] + NB + 2 * g[None, :]  # [BLOCK, NG_PAD]: one load per group and row
+    meta_ok = row_ok[:, None] & (g < NG)[None, :]
+    scale = _load_fp16(meta, meta_ok)[:, :, None]
     if SYMMETRIC:  # noqa: SIM108 (constexpr branch: only one side is compiled)
-        out = tl.math.div_rn((q - HALF) * scale_t, HALF * 1.0)
+        out = tl.math.div_rn((q - HALF) * scale, HALF * 1.0)
     else:
-        out = zero_t + q * scale_t
+        out = _load_fp16(meta + 2 * NG, meta_ok)[:, :, None] + q * scale
+    out = tl.reshape(out, [BLOCK, NW_PAD, 8])
     if ROTATE:  # undo the rotation: H is its own inverse
         out = _rotated(out, h_ptr, D)
     mask = row_ok[:, None, None] & (w < NW)[None, :, None]
