@@ -138,3 +138,13 @@ def test_profile_records_the_device_and_the_study_resumes_across_devices(tiny_di
     assert study.user_attrs["devices"] == ["cuda:0 (NVIDIA H100 80GB HBM3)", "cpu"]
     with pytest.raises(KVTunerError, match="was measured in float32, this run is bfloat16"):
         run(tiny_dir, out, [], dtype="bfloat16")
+
+
+def test_search_takes_a_loaded_model(tiny_dir, tmp_path):
+    """A model built elsewhere (here: the checkpoint in bf16) is searched as is."""
+    from kvtuner.calibration import load_model
+
+    loaded = load_model(str(tiny_dir), device="cpu", dtype="bfloat16")
+    outcome = run(tiny_dir, tmp_path / "l.json", [], model="built-in-memory", loaded=loaded)
+    assert outcome.profile.model_id == "built-in-memory"
+    assert outcome.profile.calibration["dtype"] == "bfloat16"
