@@ -177,24 +177,14 @@ def _confirm_metrics(held, confirmation: tuple[Confirmed, ...]) -> dict:
 
 
 def _profile(
-    lm,
-    model_id,
-    space,
-    best,
-    data,
-    sens_path,
-    budget,
-    settings,
-    study,
-    baselines,
-    fp_ppl,
-    extra=None,
+    model_id, space, best, calibration, budget, settings, study, baselines, fp_ppl, extra=None
 ):
+    """calibration: the profile's provenance of the study's tokens (data, device, dtype)."""
     fits = [b for b in baselines if b.fits]
     top = min(fits, key=lambda b: b.kl, default=None)
     metrics = {
         "kl": _sig(best.kl),
-        "kl_tokens": data.tokens.numel(),
+        "kl_tokens": calibration["tokens"],
         "additive_kl": _sig(best.additive_kl),
         "fp_ppl": fp_ppl,
         "best_uniform": top.label if top else None,
@@ -204,7 +194,6 @@ def _profile(
         "study": study.study_name,
         **(extra or {}),
     }
-    calibration = {**data.describe(), **placement_of(lm).describe(), "sensitivity": sens_path.name}
     profile = Profile(
         model_id, space.fingerprint, best.specs, calibration=calibration, metrics=metrics
     )
@@ -274,11 +263,11 @@ def search(
     output.parent.mkdir(parents=True, exist_ok=True)  # the default storage lives beside it
     if study.storage is None:
         study = dataclasses.replace(study, storage=default_storage(output))
+    if loaded is not None:
+        (lm, tokenizer), where = loaded, placement_of(loaded[0])
     reset_peak_memory(where.torch_device)
     if loaded is None:
         lm, tokenizer = load_model(model, device=where.device, dtype=where.dtype)
-    else:
-        (lm, tokenizer), where = loaded, placement_of(loaded[0])
     fp = fingerprint_of(lm)
     _check_feasible(budget, search_preset, fp, min(bits or DEFAULT_BITS))  # before calibration
     data = load_calibration_data(
@@ -325,16 +314,15 @@ def search(
     base = _baselines(st, space, measured, evaluate, baselines)
     fp_ppl = read_json(sens_path, "sensitivity file").get("fp", {}).get("ppl")
     extra = _confirm_metrics(held, confirmation)
-    profile = _profile(
-        lm, model, space, best, data, sens_path, budget, study, st, base, fp_ppl, extra
-    )
+    calibration = {**data.describe(), **where.describe(), "sensitivity": sens_path.name}
+    profile = _profile(model, space, best, calibration, budget, study, st, base, fp_ppl, extra)
     save_profile(profile, output)
     front = tuple(pareto_set(measured))
     if pareto_dir:
         write_pareto_dir(
             pareto_dir,
             [
-                _profile(lm, model, space, m, data, sens_path, budget, study, st, base, fp_ppl)
+                _profile(model, space, m, calibration, budget, study, st, base, fp_ppl)
                 for m in front
             ],
         )
