@@ -65,7 +65,7 @@ def test_gpu_bytes_equal_the_cpu_reference(spec, head_dim, dtype):
         assert torch.equal(rows, expected)
     for out_dtype in (torch.float32, torch.bfloat16, torch.float16):
         out = gather_dequantized(buf, loc.cuda(), spec, head_dim, out_dtype).cpu()
-        ref = dequantize(expected, spec, head_dim, out_dtype)
+        ref = dequantize(rows, spec, head_dim, out_dtype)  # the same bytes, on the CPU
         if spec.rotation == "hadamard":  # the un-rotation sums in another order than MKL's
             assert torch.equal(out.isnan(), ref.isnan())
             ok = ~ref.isnan()
