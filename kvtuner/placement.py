@@ -58,16 +58,12 @@ class Placement:
 
     def resolve(self) -> Placement:
         """The concrete placement; one clear line when CUDA is asked for but not there."""
-        if self.resolved:
-            _check_device(self.device)
-            return self
         device = self.device
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        if device == "cuda":
-            _check_device(device)
-            device = f"cuda:{torch.cuda.current_device()}"
         _check_device(device)
+        if device == "cuda":
+            device = f"cuda:{torch.cuda.current_device()}"
         dtype = self.dtype
         if dtype == "auto":
             dtype = "float32" if device == "cpu" else "bfloat16"
