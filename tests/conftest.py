@@ -22,7 +22,7 @@ def pytest_collection_modifyitems(config, items):
         "run `pytest -m cuda` on a GPU machine"
     )
     for item in items:
-        if "cuda" in item.keywords:
+        if item.get_closest_marker("cuda") is not None:
             item.add_marker(skip)
 
 
