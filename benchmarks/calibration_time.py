@@ -1,4 +1,5 @@
-"""Wall time of the full SmolLM2 sensitivity sweep (30 layers x K/V x 2/4/8 bits).
+"""Wall time of the full SmolLM2 sensitivity sweep (30 layers x K/V x 2/4/8 bits), or (--what
+search) of the whole `kvtuner search --budget 4bit`, on any device.
 
 Counts the decoder-layer forwards it took (calls, and rows run: one row = one calibration
 sequence through one layer) against the naive sweep (one full forward per variant), prints the
@@ -10,6 +11,16 @@ shows what the sweep costs when it has the cores to itself.
 
     python benchmarks/calibration_time.py [--num-samples 4 --seq-len 256 --threads 2]
         [--save-sensitivity s.json] [--reference big.json] [--json benchmarks/results/X.json]
+
+Search mode: the whole search (calibration, study, confirmation, profile) with the CLI's
+defaults, wall time and peak GPU memory (torch.cuda.max_memory_allocated), on SmolLM2 or on a
+randomly initialised model of Llama-3.1-8B's shape built from a config (32 layers, 32 query /
+8 KV heads, head_dim 128, vocab 128256; no weights are reachable offline; byte tokenizer):
+
+    python benchmarks/calibration_time.py --what search --device cuda --model smollm2-135m
+    python benchmarks/calibration_time.py --what search --device cuda --model llama-3.1-8b-shape
+    (CPU proof: --device cpu --model llama-3.1-8b-shape --tiny --n-trials 4 --num-samples 1
+     --seq-len 32 --confirm-samples 1)
 """
 
 from __future__ import annotations
@@ -17,6 +28,8 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,8 +39,12 @@ from kvtuner.calibration import Sensitivity, calibrate, load_calibration_data, l
 from kvtuner.calibration.batches import DEFAULT_NUM_SAMPLES, DEFAULT_SEQ_LEN
 from kvtuner.calibration.runner import decoder_layers
 from kvtuner.calibration.sweep import layer_forwards
+from kvtuner.placement import peak_memory_bytes, placement, synchronize
 from kvtuner.profile import write_json_atomic
 from kvtuner.search_spaces import load_preset
+
+sys.path.insert(0, str(Path(__file__).parent))
+from random_llama import random_llama  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "calibration_time.json"
 
@@ -87,11 +104,62 @@ def picture(sens: Sensitivity) -> dict:
     return out
 
 
+def run_search(args: argparse.Namespace) -> dict:
+    from kvtuner.tuner.search import search
+    from kvtuner.tuner.study import StudySettings
+
+    torch.set_num_threads(args.threads)
+    where = placement(args.device, args.dtype)
+    start = time.perf_counter()
+    smollm2 = args.model == "smollm2-135m"
+    loaded = None if smollm2 else random_llama(args.device, args.dtype, args.tiny)
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["KVTUNER_CACHE_DIR"] = tmp  # a cold sweep: no cached layer from a rerun
+        outcome = search(
+            model=args.model,
+            budget="4bit",
+            output=Path(tmp) / "profile.json",
+            study=StudySettings(n_trials=args.n_trials),
+            num_samples=args.num_samples or 2,  # the CLI's default
+            seq_len=args.seq_len,
+            confirm_samples=args.confirm_samples,
+            progress=False,
+            device=where.device,
+            dtype=where.dtype,
+            batch_size=args.batch_size,
+            loaded=loaded,
+            log=lambda _: None,
+        )
+    synchronize(where.torch_device)
+    peak = peak_memory_bytes(where.torch_device)
+    p = outcome.profile
+    return {
+        "what": "search --budget 4bit",
+        "model": args.model + (" (tiny)" if args.tiny else ""),
+        "layers": p.fingerprint.num_layers,
+        "device": where.describe()["device"],
+        "dtype": where.dtype,
+        "tokens": (args.num_samples or 2) * args.seq_len,
+        "confirm_tokens": args.confirm_samples * args.seq_len,
+        "trials": outcome.trials,
+        "seconds": round(time.perf_counter() - start, 2),
+        "peak_gpu_gib": None if peak is None else round(peak / 2**30, 2),
+        "kl": outcome.best.kl,
+        "nominal_bits": p.nominal_bits,
+        "threads": torch.get_num_threads(),
+        "cpu": cpu_model(),
+        "torch": torch.__version__,
+    }
+
+
 def run(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
-    model, tokenizer = load_model("smollm2-135m")
+    model, tokenizer = load_model("smollm2-135m", device=args.device, dtype=args.dtype)
     data = load_calibration_data(
-        tokenizer, num_samples=args.num_samples, seq_len=args.seq_len, seed=args.seed
+        tokenizer,
+        num_samples=args.num_samples or DEFAULT_NUM_SAMPLES,
+        seq_len=args.seq_len,
+        seed=args.seed,
     )
     counter = Counter(model)
     load_before = os.getloadavg()
@@ -105,7 +173,9 @@ def run(args: argparse.Namespace) -> dict:
         value_spec=preset.value,
         use_cache=False,
         progress=True,
+        batch_size=args.batch_size,
     )
+    synchronize(next(model.parameters()).device)
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     if args.save_sensitivity:
         sens.save(args.save_sensitivity)
@@ -174,7 +244,9 @@ def table(r: dict) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--num-samples", type=int, default=DEFAULT_NUM_SAMPLES)
+    p.add_argument(
+        "--num-samples", type=int, help=f"default {DEFAULT_NUM_SAMPLES}; search mode: 2 (CLI's)"
+    )
     p.add_argument("--seq-len", type=int, default=DEFAULT_SEQ_LEN)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--preset", default="per-token", help="per-token or kivi K/V specs")
@@ -182,7 +254,25 @@ def main() -> None:
     p.add_argument("--save-sensitivity", help="also write the sensitivity JSON here")
     p.add_argument("--reference", help="sensitivity JSON to compare the per-layer ranking with")
     p.add_argument("--json", default=str(RESULTS), help="result JSON (default %(default)s)")
+    p.add_argument("--what", choices=("sweep", "search"), default="sweep")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--batch-size", type=int, help="calibration windows per forward")
+    p.add_argument(
+        "--model", default="smollm2-135m", choices=("smollm2-135m", "llama-3.1-8b-shape")
+    )
+    p.add_argument("--tiny", action="store_true", help="shrink the random model (CPU proof)")
+    p.add_argument("--n-trials", type=int, default=40, help="search mode (CLI default)")
+    p.add_argument("--confirm-samples", type=int, default=4, help="search mode (CLI default)")
     args = p.parse_args()
+    if args.what == "search":
+        if args.json == str(RESULTS):
+            args.json = str(RESULTS.with_name(f"search_time_{args.model}.json"))
+        result = run_search(args)
+        print("\n".join(f"{k:<16} {v}" for k, v in result.items()))
+        write_json_atomic(args.json, result)
+        print(f"wrote {args.json}")
+        return
     result = run(args)
     print(table(result))
     write_json_atomic(args.json, result)

@@ -175,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     cli = shlex.join(sys.argv[1:] if argv is None else argv)
     command = f"OMP_NUM_THREADS={torch.get_num_threads()} python benchmarks/quality.py {cli}"
-    model, tokenizer = load_model(args.model)
+    # the evaluation protocol: fp32 on the CPU, whatever `auto` would pick on this machine
+    model, tokenizer = load_model(args.model, device="cpu", dtype="float32")
     fingerprint = ModelFingerprint.from_config(model.config)
     windows = load_eval_windows(
         tokenizer, dataset=args.dataset, num_windows=args.num_windows, seq_len=args.seq_len

@@ -9,6 +9,15 @@ of the same run (CPU speed on a shared machine swings 2-7x). Columns: median ove
 K (or V) history of the decode benchmark, what packed decode dequantizes per layer and step.
 
     python benchmarks/quant_throughput.py [--threads N] [--shape 4096 3 64]
+
+Kernel mode (``--device cuda``, or ``--kernels`` on the CPU under Triton's interpreter): the
+Triton pool kernels, pack = ``triton_scatter_quantized`` into a slot pool, unpack =
+``triton_gather_dequantized`` to bf16, each beside ``clone()`` of the same bf16 tensor
+(ratio = clone time / kernel time; CUDA times from ``triton.testing.do_bench``, median), at
+[262144, 8, 128], [65536, 8, 128] and the decode size [64, 8, 128] (µs per call):
+
+    python benchmarks/quant_throughput.py --device cuda
+    python benchmarks/quant_throughput.py --kernels --shape 64 8 128   (CPU: proves it runs)
 """
 
 from __future__ import annotations
@@ -92,6 +101,89 @@ def measure(x: torch.Tensor, spec: QuantSpec, rounds: int, min_run_time: float) 
     }
 
 
+KERNEL_SPECS = (  # the issue's table
+    QuantSpec(4, 32),
+    QuantSpec(4, 64),
+    QuantSpec(2, 32),
+    QuantSpec(8, 64),
+    QuantSpec(3, 32),
+    QuantSpec(4, 32, rotation="hadamard"),
+)
+KERNEL_SHAPES = ((262144, 8, 128), (65536, 8, 128), (64, 8, 128))
+
+
+def kernel_seconds(fn, device: torch.device) -> float:
+    if device.type == "cuda":
+        from triton.testing import do_bench
+
+        return do_bench(fn, warmup=25, rep=200, return_mode="median") / 1e3
+    return seconds(fn, 0.2)
+
+
+def measure_kernels(shape: tuple[int, int, int], spec: QuantSpec, device: torch.device) -> dict:
+    from kvtuner.quant.triton_kernels import triton_gather_dequantized, triton_scatter_quantized
+
+    n, heads, d = shape
+    x = torch.randn(*shape, device=device, dtype=torch.bfloat16)
+    loc = torch.randperm(n, device=device)  # a pool's slots are scattered
+    buf = torch.empty(n, heads, spec.row_bytes(d), dtype=torch.uint8, device=device)
+    stmts = {
+        "clone": x.clone,
+        "pack": lambda: triton_scatter_quantized(buf, loc, x, spec),
+        "unpack": lambda: triton_gather_dequantized(buf, loc, spec, d, torch.bfloat16),
+    }
+    stmts["pack"]()
+    t = {name: kernel_seconds(fn, device) for name, fn in stmts.items()}
+    return {
+        "shape": list(shape),
+        "spec": spec.short(),
+        "clone_us": 1e6 * t["clone"],
+        "pack_us": 1e6 * t["pack"],
+        "unpack_us": 1e6 * t["unpack"],
+        "clone_gbps": 2 * x.numel() * x.element_size() / t["clone"] / 1e9,  # read + write
+        "pack_ratio": t["clone"] / t["pack"],
+        "unpack_ratio": t["clone"] / t["unpack"],
+    }
+
+
+def kernel_table(results: list[dict]) -> str:
+    lines = [
+        "| shape | spec | pack ratio | unpack ratio | pack µs | unpack µs | clone µs "
+        "| clone GB/s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r['shape']} | {r['spec']} | {r['pack_ratio']:.2f} | {r['unpack_ratio']:.2f} | "
+            f"{r['pack_us']:.1f} | {r['unpack_us']:.1f} | {r['clone_us']:.1f} | "
+            f"{r['clone_gbps']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def run_kernels(args: argparse.Namespace) -> None:
+    device = torch.device(args.device if args.device != "auto" else "cuda")
+    if device.type == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"  # before triton is first imported
+    shapes = [tuple(args.shape)] if args.shape_given else KERNEL_SHAPES
+    torch.manual_seed(0)
+    results = [measure_kernels(shape, spec, device) for shape in shapes for spec in KERNEL_SPECS]
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
+    print(f"{name}, torch {torch.__version__}; ratio = clone() time / kernel time (bf16)")
+    print(kernel_table(results))
+    write_json_atomic(
+        args.output,
+        {
+            "device": name,
+            "torch": torch.__version__,
+            "created": datetime.now(UTC).isoformat(),
+            "command": " ".join(["python", "benchmarks/quant_throughput.py", *sys.argv[1:]]),
+            "results": results,
+        },
+    )
+    print(f"wrote {args.output}")
+
+
 def table(results: list[dict]) -> str:
     cols = [
         ("pack", "pack_gbps"),
@@ -124,8 +216,16 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=5, help="alternating measurement rounds")
     parser.add_argument("--min-run-time", type=float, default=1.0, help="seconds per statement")
-    parser.add_argument("--output", type=Path, default=OUT)
+    parser.add_argument("--output", type=Path)
+    parser.add_argument("--device", default="cpu", help="cpu (reference) or cuda (kernels)")
+    parser.add_argument("--kernels", action="store_true", help="time the Triton kernels")
     args = parser.parse_args()
+    args.shape_given = "--shape" in sys.argv
+    if args.device != "cpu" or args.kernels:
+        args.output = args.output or OUT.with_name("quant_throughput_kernels.json")
+        run_kernels(args)
+        return
+    args.output = args.output or OUT
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)

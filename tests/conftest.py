@@ -14,12 +14,15 @@ if not torch.cuda.is_available():
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``cuda`` need a GPU: skipped, naming why, where there is none (CI)."""
+    """``cuda`` tests need a real GPU: where torch sees none they are skipped, saying why."""
     if torch.cuda.is_available():
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (none here); run on the GPU machine")
+    skip = pytest.mark.skip(
+        reason=f"cuda marker: no CUDA device visible to torch {torch.__version__}; "
+        "run `pytest -m cuda` on a GPU machine"
+    )
     for item in items:
-        if "cuda" in item.keywords:
+        if item.get_closest_marker("cuda") is not None:
             item.add_marker(skip)
 
 

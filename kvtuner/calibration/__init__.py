@@ -1,7 +1,7 @@
 """Calibration: load a model and text, measure KV-quantization damage (KL vs fp) per layer."""
 
 from .batches import CalibrationData, load_calibration_data, load_token_batches
-from .kl import FpReference, fp_reference, measure_kl
+from .kl import FpReference, check_batch_size, fp_reference, measure_kl
 from .models import SUPPORTED_MODEL_TYPES, fingerprint_of, load_model, model_fingerprint
 from .sensitivity import Sensitivity
 from .sweep import calibrate
@@ -12,6 +12,7 @@ __all__ = [
     "FpReference",
     "Sensitivity",
     "calibrate",
+    "check_batch_size",
     "fingerprint_of",
     "fp_reference",
     "load_calibration_data",

@@ -14,17 +14,26 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import KVTunerError
+from ..placement import model_device
 from ..profile import LayerSpec
 
 LOGITS_CHUNK_BYTES = 256 * 2**20  # bound on one chunk's fp32 logits [B, T, V]
 
-__all__ = ["FpReference", "fp_reference", "kl_sum", "measure_kl", "sample_chunks"]
+__all__ = [
+    "FpReference",
+    "check_batch_size",
+    "fp_reference",
+    "kl_sum",
+    "measure_kl",
+    "sample_chunks",
+]
 
 
 @dataclass(frozen=True)
 class FpReference:
     """fp next-token log-probs of the calibration tokens.
 
+    tokens: int64 [N, T] as given (CPU); log_probs on the model's device.
     log_probs: fp32 [N, T, V], log_softmax of the fp model's logits at every position.
     nll: mean next-token negative log-likelihood over the N*(T-1) predicted tokens (nats).
     """
@@ -32,6 +41,7 @@ class FpReference:
     tokens: torch.Tensor = field(repr=False)
     log_probs: torch.Tensor = field(repr=False)
     nll: float
+    batch_size: int | None = None  # windows per forward (None: bounded by logits bytes)
 
     def __post_init__(self) -> None:
         if self.log_probs.shape[:2] != self.tokens.shape or self.log_probs.dtype != torch.float32:
@@ -45,16 +55,30 @@ class FpReference:
         if tokens.shape != self.tokens.shape or not torch.equal(tokens, self.tokens):
             raise KVTunerError("fp reference was computed on different tokens")
 
+    def chunks(self) -> list[slice]:
+        """The row slices every quantized run of these tokens goes through (same as fp's)."""
+        return sample_chunks(self.tokens, self.log_probs.shape[-1], self.batch_size)
+
 
 def _check_tokens(tokens: torch.Tensor) -> None:
     if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.dtype != torch.long:
         raise KVTunerError("tokens must be an int64 tensor [num_samples, seq_len]")
 
 
-def sample_chunks(tokens: torch.Tensor, vocab_size: int) -> list[slice]:
-    """Row slices of ``tokens`` whose fp32 logits stay under :data:`LOGITS_CHUNK_BYTES`."""
+def check_batch_size(batch_size: int | None) -> None:
+    bad = isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
+    if batch_size is not None and bad:
+        raise KVTunerError(f"--batch-size must be a positive integer, got {batch_size!r}")
+
+
+def sample_chunks(
+    tokens: torch.Tensor, vocab_size: int, batch_size: int | None = None
+) -> list[slice]:
+    """Row slices of ``tokens``: ``batch_size`` windows per forward, or (None) as many as keep
+    their fp32 logits under :data:`LOGITS_CHUNK_BYTES`."""
+    check_batch_size(batch_size)
     per_sample = tokens.shape[1] * vocab_size * 4
-    rows = max(1, LOGITS_CHUNK_BYTES // per_sample)
+    rows = batch_size or max(1, LOGITS_CHUNK_BYTES // per_sample)
     return [slice(i, i + rows) for i in range(0, tokens.shape[0], rows)]
 
 
@@ -66,18 +90,20 @@ def kl_sum(ref_log_probs: torch.Tensor, logits: torch.Tensor) -> float:
 
 
 @torch.inference_mode()
-def fp_reference(model, tokens: torch.Tensor) -> FpReference:
-    """Run the unquantized model once and keep its next-token log-probs (fp32 [N, T, V])."""
+def fp_reference(model, tokens: torch.Tensor, *, batch_size: int | None = None) -> FpReference:
+    """Run the unquantized model once and keep its next-token log-probs (fp32 [N, T, V]),
+    ``batch_size`` windows per forward (None: as many as fit :data:`LOGITS_CHUNK_BYTES`)."""
     _check_tokens(tokens)
     chunks, nll = [], 0.0
-    for rows in sample_chunks(tokens, model.config.get_text_config().vocab_size):
-        ids = tokens[rows]
+    device = model_device(model)
+    for rows in sample_chunks(tokens, model.config.get_text_config().vocab_size, batch_size):
+        ids = tokens[rows].to(device)
         log_probs = torch.log_softmax(model(ids, use_cache=False).logits.float(), dim=-1)
         target = log_probs[:, :-1].gather(-1, ids[:, 1:, None])
         nll -= float(target.double().sum())
         chunks.append(log_probs)
     predicted = tokens.shape[0] * (tokens.shape[1] - 1)
-    return FpReference(tokens, torch.cat(chunks), nll / max(1, predicted))
+    return FpReference(tokens, torch.cat(chunks), nll / max(1, predicted), batch_size)
 
 
 @torch.inference_mode()
@@ -90,9 +116,9 @@ def measure_kl(
 
     _check_tokens(tokens)
     reference.check_tokens(tokens)
-    total = 0.0
-    for rows in sample_chunks(tokens, reference.log_probs.shape[-1]):
+    total, device = 0.0, model_device(model)
+    for rows in reference.chunks():
         cache = make_cache(model, layer_specs, residual_length=0)
-        logits = model(tokens[rows], past_key_values=cache, use_cache=True).logits
+        logits = model(tokens[rows].to(device), past_key_values=cache, use_cache=True).logits
         total += kl_sum(reference.log_probs[rows], logits)
     return total / tokens.numel()

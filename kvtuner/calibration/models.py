@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from ..errors import KVTunerError
+from ..placement import placement
 from ..profile import ModelFingerprint
 from .hub import hub_unreachable_reason
 
@@ -130,26 +131,32 @@ def model_fingerprint(name: str, *, trust_remote_code: bool = False) -> ModelFin
 
 
 def load_model(
-    name: str, *, dtype: torch.dtype = torch.float32, trust_remote_code: bool = False
+    name: str,
+    *,
+    device: str | torch.device = "auto",
+    dtype: str | torch.dtype = "auto",
+    trust_remote_code: bool = False,
 ) -> tuple[Any, Any]:
-    """Load ``(model, tokenizer)`` in eval mode on CPU, weights in ``dtype``.
+    """Load ``(model, tokenizer)`` in eval mode on ``device``, weights in ``dtype`` (``auto``:
+    see :mod:`kvtuner.placement`; on a CPU-only machine fp32 on the CPU).
 
     GGUF weights are dequantized by transformers on load (needs ``gguf``), so the model runs in
     ``dtype`` like any other checkpoint.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    where = placement(device, dtype)  # a missing device fails before anything loads
     source = resolve_model(name)
     config = _load_config(source, trust_remote_code)
     common = dict(trust_remote_code=trust_remote_code, **source.kwargs())
     try:
         tokenizer = AutoTokenizer.from_pretrained(source.path, **common)
         model = AutoModelForCausalLM.from_pretrained(
-            source.path, config=config, dtype=dtype, **common
+            source.path, config=config, dtype=where.torch_dtype, **common
         )
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         raise source.load_error(exc) from None
-    return model.eval(), tokenizer
+    return model.to(where.torch_device).eval(), tokenizer
 
 
 def fingerprint_of(model: Any) -> ModelFingerprint:

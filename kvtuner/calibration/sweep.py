@@ -1,8 +1,9 @@
 """`calibrate()`: the per-layer K/V sensitivity sweep, cached on disk layer by layer.
 
-Cost: one fp forward, then for layer l the 2*len(bits) variants each run layer l alone and run
-together through layers l+1..L-1, norm and lm_head: 2*len(bits)*(L-l) layer-forwards per layer
-instead of 2*len(bits)*L for full forwards.
+Cost: one fp forward, one fp layer-forward per layer (carrying the fp activations up, so memory
+holds one layer's worth), then for layer l the 2*len(bits) variants each run layer l alone and
+run together through layers l+1..L-1, norm and lm_head: 2*len(bits)*(L-l) layer-forwards per
+layer instead of 2*len(bits)*L for full forwards.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..errors import KVTunerError
+from ..placement import placement_of
 from ..profile import LayerSpec
 from ..quant import QUANTIZED_BITS, QuantSpec
 from ..search_spaces.losses import DEFAULT_BITS
 from .batches import CalibrationData
 from .models import fingerprint_of
-from .runner import FpActivations, capture_fp, run_layer_variants
+from .runner import FpActivations, advance_to, capture_fp, run_layer_variants
 from .sensitivity import PARTS, Sensitivity, spec_template
 from .sweep_cache import SweepCache, default_cache_dir, weights_digest
 
@@ -30,9 +32,9 @@ __all__ = ["DEFAULT_BITS", "calibrate", "layer_forwards", "measure_layer"]
 
 
 def layer_forwards(num_layers: int, num_bits: int) -> int:
-    """Decoder-layer forwards of a full sweep (on the calibration tokens), fp pass included."""
+    """Decoder-layer forwards of a full sweep (on the calibration tokens), fp passes included."""
     variants = 2 * num_bits
-    return num_layers + sum(variants * (num_layers - li) for li in range(num_layers))
+    return 2 * num_layers + sum(variants * (num_layers - li) for li in range(num_layers))
 
 
 def _variants(layer: int, bits: Sequence[int], key: QuantSpec, value: QuantSpec):
@@ -43,7 +45,9 @@ def _variants(layer: int, bits: Sequence[int], key: QuantSpec, value: QuantSpec)
 
 def measure_layer(model, fp: FpActivations, layer, bits, key, value) -> dict:
     """One layer's entry of the sensitivity file: {"layer", "k": {bits: {...}}, "v": ...},
-    each tensor of this layer alone at each of ``bits`` (``key``/``value``: spec templates)."""
+    each tensor of this layer alone at each of ``bits`` (``key``/``value``: spec templates).
+    Moves ``fp`` up to ``layer`` first (layers are measured bottom-up)."""
+    advance_to(model, fp, layer)
     variants = _variants(layer, bits, key, value)
     sums = [[0.0, 0.0, 0.0] for _ in variants]
     for c in range(len(fp.chunks)):
@@ -95,7 +99,7 @@ def _check_specs(model, bits, key: QuantSpec, value: QuantSpec) -> None:
 
 def _sweep(model, fp, todo, bits, specs, cache, progress) -> dict[int, dict]:
     """Measure layers ``todo``, persisting each as soon as it is done."""
-    num_layers, out = len(fp.inputs[0]), {}
+    num_layers, out = len(fp.kwargs[0]), {}
     with _progress(sum(2 * len(bits) * (num_layers - li) for li in todo), progress) as bar:
         for li in todo:
             out[li] = measure_layer(model, fp, li, bits, *specs)
@@ -116,6 +120,7 @@ def calibrate(
     cache_dir: str | Path | None = None,
     use_cache: bool = True,
     progress: bool = True,
+    batch_size: int | None = None,
 ) -> Sensitivity:
     """Per-layer K and V sensitivity of ``model`` on ``data`` (``key_spec``/``value_spec``
     give axis, group, symmetry and rotation; their ``bits`` is ignored).
@@ -123,6 +128,9 @@ def calibrate(
     cache_dir: where per-layer results persist (None: ``$KVTUNER_CACHE_DIR`` or
         ``~/.cache/kvtuner``); ``use_cache=False`` measures everything and stores nothing.
         With the cache a re-run is instant and an interrupted run resumes.
+    batch_size: calibration windows per forward (None: as many as keep one forward's fp32
+        logits under 256 MiB). The sweep runs on the model's device, in its dtype, holding
+        the model plus one layer's activations; the file records that device and dtype.
     """
     bits = tuple(sorted(set(bits)))
     _check_specs(model, bits, key_spec, value_spec)
@@ -132,7 +140,7 @@ def calibrate(
     todo = [li for li in range(num_layers) if entries.get(li) is None]
     fp_ppl = cache.fp_ppl() if cache else None
     if todo or fp_ppl is None:  # a full cache hit runs no forward pass at all
-        fp = capture_fp(model, data.tokens)
+        fp = capture_fp(model, data.tokens, batch_size=batch_size)
         fp_ppl = fp.reference.ppl
         if cache:
             cache.put_fp_ppl(fp_ppl)
@@ -140,7 +148,7 @@ def calibrate(
     return Sensitivity(
         model_id=model_id,
         fingerprint=fingerprint_of(model),
-        data=data.describe(),
+        data={**data.describe(), **placement_of(model).describe()},
         bits=bits,
         key_spec=spec_template(key_spec),
         value_spec=spec_template(value_spec),

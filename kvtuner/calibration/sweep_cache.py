@@ -38,7 +38,7 @@ def weights_digest(model) -> str:
     h = hashlib.sha256()
     for name, p in model.named_parameters():
         h.update(f"{name}{tuple(p.shape)}{p.dtype}".encode())
-        h.update(p.detach().reshape(-1)[:_SAMPLE].float().numpy().tobytes())
+        h.update(p.detach().reshape(-1)[:_SAMPLE].float().cpu().numpy().tobytes())
     return h.hexdigest()[:16]
 
 

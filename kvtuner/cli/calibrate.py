@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from ..errors import KVTunerError
 from .output import Verbosity, add_verbosity_arguments
+from .placement_args import add_placement_arguments, placement_from_args
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -32,6 +33,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-samples", type=int, default=DEFAULT_NUM_SAMPLES)
     p.add_argument("--seq-len", type=int, default=DEFAULT_SEQ_LEN)
     p.add_argument("--seed", type=int, default=DEFAULT_SEED, help="which windows are sampled")
+    add_batch_size_argument(p)
+    add_placement_arguments(p)
     p.add_argument("--output", required=True, help="sensitivity JSON to write")
     p.add_argument("--plot", help="layer x (K2..V8) heatmap PNG (needs matplotlib)")
     p.add_argument(
@@ -52,6 +55,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trust-remote-code", action="store_true")
     add_verbosity_arguments(p)
     p.set_defaults(func=run)
+
+
+def add_batch_size_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        help="calibration windows per forward (default: as many as keep one forward's fp32 "
+        "logits under 256 MiB)",
+    )
 
 
 def add_bits_argument(p: argparse.ArgumentParser, what: str) -> None:
@@ -94,9 +106,14 @@ def specs_from_args(args: argparse.Namespace):
     return key, value
 
 
-def _summary(sens, seconds: float) -> str:
+def _summary(sens, seconds: float, device) -> str:
+    from ..placement import peak_memory_line
+
     low = sens.bits[0]
-    lines = [f"fp ppl {sens.fp_ppl:.3f} on {sens.data['tokens']} tokens; {seconds:.1f} s"]
+    lines = [
+        f"fp ppl {sens.fp_ppl:.3f} on {sens.data['tokens']} tokens; {seconds:.1f} s on "
+        f"{sens.data['device']} in {sens.data['dtype']}; {peak_memory_line(device)}"
+    ]
     for part, name in (("k", "key"), ("v", "value")):
         ranked = sorted(range(len(sens.layers)), key=lambda i: -sens.kl(i, part, low))[:5]
         top = ", ".join(f"{i} ({sens.kl(i, part, low):.2e})" for i in ranked)
@@ -107,15 +124,25 @@ def _summary(sens, seconds: float) -> str:
 def run(args: argparse.Namespace) -> int:
     from ..calibration import calibrate, load_calibration_data, load_model
     from ..calibration.corpus import check_dataset
+    from ..calibration.kl import check_batch_size
+    from ..placement import reset_peak_memory
     from ..search_spaces import DEFAULT_BITS
 
     key, value = specs_from_args(args)  # bad flags fail before anything loads
     bits = parse_bits(args.bits) if args.bits else DEFAULT_BITS
     check_dataset(args.dataset)
+    check_batch_size(args.batch_size)
+    where = placement_from_args(args)
     verbosity = Verbosity.from_args(args)
     verbosity.apply()
     start = time.perf_counter()
-    model, tokenizer = load_model(args.model, trust_remote_code=args.trust_remote_code)
+    reset_peak_memory(where.torch_device)
+    model, tokenizer = load_model(
+        args.model,
+        device=where.device,
+        dtype=where.dtype,
+        trust_remote_code=args.trust_remote_code,
+    )
     data = load_calibration_data(
         tokenizer,
         dataset=args.dataset,
@@ -133,9 +160,10 @@ def run(args: argparse.Namespace) -> int:
         cache_dir=args.cache_dir,
         use_cache=not args.no_cache,
         progress=verbosity.progress,
+        batch_size=args.batch_size,
     )
     sens.save(args.output)
-    print(_summary(sens, time.perf_counter() - start))
+    print(_summary(sens, time.perf_counter() - start, where.torch_device))
     print(f"wrote {args.output}")
     if args.plot:
         from ..calibration.plot import plot_sensitivity

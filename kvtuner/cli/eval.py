@@ -6,6 +6,7 @@ import argparse
 
 from ..errors import KVTunerError
 from .output import Verbosity, add_verbosity_arguments
+from .placement_args import add_placement_arguments, placement_from_args
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -65,6 +66,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="while decoding, tokens leave the residual window this many at a time",
     )
     p.add_argument("--threads", type=int, default=None, help="torch threads")
+    add_placement_arguments(p)
     p.add_argument("--output", default=None, help="write the report as JSON here")
     p.add_argument("--plot", default=None, help="write a PNG of Δppl vs effective bits here")
     add_verbosity_arguments(p)
@@ -127,10 +129,11 @@ def run(args: argparse.Namespace) -> int:
             args.pack_chunk,
         )
     )
+    where = placement_from_args(args)
     configs = build_configs(args, model_fingerprint(args.model))
     verbosity = Verbosity.from_args(args)
     verbosity.apply()
-    model, tokenizer = load_model(args.model)
+    model, tokenizer = load_model(args.model, device=where.device, dtype=where.dtype)
     windows = load_eval_windows(
         tokenizer, dataset=args.dataset, num_windows=args.num_windows, seq_len=args.seq_len
     )

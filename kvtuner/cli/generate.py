@@ -6,6 +6,7 @@ import argparse
 
 from ..errors import KVTunerError
 from .output import Verbosity, add_verbosity_arguments
+from .placement_args import add_placement_arguments, placement_from_args
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -34,6 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="feed the prompt as raw text even if the tokenizer has a chat template",
     )
     add_verbosity_arguments(p)
+    add_placement_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -47,13 +49,14 @@ def run(args: argparse.Namespace) -> int:
         raise KVTunerError("--max-new-tokens must be positive")
     if not args.prompt.strip():
         raise KVTunerError("empty prompt")
+    where = placement_from_args(args)
     fingerprint = model_fingerprint(args.model)  # config only: check inputs before the weights
     if args.profile:
         specs = load_profile(args.profile, fingerprint)
     else:
         specs = uniform_specs(args.uniform, fingerprint)
     Verbosity.from_args(args).apply()
-    model, tokenizer = load_model(args.model)
+    model, tokenizer = load_model(args.model, device=where.device, dtype=where.dtype)
     done = generate_text(
         model,
         tokenizer,

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from .calibrate import add_bits_argument, parse_bits
+from .calibrate import add_batch_size_argument, add_bits_argument, parse_bits
 from .output import Verbosity, add_verbosity_arguments
+from .placement_args import add_placement_arguments, placement_from_args
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -64,6 +65,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="calibration windows (default %(default)s; each trial runs them all)",
     )
     p.add_argument("--seq-len", type=int, default=256, help="tokens per window (%(default)s)")
+    add_batch_size_argument(p)
+    add_placement_arguments(p)
     p.add_argument(
         "--confirm-samples",
         type=int,
@@ -91,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
     bits = parse_bits(args.bits) if args.bits else None
     verbosity = Verbosity.from_args(args)
     verbosity.apply()
+    where = placement_from_args(args)
     settings = StudySettings(
         n_trials=args.n_trials,
         timeout=args.timeout,
@@ -117,6 +121,9 @@ def run(args: argparse.Namespace) -> int:
         baselines=args.all_baselines,
         progress=verbosity.progress,
         log=verbosity.info,
+        device=where.device,
+        dtype=where.dtype,
+        batch_size=args.batch_size,
     )
     print(outcome.summary)
     p = outcome.profile

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from ..errors import KVTunerError
+from ..placement import placement_of
 from ..profile import ModelFingerprint
 from .configs import EvalConfig
 from .data import EvalWindows
@@ -152,7 +153,7 @@ def evaluate(
     _check_prompt(decode, windows)
     start = time.perf_counter()
     fingerprint = ModelFingerprint.from_config(model.config)
-    settings: dict[str, Any] = {"ppl_residual_length": 0}
+    settings: dict[str, Any] = {"ppl_residual_length": 0, **placement_of(model).describe()}
     if decode is not None:
         settings.update(decode=decode.__dict__)
     report = EvalReport(model_name, fingerprint, windows.describe(), settings)

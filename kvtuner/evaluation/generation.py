@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from ..placement import model_device
 from ..profile import LayerSpec, Profile
 
 __all__ = ["Completion", "generate_text"]
@@ -62,7 +63,7 @@ def generate_text(
     cache = make_cache(
         model, profile_or_layer_specs, residual_length=residual_length, pack_chunk=pack_chunk
     )
-    ids = _encode(tokenizer, prompt, chat)
+    ids = _encode(tokenizer, prompt, chat).to(model_device(model))
     out = model.generate(
         ids,
         attention_mask=torch.ones_like(ids),

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..placement import model_device
 from .configs import EvalConfig
 
 __all__ = ["PerplexityResult", "perplexity", "ppl_cache"]
@@ -60,6 +61,7 @@ def ppl_cache(config: EvalConfig, model: Any):
 @torch.inference_mode()
 def window_nll(model: Any, ids: torch.Tensor, cache: Any) -> float:
     """Summed next-token NLL of one window ids[T] (T-1 predictions)."""
+    ids = ids.to(model_device(model))
     out = model(ids[None], past_key_values=cache, use_cache=cache is not None)
     return F.cross_entropy(out.logits[0, :-1].float(), ids[1:], reduction="sum").item()
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ..placement import model_device, synchronize
 from .configs import EvalConfig
 
 DEFAULT_PROMPT_TOKENS = 512
@@ -71,12 +72,15 @@ def decode_cache(
 @torch.inference_mode()
 def decode_tokens_per_s(model: Any, prompt: torch.Tensor, cache: Any, steps: int) -> float:
     """Prefill prompt[T] (untimed), then time ``steps`` greedy one-token forwards."""
-    out = model(prompt[None], past_key_values=cache, use_cache=True)
+    device = model_device(model)
+    out = model(prompt[None].to(device), past_key_values=cache, use_cache=True)
     nxt = out.logits[:, -1:].argmax(-1)
+    synchronize(device)
     start = time.perf_counter()
     for _ in range(steps):
         out = model(nxt, past_key_values=cache, use_cache=True)
         nxt = out.logits[:, -1:].argmax(-1)
+    synchronize(device)
     return steps / (time.perf_counter() - start)
 
 

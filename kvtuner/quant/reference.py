@@ -18,6 +18,7 @@ Grid (per group of ``group_size`` elements):
   group: codes 0 and NaN scale/zero (fp16 bits 0x7E00), so the whole group dequantizes to NaN.
   Damage stays visible and local. (An asymmetric group above +65504 with a small range is
   representable and is not poisoned.)
+- 16 bits: fp16 of the value; every NaN is stored as 0x7E00 (sign and payload dropped).
 - Zeros in the metadata are stored as +0 (the sign of a min/max over signed zeros depends on
   reduction order, and must not reach the bytes).
 Rounding is half-up (``floor(v + 0.5)``) so that Triton and torch agree without libdevice;
@@ -46,9 +47,16 @@ def _hadamard_cpu(dim: int) -> torch.Tensor:
 
 
 def hadamard(dim: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """Orthonormal, symmetric Hadamard matrix [dim, dim] (its own inverse), fp32."""
-    h = _hadamard_cpu(dim)
-    return h if h.device == torch.device(device) else h.to(device)
+    """Orthonormal, symmetric Hadamard matrix [dim, dim] (its own inverse), fp32; one copy per
+    device (the CPU values moved once: no host-to-device copy per call)."""
+    device = torch.device(device)
+    return _hadamard_cpu(dim) if device.type == "cpu" else _hadamard_on(dim, str(device))
+
+
+@functools.lru_cache(maxsize=16)
+def _hadamard_on(dim: int, device: str) -> torch.Tensor:
+    with torch.inference_mode(False):  # cached: never an inference tensor (see _hadamard_cpu)
+        return _hadamard_cpu(dim).to(device)
 
 
 def rotate(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
@@ -191,6 +199,12 @@ def _dequantize_channel(blocks: torch.Tensor, spec: QuantSpec, d: int) -> torch.
     return out.reshape(*blocks.shape[:-2], blocks.shape[-2] * g, d)
 
 
+def _canonical_nan(x: torch.Tensor) -> torch.Tensor:
+    """Every NaN (any sign or payload) as the format's NaN, fp16 0x7E00 (a GPU's fp32 -> fp16
+    conversion would otherwise pick its own payload)."""
+    return torch.where(x.isnan(), float("nan"), x)
+
+
 def quantize(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     """Pack x into uint8 rows.
 
@@ -200,7 +214,7 @@ def quantize(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     """
     spec.check_head_dim(x.shape[-1])
     if not spec.is_quantized:
-        return fp16_bytes(x.float())
+        return fp16_bytes(_canonical_nan(x.float()))
     x = rotate(x, spec)
     if spec.axis == "channel":
         return _quantize_channel(x, spec)

@@ -11,8 +11,8 @@ one or two bytes it spans.
 
 The bytes equal :mod:`.reference` exactly: IEEE division (``div_rn``), no FMA contraction
 (``enable_fp_fusion=False``), half-up rounding, fp16 metadata rounded down/up by a one-ulp step
-on its int16 bits. The Hadamard rotation runs in torch in the launchers (before the scatter
-kernel, after the gather kernel), as in the reference.
+on its int16 bits. The Hadamard rotation is fused: a [BLOCK, D] x [D, D] ``tl.dot`` in IEEE
+fp32 on the tile, after the load (scatter) or before the store (gather); a call is one launch.
 
 Importing this module imports triton and builds the kernels: set ``TRITON_INTERPRET=1`` before
 that to run them on CPU tensors (tests).
@@ -30,7 +30,7 @@ from .spec import QuantSpec
 __all__ = ["interpreted", "triton_gather_dequantized", "triton_scatter_quantized"]
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
-_NAN_FP16_BITS = 0x7E00  # what torch stores for float("nan").half()
+_NAN_FP16 = tl.constexpr(0x7E00)  # the format's NaN: what torch stores for float("nan").half()
 
 
 @triton.jit
@@ -56,7 +56,7 @@ def _fp16_directed(v, UP: tl.constexpr):
 def _store_fp16(ptr, value, ok, mask):
     """Store fp32 ``value`` [BLOCK] (fp16-exact) as 2 little-endian bytes; NaN where not ``ok``."""
     bits = value.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
-    bits = tl.where(ok, bits, 0x7E00)
+    bits = tl.where(ok, bits, _NAN_FP16)
     tl.store(ptr, (bits & 0xFF).to(tl.uint8), mask=mask)
     tl.store(ptr + 1, ((bits >> 8) & 0xFF).to(tl.uint8), mask=mask)
 
@@ -83,6 +83,24 @@ def _store_out(ptr, v, mask, OUT_BF16: tl.constexpr):
 
 
 @triton.jit
+def _rotated(t, h_ptr, D: tl.constexpr):
+    """t fp32 [BLOCK, D/8, 8] times the Hadamard matrix at ``h_ptr`` (fp32 [D, D], D a power of
+    two): one [BLOCK, D] x [D, D] ``tl.dot`` in IEEE fp32 (no TF32), as the reference's x @ H."""
+    BLOCK: tl.constexpr = t.shape[0]
+    i = tl.arange(0, D)
+    h = tl.load(h_ptr + i[:, None] * D + i[None, :])
+    out = tl.dot(tl.reshape(t, [BLOCK, D]), h, input_precision="ieee")
+    return tl.reshape(out, [BLOCK, D // 8, 8])
+
+
+@triton.jit
+def _x_offsets(rows, heads, stride_xt, stride_xh):
+    """Offsets [BLOCK] of token-head rows (token * heads + head) in x [N, heads, D] (any
+    token/head strides: e.g. K sliced out of a fused QKV projection, read without a copy)."""
+    return (rows // heads) * stride_xt + (rows % heads) * stride_xh
+
+
+@triton.jit
 def _row_bases(buf_ptr, loc_ptr, pid, n_rows, heads, stride_slot, stride_head, BLOCK: tl.constexpr):
     """Rows [BLOCK] of this program (token * heads + head), their mask and buffer row pointers."""
     rows = pid * BLOCK + tl.arange(0, BLOCK)
@@ -94,9 +112,9 @@ def _row_bases(buf_ptr, loc_ptr, pid, n_rows, heads, stride_slot, stride_head, B
 
 @triton.jit
 def _scatter_kernel(
-    x_ptr, loc_ptr, buf_ptr, n_rows, heads, stride_slot, stride_head, D: tl.constexpr,
-    G: tl.constexpr, BITS: tl.constexpr, SYMMETRIC: tl.constexpr, NW_PAD: tl.constexpr,
-    BLOCK: tl.constexpr,
+    x_ptr, loc_ptr, buf_ptr, h_ptr, n_rows, heads, stride_slot, stride_head, stride_xt,
+    stride_xh, D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr, SYMMETRIC: tl.constexpr,
+    NW_PAD: tl.constexpr, BLOCK: tl.constexpr, ROTATE: tl.constexpr,
 ):  # fmt: skip
     rows, row_ok, dst = _row_bases(
         buf_ptr, loc_ptr, tl.program_id(0), n_rows, heads, stride_slot, stride_head, BLOCK
@@ -104,48 +122,42 @@ def _scatter_kernel(
     NW: tl.constexpr = D // 8  # words of 8 codes per row
     NB: tl.constexpr = NW * BITS  # code bytes per row
     NG: tl.constexpr = D // G
+    NG_PAD: tl.constexpr = NW_PAD * 8 // G  # groups of the padded tile (extra ones not stored)
     QMAX: tl.constexpr = (1 << BITS) - 1
     HALF: tl.constexpr = (1 << (BITS - 1)) - 1
     w = tl.arange(0, NW_PAD)
-    k = tl.arange(0, 8)
-    e = w[:, None] * 8 + k[None, :]  # [NW_PAD, 8] element index inside the row
-    grp = e // G
+    e = w[:, None] * 8 + tl.arange(0, 8)[None, :]  # [NW_PAD, 8] element index inside the row
     mask = row_ok[:, None, None] & (w < NW)[None, :, None]
-    x = tl.load(x_ptr + rows[:, None, None] * D + e[None], mask=mask, other=0.0)
+    at = _x_offsets(rows, heads, stride_xt, stride_xh)
+    x = tl.load(x_ptr + at[:, None, None] + e[None], mask=mask, other=0.0)
     x = x.to(tl.float32)  # [BLOCK, NW_PAD, 8]
+    if ROTATE:
+        x = _rotated(x, h_ptr, D)
+    x = tl.reshape(x, [BLOCK, NG_PAD, G])  # the same elements, one group per middle index
     finite = (x == x) & (tl.abs(x) < float("inf"))
     safe = tl.where(finite, x, 0.0)
-    scale_t = tl.zeros([BLOCK, NW_PAD, 8], tl.float32)
-    zero_t = tl.zeros([BLOCK, NW_PAD, 8], tl.float32)
-    ok_t = tl.zeros([BLOCK, NW_PAD, 8], tl.int32)
-    for g in tl.static_range(NG):
-        in_g = (grp == g)[None]  # [1, NW_PAD, 8]
-        bad = tl.max(tl.max(tl.where(in_g & (finite == 0), 1, 0), 2), 1)  # [BLOCK]
-        if SYMMETRIC:
-            scale = _fp16_directed(tl.max(tl.max(tl.where(in_g, tl.abs(safe), 0.0), 2), 1), True)
-            ok = (bad == 0) & (scale < float("inf"))
-            zero = scale * 0.0
-        else:
-            mn = tl.min(tl.min(tl.where(in_g, safe, float("inf")), 2), 1)
-            mx = tl.max(tl.max(tl.where(in_g, safe, -float("inf")), 2), 1)
-            zero = _fp16_directed(mn, False)
-            scale = _fp16_directed(tl.math.div_rn(mx - zero, QMAX * 1.0), True)
-            ok = (bad == 0) & (tl.abs(zero) < float("inf")) & (scale < float("inf"))
-            _store_fp16(dst + NB + 2 * NG + 2 * g, zero, ok, row_ok)
-        _store_fp16(dst + NB + 2 * g, scale, ok, row_ok)
-        scale_t = tl.where(in_g, scale[:, None, None], scale_t)
-        zero_t = tl.where(in_g, zero[:, None, None], zero_t)
-        ok_t = tl.where(in_g, ok.to(tl.int32)[:, None, None], ok_t)
-    step = tl.where(scale_t > 0, scale_t, 1.0)
+    bad = tl.max(tl.where(finite, 0, 1), 2)  # [BLOCK, NG_PAD]: a non-finite input poisons
+    g = tl.arange(0, NG_PAD)
+    meta = dst[:, None] + NB + 2 * g[None, :]  # [BLOCK, NG_PAD] fp16 scale slots
+    meta_ok = row_ok[:, None] & (g < NG)[None, :]
     if SYMMETRIC:
-        ratio = tl.where(scale_t > 0, tl.math.div_rn(safe, step), 0.0)
+        scale = _fp16_directed(tl.max(tl.abs(safe), 2), True)
+        ok = (bad == 0) & (scale < float("inf"))
+        step = tl.where(scale > 0, scale, 1.0)[:, :, None]
+        ratio = tl.where(scale[:, :, None] > 0, tl.math.div_rn(safe, step), 0.0)
         q = tl.floor(ratio * HALF + 0.5) + HALF
         q = tl.minimum(tl.maximum(q, 0.0), 2.0 * HALF)
     else:
-        q = tl.floor(tl.math.div_rn(safe - zero_t, step) + 0.5)
+        zero = _fp16_directed(tl.min(safe, 2), False)
+        scale = _fp16_directed(tl.math.div_rn(tl.max(safe, 2) - zero, QMAX * 1.0), True)
+        ok = (bad == 0) & (tl.abs(zero) < float("inf")) & (scale < float("inf"))
+        _store_fp16(meta + 2 * NG, zero, ok, meta_ok)
+        step = tl.where(scale > 0, scale, 1.0)[:, :, None]
+        q = tl.floor(tl.math.div_rn(safe - zero[:, :, None], step) + 0.5)
         q = tl.minimum(tl.maximum(q, 0.0), QMAX * 1.0)
-    q = tl.where(ok_t != 0, q, 0.0).to(tl.int32)
-    _store_codes(dst, q, row_ok, NB, BITS)
+    _store_fp16(meta, scale, ok, meta_ok)
+    q = tl.where(ok[:, :, None], q, 0.0).to(tl.int32)
+    _store_codes(dst, tl.reshape(q, [BLOCK, NW_PAD, 8]), row_ok, NB, BITS)
 
 
 @triton.jit
@@ -196,9 +208,9 @@ def _load_codes(src, row_ok, NB: tl.constexpr, NW_PAD: tl.constexpr, BITS: tl.co
 
 @triton.jit
 def _gather_kernel(
-    buf_ptr, loc_ptr, out_ptr, n_rows, heads, stride_slot, stride_head, D: tl.constexpr,
+    buf_ptr, loc_ptr, out_ptr, h_ptr, n_rows, heads, stride_slot, stride_head, D: tl.constexpr,
     G: tl.constexpr, BITS: tl.constexpr, SYMMETRIC: tl.constexpr, NW_PAD: tl.constexpr,
-    BLOCK: tl.constexpr, OUT_BF16: tl.constexpr,
+    BLOCK: tl.constexpr, OUT_BF16: tl.constexpr, ROTATE: tl.constexpr,
 ):  # fmt: skip
     rows, row_ok, src = _row_bases(
         buf_ptr, loc_ptr, tl.program_id(0), n_rows, heads, stride_slot, stride_head, BLOCK
@@ -206,39 +218,41 @@ def _gather_kernel(
     NW: tl.constexpr = D // 8
     NB: tl.constexpr = NW * BITS
     NG: tl.constexpr = D // G
+    NG_PAD: tl.constexpr = NW_PAD * 8 // G
     HALF: tl.constexpr = (1 << (BITS - 1)) - 1
     w = tl.arange(0, NW_PAD)
     e = w[:, None] * 8 + tl.arange(0, 8)[None, :]  # [NW_PAD, 8]
-    grp = e // G
     q = _load_codes(src, row_ok, NB, NW_PAD, BITS)  # [BLOCK, NW_PAD, 8]
-    scale_t = tl.zeros([BLOCK, NW_PAD, 8], tl.float32)
-    zero_t = tl.zeros([BLOCK, NW_PAD, 8], tl.float32)
-    for g in tl.static_range(NG):
-        in_g = (grp == g)[None]
-        scale_t = tl.where(in_g, _load_fp16(src + NB + 2 * g, row_ok)[:, None, None], scale_t)
-        if not SYMMETRIC:
-            zero = _load_fp16(src + NB + 2 * NG + 2 * g, row_ok)
-            zero_t = tl.where(in_g, zero[:, None, None], zero_t)
+    q = tl.reshape(q, [BLOCK, NG_PAD, G])
+    g = tl.arange(0, NG_PAD)
+    meta = src[:, None] + NB + 2 * g[None, :]  # [BLOCK, NG_PAD]: one load per group and row
+    meta_ok = row_ok[:, None] & (g < NG)[None, :]
+    scale = _load_fp16(meta, meta_ok)[:, :, None]
     if SYMMETRIC:  # noqa: SIM108 (constexpr branch: only one side is compiled)
-        out = tl.math.div_rn((q - HALF) * scale_t, HALF * 1.0)
+        out = tl.math.div_rn((q - HALF) * scale, HALF * 1.0)
     else:
-        out = zero_t + q * scale_t
+        out = _load_fp16(meta + 2 * NG, meta_ok)[:, :, None] + q * scale
+    out = tl.reshape(out, [BLOCK, NW_PAD, 8])
+    if ROTATE:  # undo the rotation: H is its own inverse
+        out = _rotated(out, h_ptr, D)
     mask = row_ok[:, None, None] & (w < NW)[None, :, None]
     _store_out(out_ptr + rows[:, None, None] * D + e[None], out, mask, OUT_BF16)
 
 
 @triton.jit
 def _scatter_fp16_kernel(
-    x_ptr, loc_ptr, buf_ptr, n_rows, heads, stride_slot, stride_head, D: tl.constexpr,
-    D_PAD: tl.constexpr, BLOCK: tl.constexpr,
+    x_ptr, loc_ptr, buf_ptr, n_rows, heads, stride_slot, stride_head, stride_xt, stride_xh,
+    D: tl.constexpr, D_PAD: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     rows, row_ok, dst = _row_bases(
         buf_ptr, loc_ptr, tl.program_id(0), n_rows, heads, stride_slot, stride_head, BLOCK
     )
     e = tl.arange(0, D_PAD)
     mask = row_ok[:, None] & (e < D)[None]
-    x = tl.load(x_ptr + rows[:, None] * D + e[None], mask=mask, other=0.0).to(tl.float32)
+    at = _x_offsets(rows, heads, stride_xt, stride_xh)
+    x = tl.load(x_ptr + at[:, None] + e[None], mask=mask, other=0.0).to(tl.float32)
     bits = x.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)  # [BLOCK, D_PAD]
+    bits = tl.where(x == x, bits, _NAN_FP16)  # the format's NaN, whatever the GPU's cvt gives
     tl.store(dst[:, None] + 2 * e[None], (bits & 0xFF).to(tl.uint8), mask=mask)
     tl.store(dst[:, None] + 2 * e[None] + 1, ((bits >> 8) & 0xFF).to(tl.uint8), mask=mask)
 
@@ -294,7 +308,9 @@ def _check(buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_dim: i
 def _launch_args(buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_dim: int):
     """Grid and the keyword arguments shared by every kernel of one call."""
     n_rows = loc.shape[0] * buffer.shape[1]
+    rotate = _rotates(spec)
     block = min(64, triton.next_power_of_2(max(n_rows, 1)))
+    block = max(block, 16) if rotate else block  # tl.dot needs 16 rows
     grid = (triton.cdiv(n_rows, block),)
     common = dict(
         n_rows=n_rows,
@@ -311,16 +327,24 @@ def _launch_args(buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_
             BITS=spec.bits,
             SYMMETRIC=spec.symmetric,
             NW_PAD=triton.next_power_of_2(head_dim // 8),
+            ROTATE=rotate,
+            h_ptr=hadamard(head_dim, buffer.device) if rotate else buffer,  # unread if not
         )
     else:
         common.update(D_PAD=triton.next_power_of_2(head_dim))
     return grid, common
 
 
+def _rotates(spec: QuantSpec) -> bool:
+    return spec.is_quantized and spec.rotation == "hadamard"
+
+
 def triton_scatter_quantized(
     buffer: torch.Tensor, loc: torch.Tensor, x: torch.Tensor, spec: QuantSpec
 ) -> None:
-    """``buffer[loc] = quantize(x, spec)`` for x[N, heads, D]; other slots stay untouched."""
+    """``buffer[loc] = quantize(x, spec)`` for x[N, heads, D]; other slots stay untouched.
+    One kernel launch: the Hadamard rotation runs inside it; x is read through its strides
+    (a copy only when its last dim is strided)."""
     if x.dim() != 3 or x.dtype not in _FLOATS:
         raise ValueError(f"x must be fp16/bf16/fp32 [N, heads, D], got {x.dtype} {tuple(x.shape)}")
     _check(buffer, loc, spec, x.shape[2])
@@ -331,11 +355,11 @@ def triton_scatter_quantized(
         )
     if loc.shape[0] == 0:
         return
-    if spec.is_quantized and spec.rotation == "hadamard":
-        x = x.float() @ hadamard(x.shape[2], x.device)  # rotate in torch, as the reference does
+    if x.stride(2) != 1:
+        x = x.contiguous()
     grid, args = _launch_args(buffer, loc, spec, x.shape[2])
     kernel = _scatter_kernel if spec.is_quantized else _scatter_fp16_kernel
-    kernel[grid](x.contiguous(), loc, buffer, **args)
+    kernel[grid](x, loc, buffer, stride_xt=x.stride(0), stride_xh=x.stride(1), **args)
 
 
 def triton_gather_dequantized(
@@ -345,20 +369,17 @@ def triton_gather_dequantized(
     head_dim: int,
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """``dequantize(buffer[loc], spec, head_dim, dtype)`` -> [N, heads, head_dim]."""
+    """``dequantize(buffer[loc], spec, head_dim, dtype)`` -> [N, heads, head_dim]; one kernel
+    launch (the rotation is undone inside it)."""
     if dtype not in _FLOATS:
         raise ValueError(f"dtype must be one of {_FLOATS}, got {dtype}")
     _check(buffer, loc, spec, head_dim)
-    rotated = spec.is_quantized and spec.rotation == "hadamard"
-    out_dtype = torch.float32 if rotated else dtype
     shape = (loc.shape[0], buffer.shape[1], head_dim)
-    out = torch.empty(shape, dtype=out_dtype, device=buffer.device)
+    out = torch.empty(shape, dtype=dtype, device=buffer.device)
     if loc.shape[0] == 0:
-        return out.to(dtype)
+        return out
     grid, args = _launch_args(buffer, loc, spec, head_dim)
     kernel = _gather_kernel if spec.is_quantized else _gather_fp16_kernel
     bf16 = out.dtype == torch.bfloat16
     kernel[grid](buffer, loc, out.view(torch.int16) if bf16 else out, OUT_BF16=bf16, **args)
-    if rotated:
-        out = (out @ hadamard(head_dim, out.device)).to(dtype)  # undo the rotation in torch
     return out

@@ -77,12 +77,17 @@ def held_back(
 
 
 def confirm_on_held_back(
-    lm: Any, measured: Sequence[Measured], held: CalibrationData, log: Callable[[str], None]
+    lm: Any,
+    measured: Sequence[Measured],
+    held: CalibrationData,
+    log: Callable[[str], None],
+    *,
+    batch_size: int | None = None,
 ) -> tuple[Confirmed, ...]:
-    """Re-measure the finalists on the held-back windows, best first."""
+    """Re-measure the finalists on the held-back windows (on ``lm``'s device), best first."""
     from ..calibration import fp_reference, measure_kl
 
-    reference = fp_reference(lm, held.tokens)
+    reference = fp_reference(lm, held.tokens, batch_size=batch_size)
     out = confirm(finalists(measured), lambda s: measure_kl(lm, held.tokens, s, reference))
     log(f"confirmation on {held.tokens.numel()} more calibration tokens (KL study -> confirm):")
     for c in out:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import KVTunerError
+from ..placement import peak_memory_line, placement, placement_of, reset_peak_memory
 from ..profile import ModelFingerprint, Profile, read_json, save_profile
 from ..quant import QUANTIZED_BITS
 from ..search_spaces import (
@@ -88,7 +89,7 @@ def _load_sensitivity(path: Path, fp: ModelFingerprint, preset_settings: dict, l
     return Sensitivity.load(path)
 
 
-def _calibrate(lm, model_id: str, data, preset, bits, path: Path, log, progress: bool) -> Any:
+def _calibrate(lm, model_id: str, data, preset, bits, path: Path, log, progress, batch_size):
     from ..calibration import calibrate
 
     log(
@@ -103,6 +104,7 @@ def _calibrate(lm, model_id: str, data, preset, bits, path: Path, log, progress:
         key_spec=preset.key,
         value_spec=preset.value,
         progress=progress,
+        batch_size=batch_size,
     )
     sensitivity.save(path)
     log(f"wrote {path}")
@@ -175,13 +177,14 @@ def _confirm_metrics(held, confirmation: tuple[Confirmed, ...]) -> dict:
 
 
 def _profile(
-    model_id, space, best, data, sens_path, budget, settings, study, baselines, fp_ppl, extra=None
+    model_id, space, best, calibration, budget, settings, study, baselines, fp_ppl, extra=None
 ):
+    """calibration: the profile's provenance of the study's tokens (data, device, dtype)."""
     fits = [b for b in baselines if b.fits]
     top = min(fits, key=lambda b: b.kl, default=None)
     metrics = {
         "kl": _sig(best.kl),
-        "kl_tokens": data.tokens.numel(),
+        "kl_tokens": calibration["tokens"],
         "additive_kl": _sig(best.additive_kl),
         "fp_ppl": fp_ppl,
         "best_uniform": top.label if top else None,
@@ -191,7 +194,6 @@ def _profile(
         "study": study.study_name,
         **(extra or {}),
     }
-    calibration = {**data.describe(), "sensitivity": sens_path.name}
     profile = Profile(
         model_id, space.fingerprint, best.specs, calibration=calibration, metrics=metrics
     )
@@ -218,12 +220,22 @@ def search(
     baselines: bool = False,
     progress: bool = True,
     log: Callable[[str], None] = print,
+    device: str = "auto",
+    dtype: str = "auto",
+    batch_size: int | None = None,
+    loaded: tuple[Any, Any] | None = None,
 ) -> SearchOutcome:
     """Search a profile for ``model`` within ``budget`` and write it to ``output`` (atomic).
 
     bits: the widths keys and values choose from (16 is always an option). Calibration measures
     them (default :data:`DEFAULT_BITS`); with a ``sensitivity`` file they must be among its widths
     (default: all of them).
+
+    device, dtype: where the model runs (see :mod:`kvtuner.placement`): calibration, every
+    trial and the confirmation pass. batch_size: calibration windows per forward (None: as many
+    as keep one forward's fp32 logits under 256 MiB). The outcome reports the peak GPU memory.
+    loaded: an already loaded ``(model, tokenizer)`` (e.g. built from a config), used as is
+    instead of loading ``model``, which then only names it in the profile.
     """
     start = time.monotonic()
     budget = budget if isinstance(budget, Budget) else Budget.parse(budget)
@@ -235,8 +247,10 @@ def search(
         raise KVTunerError(f"confirm_samples must be >= 0, got {confirm_samples}")
     if sensitivity is not None and not Path(sensitivity).is_file():
         raise KVTunerError(f"sensitivity file not found: {sensitivity}")
+    where = placement(device, dtype)
 
     from ..calibration import (
+        check_batch_size,
         fingerprint_of,
         fp_reference,
         load_calibration_data,
@@ -244,11 +258,16 @@ def search(
         measure_kl,
     )
 
+    check_batch_size(batch_size)
     study = study or StudySettings()
     output.parent.mkdir(parents=True, exist_ok=True)  # the default storage lives beside it
     if study.storage is None:
         study = dataclasses.replace(study, storage=default_storage(output))
-    lm, tokenizer = load_model(model)
+    if loaded is not None:
+        (lm, tokenizer), where = loaded, placement_of(loaded[0])
+    reset_peak_memory(where.torch_device)
+    if loaded is None:
+        lm, tokenizer = load_model(model, device=where.device, dtype=where.dtype)
     fp = fingerprint_of(lm)
     _check_feasible(budget, search_preset, fp, min(bits or DEFAULT_BITS))  # before calibration
     data = load_calibration_data(
@@ -262,7 +281,9 @@ def search(
         sens = _load_sensitivity(sens_path, fp, search_preset.settings(), log)
     else:
         widths = bits or DEFAULT_BITS
-        sens = _calibrate(lm, model, data, search_preset, widths, sens_path, log, progress)
+        sens = _calibrate(
+            lm, model, data, search_preset, widths, sens_path, log, progress, batch_size
+        )
     space = build_space(
         LossTable.from_sensitivity(sens, fp.num_layers),
         search_preset,
@@ -271,40 +292,51 @@ def search(
         num_clusters=num_clusters,
         bits=bits,
     )
-    reference = fp_reference(lm, data.tokens)
+    reference = fp_reference(lm, data.tokens, batch_size=batch_size)
     evaluate = lambda specs: measure_kl(lm, data.tokens, specs, reference)  # noqa: E731
     log(
         f"search: {len(space.groups)} groups, options per group "
         f"{min(len(g.options) for g in space.groups)}-{max(len(g.options) for g in space.groups)}"
         f", study {study.study_name or 'auto'} in {study.storage}"
     )
-    st = run_study(space, evaluate, study, progress=progress)
+    st = run_study(space, evaluate, study, progress=progress, placement=where)
     measured = measured_trials(st, space)
     best = best_measured(measured)
     if best is None:
         raise KVTunerError("the study holds no finished feasible trial; raise --n-trials/--timeout")
-    confirmation = confirm_on_held_back(lm, measured, held, log) if held is not None else ()
+    confirmation = (
+        confirm_on_held_back(lm, measured, held, log, batch_size=batch_size)
+        if held is not None
+        else ()
+    )
     if confirmation:
         best = confirmation[0].measured
     base = _baselines(st, space, measured, evaluate, baselines)
     fp_ppl = read_json(sens_path, "sensitivity file").get("fp", {}).get("ppl")
     extra = _confirm_metrics(held, confirmation)
-    profile = _profile(model, space, best, data, sens_path, budget, study, st, base, fp_ppl, extra)
+    calibration = {**data.describe(), **where.describe(), "sensitivity": sens_path.name}
+    profile = _profile(model, space, best, calibration, budget, study, st, base, fp_ppl, extra)
     save_profile(profile, output)
     front = tuple(pareto_set(measured))
     if pareto_dir:
         write_pareto_dir(
             pareto_dir,
             [
-                _profile(model, space, m, data, sens_path, budget, study, st, base, fp_ppl)
+                _profile(model, space, m, calibration, budget, study, st, base, fp_ppl)
                 for m in front
             ],
         )
     if plot:
         title = f"{model} {search_preset.name} budget {budget.label}: {len(measured)} measured"
         plot_pareto(plot, measured, front, best, base, title)
-    summary = format_summary(best, base, budget.label)
     seconds = time.monotonic() - start
+    where_line = f"ran on {where.describe()['device']} in {where.dtype}; "
+    summary = "\n".join(
+        [
+            format_summary(best, base, budget.label),
+            where_line + peak_memory_line(where.torch_device),
+        ]
+    )
     return SearchOutcome(
         profile, output, best, base, front, len(st.trials), seconds, summary, confirmation
     )

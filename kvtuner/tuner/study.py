@@ -18,6 +18,7 @@ import optuna
 from optuna.trial import TrialState
 
 from ..errors import KVTunerError
+from ..placement import Placement
 from ..profile import LayerSpec
 from ..search_spaces import Pair, SearchSpace, pair_label
 from .dp import dp_optimum
@@ -96,8 +97,30 @@ def _storage(url: str) -> optuna.storages.RDBStorage:
         raise KVTunerError(f"cannot open --storage {url}: {first}") from None
 
 
-def open_study(space: SearchSpace, settings: StudySettings) -> optuna.Study:
-    """Create or resume; trials a killed run left RUNNING are marked FAIL and their seeds redone."""
+def _check_numerics(study: optuna.Study, name: str, where: Placement | None) -> None:
+    """A study's KLs are measured in one dtype (its identity); the device is not part of it:
+    fp32 on a GPU measures what fp32 on the CPU does up to float rounding, so a study started
+    on one device resumes on another. bf16 and fp32 KLs are different measurements."""
+    if where is None:
+        return
+    known = study.user_attrs.get("dtype")
+    if known is not None and known != where.dtype:
+        raise KVTunerError(
+            f"study {name!r} was measured in {known}, this run is {where.dtype}: pass "
+            f"--dtype {known} to resume it, or a new --study-name"
+        )
+    study.set_user_attr("dtype", where.dtype)
+    devices = study.user_attrs.get("devices", [])
+    device = where.describe()["device"]
+    if device not in devices:
+        study.set_user_attr("devices", [*devices, device])
+
+
+def open_study(
+    space: SearchSpace, settings: StudySettings, where: Placement | None = None
+) -> optuna.Study:
+    """Create or resume; trials a killed run left RUNNING are marked FAIL and their seeds redone.
+    ``where``: the device and dtype trials run in (recorded; the dtype must match on resume)."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = _storage(settings.storage) if settings.storage else None
     name = settings.study_name or f"kvtuner-{space.budget.label}-{space.preset.name}-{space.hash}"
@@ -115,6 +138,7 @@ def open_study(space: SearchSpace, settings: StudySettings) -> optuna.Study:
             "space (model, sensitivity, preset or budget); pass a new --study-name"
         )
     study.set_user_attr("space_hash", space.hash)
+    _check_numerics(study, name, where)
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
     return study
@@ -160,11 +184,17 @@ def _finished(study: optuna.Study) -> int:
 
 
 def run_study(
-    space: SearchSpace, evaluate: Evaluate, settings: StudySettings, *, progress: bool = True
+    space: SearchSpace,
+    evaluate: Evaluate,
+    settings: StudySettings,
+    *,
+    progress: bool = True,
+    placement: Placement | None = None,
 ) -> optuna.Study:
-    """Seeds (never cut by the timeout: the uniform ones are the quality floor), then sampling."""
+    """Seeds (never cut by the timeout: the uniform ones are the quality floor), then sampling.
+    ``placement``: where ``evaluate`` runs the model, recorded in the study (see open_study)."""
     start = time.monotonic()
-    study = open_study(space, settings)
+    study = open_study(space, settings, placement)
     _enqueue_seeds(study, space)
     objective = _objective(space, evaluate)
     waiting = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))

@@ -108,17 +108,17 @@ def test_cache_hit_runs_no_forward_and_resume_runs_only_missing_layers(tmp_path)
     model, d = tiny_model("llama", num_hidden_layers=3), data()
     counter = LayerForwards(model)
     first = calibrate(model, d, model_id="t", cache_dir=tmp_path, progress=False)
-    # fp pass: 3 layers; layer l: 10 variants (K, V x 5 default widths) of layer l, then
-    # layers l+1.. once, batched 10x
-    assert counter.rows == d.num_samples * layer_forwards(3, 5) == 3 * (3 + 10 * (3 + 2 + 1))
-    assert counter.calls == 3 + (10 + 2) + (10 + 1) + 10
+    # fp pass: 3 layers, then each layer once more carrying fp activations up; layer l: 10
+    # variants (K, V x 5 default widths) of layer l, then layers l+1.. once, batched 10x
+    assert counter.rows == d.num_samples * layer_forwards(3, 5) == 3 * (6 + 10 * (3 + 2 + 1))
+    assert counter.calls == 3 + 3 + (10 + 2) + (10 + 1) + 10
     counter.calls = counter.rows = 0
     again = calibrate(model, d, model_id="t", cache_dir=tmp_path, progress=False)
     assert counter.calls == 0 and again.layers == first.layers
     (layer0,) = tmp_path.glob("sensitivity/*/layer_0.json")
     layer0.unlink()  # as if interrupted before layer 0 was written
     resumed = calibrate(model, d, model_id="t", cache_dir=tmp_path, progress=False)
-    assert counter.rows == d.num_samples * (3 + 10 * 3) and resumed.layers == first.layers
+    assert counter.rows == d.num_samples * (3 + 1 + 10 * 3) and resumed.layers == first.layers
 
 
 def test_cache_key_covers_tokens_specs_and_weights(tmp_path):
@@ -154,3 +154,43 @@ def test_eager_attention_and_row_chunks_give_the_same_numbers(monkeypatch):
             for b in (2, 4, 8):
                 a, c = whole.kl(layer, part, b), chunked.kl(layer, part, b)
                 assert math.isclose(a, c, rel_tol=1e-4, abs_tol=1e-9)
+
+
+def test_batch_size_chunks_the_windows_and_keeps_the_numbers():
+    """--batch-size 1 vs 2 vs auto: forwards of 1 / 2 / 3 windows, the same sensitivities."""
+    model, d = tiny_model("llama"), data()
+    counter = LayerForwards(model)
+    runs = {}
+    for batch in (None, 2, 1):
+        counter.calls = 0
+        runs[batch] = calibrate(
+            model, d, model_id="t", use_cache=False, progress=False, batch_size=batch
+        )
+        chunks = {None: 1, 2: 2, 1: 3}[batch]
+        # per chunk: fp pass (2 layers) + carrying fp up (2) + 10 variants per layer + layer 1
+        assert counter.calls == chunks * (2 + 2 + 10 + 1 + 10)
+    for batch in (2, 1):
+        for layer in range(2):
+            for part in "kv":
+                a, c = runs[None].kl(layer, part, 2), runs[batch].kl(layer, part, 2)
+                assert math.isclose(a, c, rel_tol=1e-4, abs_tol=1e-9)
+
+
+def test_sweep_holds_one_layer_of_fp_activations():
+    """The fp activations walk up the layers: at any time one layer's inputs/attn/outputs."""
+    from kvtuner.calibration.runner import advance_to, capture_fp
+
+    model, d = tiny_model("llama", num_hidden_layers=3), data()
+    fp = capture_fp(model, d.tokens, batch_size=2)
+    assert fp.layer == 0 and len(fp.inputs) == len(fp.attn) == len(fp.outputs) == 2
+    advance_to(model, fp, 2)
+    assert fp.layer == 2 and fp.inputs[0].shape == (2, 64, 128)
+    with pytest.raises(ValueError, match="cannot go back"):
+        advance_to(model, fp, 1)
+
+
+def test_bf16_model_records_its_dtype_and_device():
+    model = tiny_model("llama").to(torch.bfloat16)
+    sens = calibrate(model, data(n=1), model_id="t", bits=(2, 8), use_cache=False, progress=False)
+    assert sens.data["dtype"] == "bfloat16" and sens.data["device"] == "cpu"
+    assert sens.kl(0, "k", 2) > sens.kl(0, "k", 8) >= 0

@@ -87,8 +87,11 @@ def _cases():
     for spec in (
         QuantSpec(4, 32, rotation="hadamard"),
         QuantSpec(2, 16, True, rotation="hadamard"),
+        QuantSpec(3, 32, rotation="hadamard"),
+        QuantSpec(8, 64, rotation="hadamard"),
     ):
         yield pytest.param(spec, 64, id=f"{spec.short()}-d64")
+    yield pytest.param(QuantSpec(4, 32, rotation="hadamard"), 128, id="4b/g32/had-d128")
 
 
 def _inputs(head_dim: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
@@ -186,6 +189,36 @@ def test_many_rows_span_several_programs(tk):
     )
 
 
+def _odd_nans(dtype: torch.dtype) -> torch.Tensor:
+    """x[2, HEADS, 64] holding NaNs of every sign and payload a GPU could turn into its own."""
+    x = torch.randn(2, HEADS, 64)
+    bits = torch.tensor([0x7FC00000, 0xFFC00000 - 2**32, 0x7F800001, 0x7FFFFFFF], dtype=torch.int32)
+    x[0, 0, :4] = bits.view(torch.float32)
+    x[1, 2, 7] = -float("nan")
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_16_bits_store_the_formats_nan(tk, dtype):
+    """Every NaN is stored as fp16 0x7E00, in the reference and in the kernel."""
+    x, spec, loc = _odd_nans(dtype), QuantSpec(16), torch.tensor([3, 0])
+    rows = quantize(x, spec).view(torch.int16)
+    assert rows[x.isnan()].eq(0x7E00).all() and rows[x.isnan()].numel() == 5
+    buf = torch.zeros(4, HEADS, spec.row_bytes(64), dtype=torch.uint8)
+    tk.triton_scatter_quantized(buf, loc, x, spec)
+    assert torch.equal(buf[loc], quantize(x, spec))
+
+
+def test_strided_x_is_read_in_place(tk):
+    """K sliced out of a fused [N, 3*heads, D] projection: same bytes as a contiguous copy."""
+    fused = torch.randn(5, 3 * HEADS, 64)
+    k = fused[:, HEADS : 2 * HEADS]
+    for spec in (QuantSpec(4, 32), QuantSpec(16), QuantSpec(4, 32, rotation="hadamard")):
+        buf = torch.zeros(SLOTS, HEADS, spec.row_bytes(64), dtype=torch.uint8)
+        tk.triton_scatter_quantized(buf, LOC, k, spec)
+        assert torch.equal(buf[LOC], quantize(k.contiguous(), spec))
+
+
 def test_non_contiguous_buffer_slots(tk):
     """A view with a padded slot stride (e.g. one layer of a bigger pool) works in place."""
     spec = QuantSpec(2, 32)
@@ -273,10 +306,13 @@ GPU_COMPILE = textwrap.dedent("""
     from kvtuner.quant import QuantSpec
     from kvtuner.quant import triton_kernels as tk
 
-    def compile_ptx(kernel, pointers, args):
+    def compile_ptx(kernel, pointers, args, strides=()):
         options = {"enable_fp_fusion": args.pop("enable_fp_fusion")}
+        if args.pop("h_ptr", None) is not None:
+            pointers = {**pointers, "h_ptr": "*fp32"}
         sig = {**pointers, "n_rows": "i32", "heads": "i32", "stride_slot": "i64",
-               "stride_head": "i64", **{k: "constexpr" for k in args if k.isupper()}}
+               "stride_head": "i64", **{k: "i64" for k in strides},
+               **{k: "constexpr" for k in args if k.isupper()}}
         consts = {k: v for k, v in args.items() if k.isupper()}
         src = ASTSource(kernel, sig, consts)
         return triton.compile(src, target=GPUTarget("cuda", 80, 32), options=options).asm["ptx"]
@@ -288,7 +324,8 @@ GPU_COMPILE = textwrap.dedent("""
         _, args = tk._launch_args(buf, loc, spec, 64)
         q = spec.is_quantized
         scatter = compile_ptx(tk._scatter_kernel if q else tk._scatter_fp16_kernel,
-                              {"x_ptr": "*bf16", "loc_ptr": "*i64", "buf_ptr": "*u8"}, dict(args))
+                              {"x_ptr": "*bf16", "loc_ptr": "*i64", "buf_ptr": "*u8"}, dict(args),
+                              ("stride_xt", "stride_xh"))
         gather = compile_ptx(tk._gather_kernel if q else tk._gather_fp16_kernel,
                              {"buf_ptr": "*u8", "loc_ptr": "*i32", "out_ptr": "*i16"},
                              dict(args, OUT_BF16=True))
@@ -296,6 +333,16 @@ GPU_COMPILE = textwrap.dedent("""
             assert "fma.rn.f32" not in ptx, "FMA contraction changes rounding"
             assert "div.full.f32" not in ptx and "div.approx.f32" not in ptx
         print(spec.short(), "div.rn.f32" in scatter, "div.rn.f32" in gather)
+    # Hadamard fused as an IEEE fp32 tl.dot: FMAs inside the dot (as in a CPU sgemm), no
+    # tensor-core (TF32) instructions; the quantization math around it stays unfused
+    spec = QuantSpec(4, 32, rotation="hadamard")
+    buf = torch.zeros(8, 2, spec.row_bytes(64), dtype=torch.uint8)
+    _, args = tk._launch_args(buf, loc, spec, 64)
+    scatter = compile_ptx(tk._scatter_kernel, {"x_ptr": "*bf16", "loc_ptr": "*i64",
+                          "buf_ptr": "*u8"}, dict(args), ("stride_xt", "stride_xh"))
+    gather = compile_ptx(tk._gather_kernel, {"buf_ptr": "*u8", "loc_ptr": "*i32",
+                         "out_ptr": "*i16"}, dict(args, OUT_BF16=True))
+    print(spec.short(), "mma" in scatter + gather, "div.rn.f32" in scatter)
 """)
 
 
@@ -307,10 +354,11 @@ def test_kernels_compile_for_a_gpu_with_ieee_division_and_no_fma():
         [sys.executable, "-c", GPU_COMPILE], env=env, capture_output=True, text=True, timeout=300
     )
     assert res.returncode == 0, res.stderr[-3000:]
-    assert res.stdout.split("\n")[:5] == [
+    assert res.stdout.split("\n")[:6] == [
         "4b/g32/asym/token True False",  # asym gather multiplies and adds only
         "4b/g32/sym/token True True",
         "16b False False",
         "3b/g32/asym/token True False",  # codes straddling bytes: 64-bit words
         "6b/g16/sym/token True True",
+        "4b/g32/asym/token/had False True",  # no TF32 mma for the rotation
     ]

@@ -115,3 +115,36 @@ def test_bits_choose_the_widths(tiny_dir, tmp_path):
         run(tiny_dir, tmp_path / "y.json", [], bits=(7,))
     with pytest.raises(KVTunerError, match=r"below the cheapest configuration \(all 4-bit"):
         run(tiny_dir, tmp_path / "z.json", [], bits=(4, 8))  # 3bit budget < all-4-bit
+
+
+def test_profile_records_the_device_and_the_study_resumes_across_devices(tiny_dir, tmp_path):
+    """A study started elsewhere (here: on a GPU, as its attrs say) resumes on the CPU: the
+    device is provenance, not identity. The dtype is identity: bf16 KLs are other numbers."""
+    import optuna
+
+    out = tmp_path / "dev" / "profile.json"
+    first = run(tiny_dir, out, [], device="cpu", dtype="float32", batch_size=1)
+    assert first.profile.calibration["device"] == "cpu"
+    assert first.profile.calibration["dtype"] == "float32"
+    assert "ran on cpu in float32; peak GPU memory n/a (cpu)" in first.summary
+    url = f"sqlite:///{out.with_suffix('.optuna.db')}"
+    (name,) = optuna.study.get_all_study_names(url)
+    study = optuna.load_study(study_name=name, storage=url)
+    assert study.user_attrs["devices"] == ["cpu"] and study.user_attrs["dtype"] == "float32"
+    study.set_user_attr("devices", ["cuda:0 (NVIDIA H100 80GB HBM3)"])  # as a GPU run leaves it
+    again = run(tiny_dir, out, [], device="auto")
+    assert again.trials == first.trials and again.profile.hash == first.profile.hash
+    study = optuna.load_study(study_name=name, storage=url)
+    assert study.user_attrs["devices"] == ["cuda:0 (NVIDIA H100 80GB HBM3)", "cpu"]
+    with pytest.raises(KVTunerError, match="was measured in float32, this run is bfloat16"):
+        run(tiny_dir, out, [], dtype="bfloat16")
+
+
+def test_search_takes_a_loaded_model(tiny_dir, tmp_path):
+    """A model built elsewhere (here: the checkpoint in bf16) is searched as is."""
+    from kvtuner.calibration import load_model
+
+    loaded = load_model(str(tiny_dir), device="cpu", dtype="bfloat16")
+    outcome = run(tiny_dir, tmp_path / "l.json", [], model="built-in-memory", loaded=loaded)
+    assert outcome.profile.model_id == "built-in-memory"
+    assert outcome.profile.calibration["dtype"] == "bfloat16"
