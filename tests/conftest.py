@@ -14,7 +14,8 @@ if not torch.cuda.is_available():
 
 
 def tiny_config(family: str = "llama", **overrides):
-    """A 2-layer random decoder with GQA (4 query heads, 2 KV heads, head_dim 32)."""
+    """A 2-layer random decoder with GQA (4 query heads, 2 KV heads, head_dim 32); ``gemma3``:
+    3 layers, sliding window 8 on layers 0 and 1, layer 2 global (Gemma 3's 5:1 pattern, shrunk)."""
     import transformers
 
     base = dict(
@@ -28,16 +29,27 @@ def tiny_config(family: str = "llama", **overrides):
         max_position_embeddings=512,
         tie_word_embeddings=False,
     )
+    if family == "gemma3":
+        base.update(num_hidden_layers=3, sliding_window=8)
     base.update(overrides)
+    if family == "gemma3":
+        base.setdefault("layer_types", _gemma3_layer_types(base["num_hidden_layers"]))
     cls = {
         "llama": transformers.LlamaConfig,
         "qwen2": transformers.Qwen2Config,
         "qwen3": transformers.Qwen3Config,
         "mistral": transformers.MistralConfig,
+        "gemma3": transformers.Gemma3TextConfig,
     }[family]
     config = cls(**base)
-    config.architectures = [cls.__name__.replace("Config", "ForCausalLM")]
+    config.architectures = [
+        cls.__name__.replace("TextConfig", "ForCausalLM").replace("Config", "ForCausalLM")
+    ]
     return config
+
+
+def _gemma3_layer_types(num_layers: int) -> list[str]:
+    return ["full_attention" if i % 3 == 2 else "sliding_attention" for i in range(num_layers)]
 
 
 def tiny_model(family: str = "llama", seed: int = 0, **overrides):

@@ -211,6 +211,7 @@ def search(
     dataset: str | None = None,
     num_samples: int = 2,
     seq_len: int = 256,
+    context_length: int | None = None,
     data_seed: int = 0,
     confirm_samples: int = 4,
     pareto_dir: str | Path | None = None,
@@ -224,6 +225,8 @@ def search(
     bits: the widths keys and values choose from (16 is always an option). Calibration measures
     them (default :data:`DEFAULT_BITS`); with a ``sensitivity`` file they must be among its widths
     (default: all of them).
+    context_length: the context at which a hybrid model's window layers are capped in the budget
+    (default ``seq_len``, the calibration length); no effect on full-attention models.
     """
     start = time.monotonic()
     budget = budget if isinstance(budget, Budget) else Budget.parse(budget)
@@ -250,6 +253,7 @@ def search(
         study = dataclasses.replace(study, storage=default_storage(output))
     lm, tokenizer = load_model(model)
     fp = fingerprint_of(lm)
+    budget = budget.at_context(fp, seq_len if context_length is None else context_length)
     _check_feasible(budget, search_preset, fp, min(bits or DEFAULT_BITS))  # before calibration
     data = load_calibration_data(
         tokenizer, dataset=dataset, num_samples=num_samples, seq_len=seq_len, seed=data_seed
