@@ -82,7 +82,7 @@ class ModelFingerprint:
 
     @property
     def layout(self) -> str:
-        """One-line description: ``all full attention`` or ``SSSSSF... (S: window 512, F: full)``."""
+        """One line: ``all full attention`` or ``SSSSSF... (S: sliding window 512, F: full)``."""
         if self.layer_types is None:
             return "all full attention"
         letters = "".join("S" if t == SLIDING else "F" for t in self.layer_types)
