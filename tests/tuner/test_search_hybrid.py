@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from kvtuner import Profile, QuantSpec
 from kvtuner.calibration import model_fingerprint
 from kvtuner.cli.main import main
-from kvtuner import Profile, QuantSpec
 from kvtuner.profile import load_profile, save_profile
 from kvtuner.tuner.search import search
 from kvtuner.tuner.study import StudySettings
