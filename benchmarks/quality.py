@@ -68,15 +68,26 @@ def exported_profiles(fingerprint: ModelFingerprint, folder: Path) -> list[EvalC
     return rows
 
 
-def all_configs(fingerprint: ModelFingerprint, folder: Path) -> list[EvalConfig]:
-    rows = parse_uniform(UNIFORM, fingerprint) + exported_profiles(fingerprint, folder)
+def all_configs(
+    fingerprint: ModelFingerprint, folder: Path, uniform: str = UNIFORM
+) -> list[EvalConfig]:
+    rows = parse_uniform(uniform, fingerprint) + exported_profiles(fingerprint, folder)
     rows += parse_uniform("had-kv4", fingerprint) + parse_uniform(UNIFORM_ROTATED, fingerprint)
+    if fingerprint.layer_types is not None:
+        rows = [r for r in rows if not _channel_axis(r)]
+        print("[quality] hybrid model: no KIVI-style rows (window layers drop single tokens)")
     missing = quanto_missing()
+    if fingerprint.layer_types is not None:
+        missing = "transformers' QuantizedCache refuses sliding-window layers"
     if missing:
         print(f"[quality] no hf-quanto rows: {missing}", file=sys.stderr)
     else:
         rows += [EvalConfig(f"hf-quanto{b}", "hf-quanto", quanto_bits=b) for b in QUANTO_BITS]
     return rows
+
+
+def _channel_axis(config: EvalConfig) -> bool:
+    return any(q.axis == "channel" for s in config.specs or () for q in (s.k, s.v))
 
 
 def previous_rows(path: Path, data: dict) -> list[dict]:
@@ -152,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-windows", type=int, default=32)
     p.add_argument("--seq-len", type=int, default=1024)
     p.add_argument("--profiles", default=str(ROOT / "exported_configs"))
+    p.add_argument("--uniform", default=UNIFORM, help="uniform rows (default: %(default)s)")
     p.add_argument("--no-decode", action="store_true")
     d = DecodeSettings()
     p.add_argument("--decode-prompt-tokens", type=int, default=d.prompt_tokens)
@@ -185,13 +197,13 @@ def main(argv: list[str] | None = None) -> int:
         wanted = set(args.decode_only.split(","))
         configs = [
             c
-            for c in all_configs(fingerprint, Path(args.profiles))
+            for c in all_configs(fingerprint, Path(args.profiles), args.uniform)
             if "all" in wanted or c.name in wanted
         ]
         decode = DecodeSettings(args.decode_prompt_tokens, args.decode_steps, args.decode_repeats)
         decode_only(model, windows, configs, decode, command)
         return 0
-    wanted = all_configs(fingerprint, Path(args.profiles))
+    wanted = all_configs(fingerprint, Path(args.profiles), args.uniform)
     kept = previous_rows(RESULTS / f"{NAME}.json", windows.describe()) if args.resume else []
     current = {c.name: c.specs_hash(fingerprint) for c in wanted}
     # a kept row stays only while a config of that name with the same specs still exists;

@@ -1,8 +1,9 @@
 """Search benchmark: wall time of the whole `kvtuner search` (calibration included) and, per
 budget, the searched profile's KL next to every uniform configuration of the same preset.
 
-    python benchmarks/search.py [--budgets 4bit,3bit,2.5bit] [--presets per-token,kivi]
-                                [--export exported_configs/smollm2-135m]
+    python benchmarks/search.py [--model smollm2-135m] [--budgets 4bit,3bit,2.5bit]
+                                [--presets per-token,kivi] [--export exported_configs/smollm2-135m]
+                                [-- --context-length 1024 ...]
 
 Each (preset, budget) runs `python -m kvtuner search` in a fresh folder (calibration included,
 the CLI's default settings unless flags say otherwise). The KL of every profile and of every
@@ -28,17 +29,16 @@ from pathlib import Path
 import torch
 
 from kvtuner.calibration import fp_reference, load_calibration_data, load_model, measure_kl
-from kvtuner.profile import load_profile, save_profile, write_json_atomic
+from kvtuner.profile import Profile, load_profile, save_profile, write_json_atomic
 from kvtuner.search_spaces import DEFAULT_BITS, load_preset
 from kvtuner.tuner import Budget
-from kvtuner.tuner.budget import layer_bytes
 from kvtuner.tuner.index import write_index
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results" / "search.json"
 HELDOUT = ROOT.parent / "shared" / "data" / "wikitext-2" / "test.txt"  # ../shared beside the repo
 HELDOUT_NAME = "wikitext-2 test (shared/data/wikitext-2/test.txt)"
-MODEL = "smollm2-135m"
+MODEL = "smollm2-135m"  # --model
 UNIFORM_BITS = DEFAULT_BITS  # every uniform (k, v) the search could also choose
 
 
@@ -95,8 +95,8 @@ def run_search(preset, budget, work: Path, extra: list[str], fresh: bool) -> tup
 class Meter:
     """KL of layer specs on the calibration tokens and on held-out test windows."""
 
-    def __init__(self, num_samples: int, seq_len: int, heldout_samples: int):
-        self.model, tok = load_model(MODEL)
+    def __init__(self, model: str, num_samples: int, seq_len: int, heldout_samples: int):
+        self.model, tok = load_model(model)
         self.cal = load_calibration_data(tok, num_samples=num_samples, seq_len=seq_len)
         self.held = load_calibration_data(
             tok, dataset=str(HELDOUT), num_samples=heldout_samples, seq_len=seq_len
@@ -111,13 +111,16 @@ class Meter:
         return {n: measure_kl(self.model, data[n].tokens, specs, r) for n, r in self.refs.items()}
 
 
-def uniform_rows(meter: Meter, preset_name: str, fp) -> list[dict]:
-    preset = load_preset(preset_name)
+def uniform_rows(meter: Meter, preset_name: str, first: Profile) -> list[dict]:
+    """Every uniform (k, v) of the preset; bytes at the searched profiles' context length (a
+    hybrid model's window layers capped there, as in the profiles' own accounting)."""
+    preset, fp = load_preset(preset_name), first.fingerprint
+    context = {"context_length": first.context_length} if first.context_length else {}
     rows = []
     for k in UNIFORM_BITS:
         for v in UNIFORM_BITS:
             specs = [preset.layer_spec(i, k, v) for i in range(fp.num_layers)]
-            nbytes = float(sum(layer_bytes(s, fp) for s in specs))
+            nbytes = Profile("uniform", fp, specs, budget=context).bytes_per_token
             rows.append(
                 {
                     "config": f"k{k}v{v}",
@@ -235,8 +238,8 @@ def measure(searched: dict, presets: list[str], heldout_samples: int):
     """KL of every searched profile and every uniform config, calibration and held-out tokens."""
     first = load_profile(next(iter(searched.values()))[0])
     cal = first.calibration
-    meter = Meter(cal["num_samples"], cal["seq_len"], heldout_samples)
-    uniforms = {p: uniform_rows(meter, p, first.fingerprint) for p in presets}
+    meter = Meter(MODEL, cal["num_samples"], cal["seq_len"], heldout_samples)
+    uniforms = {p: uniform_rows(meter, p, first) for p in presets}
     results = []
     for (p, b), (path, seconds, fresh) in searched.items():
         profile, budget = load_profile(path), Budget.parse(b)
@@ -270,7 +273,9 @@ def measure(searched: dict, presets: list[str], heldout_samples: int):
 
 
 def main() -> None:
+    global MODEL
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=MODEL)
     ap.add_argument("--budgets", default="4bit,3bit,2.5bit")
     ap.add_argument("--presets", default="per-token")
     ap.add_argument("--work", default="/tmp/kvtuner-bench-search")
@@ -290,6 +295,7 @@ def main() -> None:
     ap.add_argument("--export", help="copy profiles here and regenerate the index above it")
     ap.add_argument("search_args", nargs="*", help="extra flags for kvtuner search (after --)")
     args = ap.parse_args()
+    MODEL = args.model
     work = Path(args.work)
     record = work / "searched.json"
     if args.skip_search:  # re-measure the runs a previous invocation recorded

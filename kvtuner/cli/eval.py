@@ -73,13 +73,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _quanto_rows(mode: str):
+def _quanto_rows(mode: str, fingerprint):
     from ..evaluation.configs import QUANTO_BITS, EvalConfig
     from ..evaluation.quanto import quanto_missing
 
     if mode == "off":
         return []
     missing = quanto_missing()
+    if fingerprint.layer_types is not None:
+        missing = "transformers' QuantizedCache refuses sliding-window layers"
     if missing:
         if mode == "on":
             raise KVTunerError(f"--hf-quanto on: {missing}")
@@ -93,7 +95,7 @@ def build_configs(args: argparse.Namespace, fingerprint) -> list:
 
     configs = [profile_config(p, fingerprint) for p in args.profile]
     configs += parse_uniform(args.uniform, fingerprint) if args.uniform else []
-    configs += _quanto_rows(args.hf_quanto)
+    configs += _quanto_rows(args.hf_quanto, fingerprint)
     names = [c.name for c in configs]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:

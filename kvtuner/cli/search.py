@@ -68,6 +68,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_batch_size_argument(p)
     add_placement_arguments(p)
     p.add_argument(
+        "--context-length",
+        type=int,
+        help="context at which the budget counts a sliding-window layer at its capped size "
+        "(window - 1 tokens); default: --seq-len. No effect on full-attention models",
+    )
+    p.add_argument(
         "--confirm-samples",
         type=int,
         default=4,
@@ -115,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
         dataset=args.dataset,
         num_samples=args.num_samples,
         seq_len=args.seq_len,
+        context_length=args.context_length,
         confirm_samples=args.confirm_samples,
         pareto_dir=args.pareto_dir,
         plot=args.plot,

@@ -89,10 +89,12 @@ def _row(
     res: PerplexityResult,
     fp: PerplexityResult,
     stored_per_token: float | None,
+    seq_len: int,
 ) -> dict[str, Any]:
-    """One table row; bytes/token as measured on the first window's cache when there is one."""
-    acct = config.accounting(fingerprint)
-    fp16 = 4 * fingerprint.num_layers * fingerprint.num_kv_heads * fingerprint.head_dim
+    """One table row; bytes/token as measured on the first window's cache when there is one.
+    Ratios are to an fp16 cache of the same layout (window layers capped, as the default)."""
+    acct = config.accounting(fingerprint, seq_len)
+    fp16 = fingerprint.fp16_bytes(seq_len) / seq_len
     per_token = acct["bytes_per_token"] if stored_per_token is None else stored_per_token
     return {
         "name": config.name,
@@ -130,7 +132,8 @@ def _ppl_row(model, windows, config, fingerprint, fp_result, log) -> tuple[dict,
             stored.append(_stored_bytes(cache) / windows.seq_len)
 
     res = perplexity(model, windows.tokens, config, on_window=first_window_bytes)
-    row = _row(config, fingerprint, res, fp_result or res, stored[0] if stored else None)
+    stored_per_token = stored[0] if stored else None
+    row = _row(config, fingerprint, res, fp_result or res, stored_per_token, windows.seq_len)
     log(f"[eval] {config.name}: ppl {res.ppl:.4f} ({time.perf_counter() - t0:.0f} s)")
     return row, res
 

@@ -57,16 +57,21 @@ class EvalConfig:
         """The profile hash of this row's layer specs (None for fp and quanto rows)."""
         return None if self.specs is None else Profile(self.name, fingerprint, self.specs).hash
 
-    def accounting(self, fingerprint: ModelFingerprint) -> dict[str, float]:
-        """Nominal and effective bits and KV bytes per token (all layers, K+V, metadata in)."""
+    def accounting(
+        self, fingerprint: ModelFingerprint, context_length: int | None = None
+    ) -> dict[str, float]:
+        """Nominal and effective bits and KV bytes per token (all layers, K+V, metadata in);
+        with ``context_length``, window layers hold at most window - 1 of its tokens."""
         if self.specs is not None:
-            p = Profile(self.name, fingerprint, self.specs)
+            budget = {} if context_length is None else {"context_length": context_length}
+            p = Profile(self.name, fingerprint, self.specs, budget=budget)
             return {
                 "nominal_bits": p.nominal_bits,
                 "effective_bits": p.effective_bits,
                 "bytes_per_token": p.bytes_per_token,
             }
-        fp16 = fingerprint.fp16_bytes_per_token
+        n = context_length
+        fp16 = fingerprint.fp16_bytes_per_token if n is None else fingerprint.fp16_bytes(n) / n
         if self.kind == "fp":
             return {"nominal_bits": 16.0, "effective_bits": 16.0, "bytes_per_token": float(fp16)}
         # quanto (fp32 model): codes + an fp32 scale and an fp32 shift per GROUP_SIZE elements;

@@ -135,13 +135,35 @@ class Profile:
 
     # -- memory accounting (row bytes are the single source of truth) --------------------------
     @property
-    def bytes_per_token(self) -> float:
+    def context_length(self) -> int | None:
+        """The context a hybrid model's budget was stated at (window layers capped there)."""
+        n = self.budget.get("context_length")
+        return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+    def _weights(self) -> tuple[Fraction, ...]:
+        return self.fingerprint.token_weights(self.context_length)
+
+    def _layer_bytes(self) -> list[Fraction]:
         fp = self.fingerprint
-        return sum(s.bytes_per_token(fp.num_kv_heads, fp.head_dim) for s in self.layers)
+        return [s.exact_bytes_per_token(fp.num_kv_heads, fp.head_dim) for s in self.layers]
+
+    def kv_bytes(self, tokens: int) -> float:
+        """K/V bytes stored after ``tokens`` tokens of one sequence (window layers capped)."""
+        fp = self.fingerprint
+        kept = [fp.kept_tokens(s.layer, tokens) for s in self.layers]
+        return float(sum(b * n for b, n in zip(self._layer_bytes(), kept, strict=True)))
 
     @property
-    def fp16_bytes_per_token(self) -> int:
-        return self.fingerprint.fp16_bytes_per_token
+    def bytes_per_token(self) -> float:
+        """Bytes per token of context (at :attr:`context_length` for a hybrid model)."""
+        weights = self._weights()
+        return float(sum(b * w for b, w in zip(self._layer_bytes(), weights, strict=True)))
+
+    @property
+    def fp16_bytes_per_token(self) -> float:
+        """The same layout stored as fp16 (window layers capped alike)."""
+        fp, n = self.fingerprint, self.context_length
+        return fp.fp16_bytes_per_token if n is None else fp.fp16_bytes(n) / n
 
     @property
     def ratio_to_fp16(self) -> float:
@@ -149,8 +171,11 @@ class Profile:
 
     @property
     def nominal_bits(self) -> float:
-        """KVTuner's convention: mean of k_bits and v_bits over layers."""
-        return sum(s.k.bits + s.v.bits for s in self.layers) / (2 * len(self.layers))
+        """KVTuner's convention: mean of k_bits and v_bits over layers (each layer weighted by
+        the tokens it stores at :attr:`context_length`; all equal for full attention)."""
+        weights = self._weights()
+        bits = sum((s.k.bits + s.v.bits) * w for s, w in zip(self.layers, weights, strict=True))
+        return float(bits / (2 * sum(weights)))
 
     @property
     def effective_bits(self) -> float:
@@ -159,13 +184,13 @@ class Profile:
 
     def with_accounting(self, **budget: Any) -> Profile:
         """Copy whose ``budget`` states nominal/effective bits and bytes per token."""
+        asked = replace(self, budget={**self.budget, **budget})
         stated = {
-            **self.budget,
-            **budget,
-            "nominal_bits": round(self.nominal_bits, 4),
-            "effective_bits": round(self.effective_bits, 4),
-            "bytes_per_token": round(self.bytes_per_token, 4),
-            "ratio_to_fp16": round(self.ratio_to_fp16, 4),
+            **asked.budget,
+            "nominal_bits": round(asked.nominal_bits, 4),
+            "effective_bits": round(asked.effective_bits, 4),
+            "bytes_per_token": round(asked.bytes_per_token, 4),
+            "ratio_to_fp16": round(asked.ratio_to_fp16, 4),
         }
         return replace(self, budget=stated)
 

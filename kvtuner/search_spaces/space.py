@@ -103,7 +103,7 @@ class SearchSpace:
         return tuple(parse_pair(params[self.param_name(i)]) for i in range(len(self.groups)))
 
     def describe(self) -> dict:
-        return {
+        described = {
             "preset": self.preset.to_dict(),
             "budget": self.budget.label,
             "widths": list(self.widths),
@@ -112,6 +112,9 @@ class SearchSpace:
                 for g in self.groups
             ],
         }
+        if self.budget.context_length is not None:  # window layers weigh by it
+            described["context_length"] = self.budget.context_length
+        return described
 
     @property
     def hash(self) -> str:

@@ -4,6 +4,11 @@
 zeros not counted — KVTuner's convention, so numbers compare). ``0.30x``: bytes per token
 relative to fp16 K/V, scales and zeros included (the honest form). Arithmetic is exact
 (:class:`fractions.Fraction`), so "fits" never depends on float rounding.
+
+Hybrid models: with ``context_length`` set, each layer counts by the tokens it stores at that
+context (a sliding-window layer at most ``window - 1``), both in bits (a weighted mean) and in
+bytes (relative to fp16 of the same layout). Full-attention layers weigh 1, so a model without
+window layers costs exactly what it did before.
 """
 
 from __future__ import annotations
@@ -33,8 +38,12 @@ class Budget:
 
     kind: str
     value: Fraction
+    context_length: int | None = None  # tokens at which window layers are capped
 
     def __post_init__(self) -> None:
+        n = self.context_length
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise KVTunerError(f"context length must be a positive int, got {n!r}")
         if self.kind not in ("bits", "ratio"):
             raise KVTunerError(f"budget kind must be 'bits' or 'ratio', got {self.kind!r}")
         object.__setattr__(self, "value", Fraction(self.value))
@@ -64,16 +73,19 @@ class Budget:
 
     # -- exact accounting; the knapsack uses the same numbers --------------------------------
     def layer_cost(self, spec: LayerSpec, fingerprint: ModelFingerprint) -> Fraction:
-        """What one layer spends: k_bits + v_bits (bits form) or its bytes per token (ratio)."""
+        """What one layer spends: k_bits + v_bits (bits form) or its bytes per token (ratio),
+        times the share of the context the layer stores."""
+        weight = fingerprint.token_weights(self.context_length)[spec.layer]
         if self.kind == "bits":
-            return Fraction(spec.k.bits + spec.v.bits)
-        return layer_bytes(spec, fingerprint)
+            return Fraction(spec.k.bits + spec.v.bits) * weight
+        return layer_bytes(spec, fingerprint) * weight
 
     def capacity(self, fingerprint: ModelFingerprint) -> Fraction:
         """The most the layer costs may add up to."""
+        stored = sum(fingerprint.token_weights(self.context_length), Fraction(0))
         if self.kind == "bits":
-            return self.value * 2 * fingerprint.num_layers
-        return self.value * fingerprint.fp16_bytes_per_token
+            return self.value * 2 * stored
+        return self.value * fingerprint.fp16_layer_bytes_per_token * stored
 
     def cost(self, specs: Sequence[LayerSpec], fingerprint: ModelFingerprint) -> Fraction:
         return sum((self.layer_cost(s, fingerprint) for s in specs), Fraction(0))
@@ -83,7 +95,17 @@ class Budget:
 
     def scaled(self, factor: Fraction | float) -> Budget:
         """The same kind of budget, ``factor`` times as large (DP seeds at smaller budgets)."""
-        return Budget(self.kind, self.value * Fraction(factor).limit_denominator(10_000))
+        scaled = self.value * Fraction(factor).limit_denominator(10_000)
+        return Budget(self.kind, scaled, self.context_length)
+
+    def at_context(self, fingerprint: ModelFingerprint, context_length: int) -> Budget:
+        """This budget stated at ``context_length`` when the model has window layers."""
+        if fingerprint.layer_types is None:
+            return self  # every layer stores every token: the context changes nothing
+        return Budget(self.kind, self.value, context_length)
 
     def to_dict(self) -> dict:
-        return {"asked": self.label, "kind": self.kind, "value": float(self.value)}
+        stated = {"asked": self.label, "kind": self.kind, "value": float(self.value)}
+        if self.context_length is not None:
+            stated["context_length"] = self.context_length
+        return stated

@@ -213,6 +213,7 @@ def search(
     dataset: str | None = None,
     num_samples: int = 2,
     seq_len: int = 256,
+    context_length: int | None = None,
     data_seed: int = 0,
     confirm_samples: int = 4,
     pareto_dir: str | Path | None = None,
@@ -236,6 +237,8 @@ def search(
     as keep one forward's fp32 logits under 256 MiB). The outcome reports the peak GPU memory.
     loaded: an already loaded ``(model, tokenizer)`` (e.g. built from a config), used as is
     instead of loading ``model``, which then only names it in the profile.
+    context_length: the context at which a hybrid model's window layers are capped in the budget
+    (default ``seq_len``, the calibration length); no effect on full-attention models.
     """
     start = time.monotonic()
     budget = budget if isinstance(budget, Budget) else Budget.parse(budget)
@@ -269,6 +272,7 @@ def search(
     if loaded is None:
         lm, tokenizer = load_model(model, device=where.device, dtype=where.dtype)
     fp = fingerprint_of(lm)
+    budget = budget.at_context(fp, seq_len if context_length is None else context_length)
     _check_feasible(budget, search_preset, fp, min(bits or DEFAULT_BITS))  # before calibration
     data = load_calibration_data(
         tokenizer, dataset=dataset, num_samples=num_samples, seq_len=seq_len, seed=data_seed

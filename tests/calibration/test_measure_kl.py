@@ -22,7 +22,7 @@ def tokens(n=3, t=64, seed=0):
     return torch.randint(0, 256, (n, t), generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma3"])
 def test_16_bits_leaves_logits_identical_and_kl_zero(family):
     model, ids = tiny_model(family), tokens()
     with torch.inference_mode():
@@ -33,7 +33,7 @@ def test_16_bits_leaves_logits_identical_and_kl_zero(family):
     assert measure_kl(model, ids, specs(model, 16, 16), ref) == 0.0
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma3"])
 def test_fewer_bits_cost_more_kl(family):
     model, ids = tiny_model(family), tokens()
     ref = fp_reference(model, ids)

@@ -42,7 +42,7 @@ class LayerForwards:
         self.rows += (args[0] if args else kwargs["hidden_states"]).shape[0]
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma3"])
 def test_single_layer_kl_equals_the_full_model_measurement(family):
     model, d = tiny_model(family, num_hidden_layers=3), data()
     sens = calibrate(model, d, model_id="tiny", use_cache=False, progress=False)

@@ -216,3 +216,55 @@ def test_rejects_model_mismatch(tmp_path, overrides, message):
         load_profile(path, tiny_config(**overrides))
     with pytest.raises(KVTunerError, match=message):  # a fingerprint works the same
         load_profile(path, ModelFingerprint.from_config(tiny_config(**overrides)))
+
+
+# -- hybrid (sliding-window) layouts -------------------------------------------------------------
+
+
+def test_hybrid_fingerprint_records_each_layer_and_round_trips(tmp_path):
+    fp = ModelFingerprint.from_config(tiny_config("gemma3"))
+    assert fp.layer_types == ("sliding_attention", "sliding_attention", "full_attention")
+    assert fp.sliding_window == 8 and fp.layout.startswith("SSF ")
+    p = Profile.uniform("tiny-gemma3", fp, K4, K4)
+    d = p.to_dict()["model"]["fingerprint"]
+    assert d["layer_types"] == list(fp.layer_types) and d["sliding_window"] == 8
+    assert load_profile(save_profile(p, tmp_path / "g.json"), tiny_config("gemma3")) == p
+    # the layout is part of the identity: the same shapes, all full attention, hash differently
+    full = ModelFingerprint.from_config(tiny_config("gemma3", layer_types=["full_attention"] * 3))
+    assert full.layer_types is None and full.hash != fp.hash
+    assert ModelFingerprint(*astuple_shapes(fp)).hash == full.hash
+
+
+def astuple_shapes(fp):
+    return fp.architecture, fp.num_layers, fp.num_kv_heads, fp.head_dim
+
+
+def test_full_attention_fingerprint_is_unchanged_by_the_layout_fields():
+    fp = ModelFingerprint.from_config(tiny_config())
+    assert "layer_types" not in fp.to_dict() and "sliding_window" not in fp.to_dict()
+    assert fp.hash == "d1779fe189bc2c54"  # sha256 of [architecture, layers, heads, head_dim]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (dict(layer_types=["full_attention"] * 3), "layout is SSF .* but all full attention"),
+        (
+            dict(sliding_window=16),
+            "window 8, F: full. in the profile but SSF .S: sliding window 16",
+        ),
+    ],
+)
+def test_rejects_another_layout_in_one_line(tmp_path, overrides, message):
+    fp = ModelFingerprint.from_config(tiny_config("gemma3"))
+    path = save_profile(Profile.uniform("g", fp, K4, K4), tmp_path / "g.json")
+    with pytest.raises(KVTunerError, match=message) as info:
+        load_profile(path, tiny_config("gemma3", **overrides))
+    assert "\n" not in str(info.value)
+
+
+def test_rejects_a_bad_layout():
+    with pytest.raises(KVTunerError, match="layer_types must list 2"):
+        ModelFingerprint("X", 2, 1, 32, layer_types=("sliding_attention",), sliding_window=8)
+    with pytest.raises(KVTunerError, match="sliding_window int >= 2"):
+        ModelFingerprint("X", 1, 1, 32, layer_types=("sliding_attention",))

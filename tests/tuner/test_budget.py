@@ -71,3 +71,39 @@ def test_channel_axis_bytes_are_exact_fractions():
 
 def test_scaled_keeps_kind():
     assert Budget.parse("4bit").scaled(Fraction(9, 10)) == Budget("bits", Fraction(18, 5))
+
+
+HYBRID = ModelFingerprint(
+    "Gemma3ForCausalLM",
+    4,
+    1,
+    64,
+    layer_types=("sliding_attention",) * 3 + ("full_attention",),
+    sliding_window=9,
+)
+
+
+def test_window_layers_weigh_by_their_capped_tokens_at_the_context():
+    at_80 = Budget.parse("4bit").at_context(HYBRID, 80)
+    assert at_80.to_dict()["context_length"] == 80
+    # window layers hold 8 of 80 tokens: weight 1/10 each, the global layer 1
+    assert at_80.capacity(HYBRID) == 4 * 2 * (Fraction(3, 10) + 1)
+    cheap_windows = specs((2, 2), (2, 2), (2, 2), (8, 8))
+    assert at_80.cost(cheap_windows, HYBRID) == Fraction(12, 10) + 16
+    assert not at_80.fits(cheap_windows, HYBRID)  # 17.2 > 10.4
+    assert at_80.fits(specs((8, 8), (8, 8), (8, 8), (2, 2)), HYBRID)  # 4.8 + 4 <= 10.4
+    ratio = Budget.parse("0.5x").at_context(HYBRID, 80)
+    assert ratio.capacity(HYBRID) == Fraction(1, 2) * 256 * Fraction(13, 10)  # fp16 same layout
+    assert Budget.parse("4bit").at_context(FP, 80) == Budget.parse("4bit")  # no windows: no-op
+
+
+def test_profile_accounting_matches_the_budget_at_its_context():
+    layers = tuple(specs((8, 8), (8, 8), (8, 8), (2, 2)))
+    budget = Budget.parse("4bit").at_context(HYBRID, 80)
+    profile = Profile("m", HYBRID, layers).with_accounting(**budget.to_dict())
+    assert profile.context_length == 80
+    assert profile.nominal_bits == pytest.approx(float(budget.cost(layers, HYBRID)) / 2 / 1.3)
+    per_token = float(Budget.parse("1x").at_context(HYBRID, 80).cost(layers, HYBRID))
+    assert profile.bytes_per_token == pytest.approx(per_token)
+    assert profile.kv_bytes(80) == pytest.approx(per_token * 80)
+    assert profile.fp16_bytes_per_token == pytest.approx(256 * 1.3)

@@ -11,13 +11,22 @@ from ...errors import KVTunerError
 from ...profile import LayerSpec, ModelFingerprint, Profile
 from .attention import DECODE_KERNEL_MODES, KernelDispatch
 from .layer import KVTunerLayer
+from .sliding_layer import KVTunerSlidingLayer
 from .stream import predicted_stream_nbytes
 
 __all__ = ["KVTunerCache", "layer_specs_for", "make_cache"]
 
 
+def _layer(spec: LayerSpec, fingerprint: ModelFingerprint, **kw: Any) -> KVTunerLayer:
+    window = fingerprint.window_of(spec.layer)
+    if window is None:
+        return KVTunerLayer(spec, fingerprint.head_dim, **kw)
+    return KVTunerSlidingLayer(spec, fingerprint.head_dim, sliding_window=window, **kw)
+
+
 class KVTunerCache(Cache):
-    """One :class:`KVTunerLayer` per decoder layer; pass it as ``past_key_values``."""
+    """One :class:`KVTunerLayer` per decoder layer (:class:`KVTunerSlidingLayer` for a
+    sliding-window layer); pass it as ``past_key_values``."""
 
     def __init__(
         self,
@@ -37,7 +46,7 @@ class KVTunerCache(Cache):
             pack_reserve=pack_reserve,
             dispatch=dispatch,
         )
-        super().__init__(layers=[KVTunerLayer(s, fingerprint.head_dim, **kw) for s in specs])
+        super().__init__(layers=[_layer(s, fingerprint, **kw) for s in specs])
         self.specs = tuple(specs)
         self.fingerprint = fingerprint
         self.residual_length = residual_length
@@ -49,10 +58,11 @@ class KVTunerCache(Cache):
         return sum(layer.nbytes() for layer in self.layers)
 
     def predicted_nbytes(self, tokens: int, batch: int = 1) -> int:
-        """What :meth:`nbytes` must report after ``tokens`` tokens per sequence, from the specs.
+        """What :meth:`nbytes` must report after ``tokens`` tokens per sequence, from the specs
+        (a sliding-window layer holds at most ``window - 1`` of them).
 
         With ``residual_length=0`` and block-aligned ``tokens`` this equals
-        ``profile.bytes_per_token * tokens * batch``.
+        ``profile.kv_bytes(tokens) * batch``.
         """
         fp = self.fingerprint
         kw = dict(
@@ -63,26 +73,25 @@ class KVTunerCache(Cache):
             pack_chunk=self.pack_chunk,
         )
         return sum(
-            predicted_stream_nbytes(s.k, fp.head_dim, **kw)
-            + predicted_stream_nbytes(s.v, fp.head_dim, **kw)
+            predicted_stream_nbytes(qs, fp.head_dim, kept=fp.kept_tokens(s.layer, tokens), **kw)
             for s in self.specs
+            for qs in (s.k, s.v)
         )
 
-    def fp16_nbytes(self, tokens: int, batch: int = 1) -> int:
-        """Bytes the same tokens take in an fp16 cache (the reference for memory ratios)."""
-        fp = self.fingerprint
-        return fp.fp16_bytes_per_token * tokens * batch
+    def fp16_nbytes(self, tokens: int, batch: int = 1, *, capped: bool = True) -> int:
+        """Bytes the same tokens take in an fp16 cache (the reference for memory ratios);
+        ``capped=False``: a cache that stores every layer, window layers too, in full."""
+        return self.fingerprint.fp16_bytes(tokens, capped=capped) * batch
 
 
-def _check_attention_types(config: Any) -> None:
-    from transformers.cache_utils import get_layer_types_and_kwargs
-
-    layer_types, _ = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
-    other = sorted(set(layer_types) - {"full_attention"})
-    if other:
-        raise KVTunerError(
-            f"kvtuner's HF cache supports full-attention layers only, model has {other}"
-        )
+def _check_window_specs(specs: Sequence[LayerSpec], fingerprint: ModelFingerprint) -> None:
+    for s in specs:
+        for name, q in (("k", s.k), ("v", s.v)):
+            if fingerprint.window_of(s.layer) and q.is_quantized and q.axis == "channel":
+                raise KVTunerError(
+                    f"layer {s.layer} {name}: a sliding-window layer drops single tokens, which "
+                    "channel-axis blocks cannot; use token-axis specs on window layers"
+                )
 
 
 def layer_specs_for(
@@ -155,8 +164,8 @@ def make_cache(
             f"decode_kernel must be one of {DECODE_KERNEL_MODES}, got {decode_kernel!r}"
         )
     config = getattr(model, "config", model)
-    _check_attention_types(config)
     specs, model_fp = layer_specs_for(config, profile_or_layer_specs)
+    _check_window_specs(specs, model_fp)
     return KVTunerCache(
         specs,
         model_fp,

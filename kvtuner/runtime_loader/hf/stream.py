@@ -167,6 +167,22 @@ class PackedStream:
     def _dequantize_all(self, dtype: torch.dtype) -> torch.Tensor:
         return dequantize(self.packed, self.spec, self.head_dim, dtype)
 
+    def drop_oldest(self, n: int) -> None:
+        """Forget the ``n`` oldest tokens (a sliding window moving on). Token axis only: a channel
+        block cannot lose single tokens. The kept rows are copied out, so the dropped ones are
+        freed, not held by a view."""
+        if self.spec.is_quantized and self.spec.axis == "channel":
+            raise ValueError("channel-axis blocks cannot drop single tokens")
+        from_packed = min(n, self.packed_tokens)
+        for name, count in (
+            ("packed", from_packed),
+            ("deq", from_packed),
+            ("tail", n - from_packed),
+        ):
+            t = getattr(self, name)
+            if t is not None and count:
+                setattr(self, name, t[:, :, count:].clone())
+
     # -- batch surgery for generate() (beam search, contrastive search) -----------------------
     def select(self, index: torch.Tensor) -> None:
         """Keep batch rows ``index`` (also reorders); packed rows move as bytes, no requantize."""
@@ -193,13 +209,18 @@ def predicted_stream_nbytes(
     heads: int,
     batch: int = 1,
     pack_chunk: int = 1,
+    kept: int | None = None,
 ) -> int:
-    """What :meth:`PackedStream.nbytes` reports after ``tokens`` tokens, from the spec alone."""
+    """What :meth:`PackedStream.nbytes` reports after ``tokens`` tokens, from the spec alone.
+
+    kept: tokens still held when a sliding window dropped the oldest (default: all of them).
+    """
+    kept = tokens if kept is None else min(kept, tokens)
     if not spec.is_quantized:
-        return batch * heads * tokens * head_dim * FP_ACCOUNTING_BYTES
+        return batch * heads * kept * head_dim * FP_ACCOUNTING_BYTES
     g = spec.group_size if spec.axis == "channel" else pack_chunk
     over = max(0, tokens - residual_length)
-    packed = over - over % g
+    tail = min(kept, tokens - (over - over % g))  # drop_oldest takes packed rows first
     per_token = spec.bytes_per_token(head_dim)
-    fp_tail = (tokens - packed) * head_dim * FP_ACCOUNTING_BYTES
-    return batch * heads * (round(packed * per_token) + fp_tail)
+    fp_tail = tail * head_dim * FP_ACCOUNTING_BYTES
+    return batch * heads * (round((kept - tail) * per_token) + fp_tail)

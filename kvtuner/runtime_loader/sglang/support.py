@@ -1,5 +1,16 @@
 """What the v1 pool serves (plain MHA/GQA, token-axis specs, model-dtype KV) and the one-line
-refusals for the rest. Checked in the scheduler before any KV memory is sized."""
+refusals for the rest. Checked in the scheduler before any KV memory is sized.
+
+Hybrid sliding-window models are served when SGLang keeps every layer in its one MHA pool: then
+each layer, window or global, is packed at its own spec, and attention applies the window. SGLang
+0.5.23 does that for Gemma 2/3 on its own (``arg_groups/model_overrides/gemma2_gemma3.py`` sets
+``disable_hybrid_swa_memory``) and for any model with ``--disable-hybrid-swa-memory``. Its
+separate window pool (``SWAKVPool``, ``mem_cache/swa_memory_pool.py``) is refused: its sub-pools
+are built with pool-local layer ids (``layer_num`` = the window or the full layer count,
+``set_kv_buffer(..., layer_id_override=...)``), the global ids arriving only after construction
+(``pool.model_layer_ids``), and window layers are read through ``translate_loc_from_full_to_swa``
+slots, not the ``req_to_token`` slots the pool's lazy reads are told about.
+"""
 
 from __future__ import annotations
 
@@ -32,7 +43,10 @@ def _refusals(kvc: Any) -> list[str]:
     graphs = get_exec().graph.cuda_graph_config
     return [
         "MLA models" if kvc.use_mla_backend else "",
-        "hybrid sliding-window (SWA) models" if kvc.is_hybrid_swa else "",
+        "SGLang's separate sliding-window KV pool (SWAKVPool; add --disable-hybrid-swa-memory: "
+        "the packed pool then holds every layer at its own spec)"
+        if kvc.is_hybrid_swa
+        else "",
         "hybrid linear-attention (Mamba-like) models" if kvc.mambaish_config else "",
         "speculative decoding" if not kvc.spec_algorithm.is_none() else "",
         f"--kv-cache-dtype {kvc.kv_cache_dtype_str}"

@@ -141,12 +141,6 @@ def test_mismatched_profile_is_rejected_with_one_line(tiny_llama):
         make_cache(tiny_llama, uniform(tiny_llama, QuantSpec(4), QuantSpec(4)), residual_length=-1)
 
 
-def test_sliding_window_models_are_rejected():
-    model = tiny_model("mistral", sliding_window=16)
-    with pytest.raises(KVTunerError, match="full-attention"):
-        make_cache(model, uniform(model, QuantSpec(4), QuantSpec(4)))
-
-
 def left_padded_batch():
     ids = tokens(3, 12)
     mask = torch.ones_like(ids)

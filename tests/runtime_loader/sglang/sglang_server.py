@@ -35,6 +35,14 @@ def smollm2_hf_dir() -> Path:
     return export_gguf_to_hf(pkg / GGUF_NAME, CACHE / "smollm2-135m-instruct-hf")
 
 
+def gemma3_hf_dir() -> Path:
+    """Gemma 3 270M (the gemma3-270m alias's GGUF) exported once to an HF folder (bf16)."""
+    from kvtuner.calibration.gemma3_package import gemma3_gguf
+    from kvtuner.runtime_loader.sglang.export import export_gguf_to_hf
+
+    return export_gguf_to_hf(gemma3_gguf(), CACHE / "gemma3-270m-it-hf")
+
+
 def cpu_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(

@@ -1,0 +1,52 @@
+"""KVTunerSlidingLayer: a packed cache layer for a sliding-window attention layer.
+
+Same semantics as transformers' ``DynamicSlidingWindowLayer`` (5.x), so a 16-bit profile gives
+the default cache's logits exactly: ``update`` returns the stored tokens plus the new ones, then
+keeps only the newest ``window - 1`` (the next query completes its window); ``get_seq_length`` is
+every token seen, ``get_mask_sizes`` the visible span and its offset. Dropped tokens leave the
+packed rows too: the layer never stores more than ``window - 1`` tokens between calls.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...profile import LayerSpec
+from .layer import KVTunerLayer
+
+
+class KVTunerSlidingLayer(KVTunerLayer):
+    is_sliding = True
+
+    def __init__(self, spec: LayerSpec, head_dim: int, *, sliding_window: int, **kwargs):
+        super().__init__(spec, head_dim, **kwargs)
+        self.sliding_window = sliding_window
+        self.cumulative_length = 0
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, values = super().update(key_states, value_states)
+        self.cumulative_length += key_states.shape[-2]
+        excess = self.k.num_tokens - (self.sliding_window - 1)
+        if excess > 0:
+            self.k.drop_oldest(excess)
+            self.v.drop_oldest(excess)
+            self.keys, self.values = self.k.tail, self.v.tail
+        return keys, values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        seen, window = self.cumulative_length, self.sliding_window
+        kv_offset = max(seen - window + 1, 0)
+        kv_length = (window - 1 if seen >= window else seen) + query_length
+        return kv_length, kv_offset
+
+    def get_seq_length(self) -> int:
+        return self.cumulative_length
+
+    def get_max_length(self) -> int:
+        return self.sliding_window
+
+    def reset(self) -> None:
+        super().reset()
+        self.cumulative_length = 0
