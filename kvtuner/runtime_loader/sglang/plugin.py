@@ -11,6 +11,8 @@ SGLang's ``HookRegistry``, applied by ``load_plugins()`` in the launcher and in 
   :class:`KVTunerMHATokenToKVPool` bound to the profile and the read mode; unsupported setups are
   refused here.
 - ``ModelRunner._forward_raw`` (before): tells the pool which slots the batch reads.
+- ``parallel_state.init_model_parallel_group`` (around): CPU groups without PyNccl
+  (:mod:`.cpu_groups`), so ``--tp-size``/``--pp-size`` run on SGLang's CPU engine.
 
 Read mode (:func:`read_mode`): "lazy" (no scratch) when every attention backend of the server
 only gathers K/V by slot ids (``LAZY_BACKENDS``), else the safe "scratch" mode. In lazy mode the
@@ -30,6 +32,7 @@ import torch
 from ...errors import KVTunerError
 from ...profile import ModelFingerprint, Profile
 from .activation import ENV_VAR, activate, active_profile
+from .cpu_groups import cpu_group_without_pynccl
 from .decode_cache import DEFAULT_DECODE_CACHE_TOKENS
 from .sizing import cell_size
 from .support import check_configurator, check_profile_servable
@@ -224,6 +227,11 @@ _HOOKS = (
         "AROUND",
     ),
     ("sglang.srt.model_executor.model_runner.ModelRunner._forward_raw", _announce_reads, "BEFORE"),
+    (
+        "sglang.srt.distributed.parallel_state.init_model_parallel_group",
+        cpu_group_without_pynccl,
+        "AROUND",
+    ),
 )
 
 

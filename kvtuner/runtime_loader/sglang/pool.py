@@ -39,7 +39,7 @@ from .pool_reads import PoolReads
 from .pool_writes import PoolWrites
 from .sizing import READ_MODES, cell_size
 from .support import check_profile_servable, pool_refusal
-from .tp_check import check_same_profile, sglang_tp_group
+from .tp_check import check_same_profile, sglang_rank_group
 from .view import DequantizedView
 
 logger = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ class KVTunerMHATokenToKVPool(PoolReads, PoolWrites, MHATokenToKVPool):
             raise KVTunerError(f"the kvtuner pool does not support {refusal} in v1")
         check_profile_servable(self.profile)
         self._check_shape(bound.arguments)
-        group = tp_group if tp_group is not None else sglang_tp_group()
+        group = tp_group if tp_group is not None else sglang_rank_group()
         check_same_profile(self.profile.hash, group)
         self._read_slots: torch.Tensor | None = None
         self._materialized: int | None = None
@@ -214,10 +214,14 @@ class KVTunerMHATokenToKVPool(PoolReads, PoolWrites, MHATokenToKVPool):
             read_mode=self.read_mode,
         )
         logger.info(
-            "kvtuner pool: profile %s, #tokens: %d, rows: %d, packed KV bytes: %d "
+            "kvtuner pool: profile %s, layers %d..%d of %d, #tokens: %d, rows: %d, "
+            "packed KV bytes: %d "
             "(profile predicts %d B/token), read mode %s, dequant scratch bytes: %d, "
             "decode cache: at most %d tokens per layer (%d bytes)",
             self.profile.hash,
+            self.start_layer,
+            self.start_layer + self.layer_num - 1,
+            len(self.profile.layers),
             self.size,
             self.size + self.page_size,
             k + v,

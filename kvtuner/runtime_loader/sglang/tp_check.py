@@ -1,5 +1,6 @@
-"""Tensor parallel: every rank must serve the same profile (the profile is per layer; each rank
-holds its own KV heads). Ranks exchange the profile hash and all refuse on a mismatch."""
+"""Tensor/pipeline parallel: every rank must serve the same profile (the profile is per layer;
+a TP rank holds its own KV heads, a PP stage its own layers). All ranks of the server exchange
+the profile hash and all refuse on a mismatch."""
 
 from __future__ import annotations
 
@@ -7,17 +8,18 @@ from typing import Any
 
 from ...errors import KVTunerError
 
-__all__ = ["check_same_profile", "sglang_tp_group"]
+__all__ = ["check_same_profile", "sglang_rank_group"]
 
 
-def sglang_tp_group() -> Any:
-    """SGLang's TP CPU (gloo) group when its model parallel state is up, else None."""
+def sglang_rank_group() -> Any:
+    """The CPU (gloo) group of all of SGLang's ranks (every TP rank of every PP stage, on every
+    node) when its model parallel state is up and has several ranks, else None."""
     from sglang.srt.distributed import parallel_state
 
     if not parallel_state.model_parallel_is_initialized():
         return None
-    tp = parallel_state.get_tp_group()
-    return tp.cpu_group if tp.world_size > 1 else None
+    world = parallel_state.get_world_group()
+    return world.cpu_group if world.world_size > 1 else None
 
 
 def check_same_profile(profile_hash: str, group: Any) -> None:
@@ -32,6 +34,6 @@ def check_same_profile(profile_hash: str, group: Any) -> None:
     if len(set(hashes)) > 1:
         listing = ", ".join(f"rank {r}: {h}" for r, h in enumerate(hashes))
         raise KVTunerError(
-            f"--kvtuner-profile differs across tensor-parallel ranks ({listing}); "
+            f"--kvtuner-profile differs across ranks ({listing}); "
             "give every node the same profile file"
         )

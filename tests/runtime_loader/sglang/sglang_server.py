@@ -160,14 +160,7 @@ class SGLangServer:
     def start(self, timeout: float = 300.0, attempts: int = 3) -> SGLangServer:
         """Launch and wait for /health_generate; a port taken meanwhile retries on another."""
         for attempt in range(attempts):
-            with open(self.log_path, "wb") as log:
-                self.proc = subprocess.Popen(
-                    self.argv,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env=self.env,
-                    start_new_session=True,
-                )
+            self.launch()
             try:
                 self._wait_healthy(timeout)
                 return self
@@ -179,6 +172,18 @@ class SGLangServer:
             except BaseException:
                 self.stop()
                 raise
+        return self
+
+    def launch(self) -> SGLangServer:
+        """Start the process (its own process group) without waiting for it."""
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=True,
+            )
         return self
 
     def _wait_healthy(self, timeout: float) -> None:

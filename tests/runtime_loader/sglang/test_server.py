@@ -94,7 +94,7 @@ def test_running_pool_is_ours_with_the_predicted_bytes_and_capacity(server, prof
     assert int(sizing[3]) == 0
     assert int(sizing[4]) == 30 * 3 * 2 * 64 * 4  # the stock fp32 pool's cell
     pool = re.search(
-        r"kvtuner pool: profile (\w+), #tokens: (\d+), rows: (\d+), "
+        r"kvtuner pool: profile (\w+), layers 0\.\.29 of 30, #tokens: (\d+), rows: (\d+), "
         r"packed KV bytes: (\d+) .* read mode (\w+), dequant scratch bytes: (\d+)",
         log,
     )
