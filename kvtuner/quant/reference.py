@@ -65,8 +65,17 @@ def rotate(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     if x.dtype != torch.float32:
         x = x.float()
     if spec.rotation == "hadamard":
-        x = x @ hadamard(x.shape[-1], x.device)
+        x = times_hadamard(x, hadamard(x.shape[-1], x.device))
     return x
+
+
+def times_hadamard(x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """x[..., D] @ h[D, D], each row's result independent of the rows computed with it: a CPU
+    BLAS sums one row (its GEMV path) in another order than several (GEMM) — seen with MKL on an
+    Intel Xeon — so a lone row goes through the GEMM path as one of two identical rows."""
+    if x.device.type != "cpu" or x.numel() != x.shape[-1]:
+        return x @ h
+    return (x.reshape(1, -1).repeat(2, 1) @ h)[:1].reshape(x.shape)
 
 
 @functools.lru_cache(maxsize=8)

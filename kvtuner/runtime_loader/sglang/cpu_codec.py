@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ...quant import QuantSpec
-from ...quant.reference import hadamard
+from ...quant.reference import hadamard, times_hadamard
 
 __all__ = ["PairCodec"]
 
@@ -162,11 +162,11 @@ class PairCodec:
             return t.numpy()
         if t.dtype != torch.float32:
             t = t.float()
-        return (t @ self._h if spec.rotation == "hadamard" else t).numpy()
+        return (times_hadamard(t, self._h) if spec.rotation == "hadamard" else t).numpy()
 
     def _values(self, values: np.ndarray, spec: QuantSpec, dtype: torch.dtype) -> torch.Tensor:
         if spec.rotation == "hadamard":  # un-rotate: the reference's matmul on [n, heads, D]
-            return (torch.from_numpy(np.ascontiguousarray(values)) @ self._h).to(dtype)
+            return times_hadamard(torch.from_numpy(np.ascontiguousarray(values)), self._h).to(dtype)
         if dtype in _NUMPY_DTYPES:  # fp32 -> fp16 rounds to nearest even in numpy as in torch
             return torch.from_numpy(values.astype(_NP[dtype]))
         return torch.from_numpy(np.ascontiguousarray(values)).to(dtype)
