@@ -79,7 +79,7 @@ def test_the_pool_packs_every_layer_at_its_spec(server, profile4):
         profile, heads=1, start_layer=0, num_layers=18, dtype_bytes=4, read_mode="lazy"
     )
     pool = re.search(
-        r"kvtuner pool: profile (\w+), #tokens: (\d+), rows: (\d+), "
+        r"kvtuner pool: profile (\w+), layers 0\.\.17 of 18, #tokens: (\d+), rows: (\d+), "
         r"packed KV bytes: (\d+)",
         log,
     )
