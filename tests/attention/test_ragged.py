@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_decode import D, gen, paged_pool
 
 from kvtuner.attention import extend_attention, extend_attention_reference
 from kvtuner.quant import QuantSpec
-
-from test_decode import D, gen, paged_pool
 
 LENGTHS = [70, 6, 37, 1, 20]  # stored tokens per request (prefix + new)
 NEW = [5, 6, 1, 1, 0]  # new tokens: a whole request, a decode-like one, an empty one
