@@ -57,7 +57,7 @@ def place(req_to_token_pool, rows, totals, seed):
     g = torch.Generator().manual_seed(seed)
     free = torch.randperm(SIZE - 1, generator=g) + 1
     used = 0
-    for row, n in zip(rows, totals):
+    for row, n in zip(rows, totals, strict=True):
         req_to_token_pool.req_to_token[row, :n] = free[used : used + n].int()
         used += n
 
@@ -65,9 +65,11 @@ def place(req_to_token_pool, rows, totals, seed):
 def forward_batch(mode, rows, prefix, new, req_to_token_pool):
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
-    totals = [p + n for p, n in zip(prefix, new)]
+    totals = [p + n for p, n in zip(prefix, new, strict=True)]
     table = req_to_token_pool.req_to_token
-    out_loc = torch.cat([table[r, p:t] for r, p, t in zip(rows, prefix, totals)]).long()
+    out_loc = torch.cat(
+        [table[r, p:t] for r, p, t in zip(rows, prefix, totals, strict=True)]
+    ).long()
     extend = dict(
         extend_seq_lens=torch.tensor(new), extend_prefix_lens=torch.tensor(prefix),
         extend_seq_lens_cpu=list(new), extend_prefix_lens_cpu=list(prefix),
@@ -88,7 +90,7 @@ def forward_batch(mode, rows, prefix, new, req_to_token_pool):
 
 def fill_prefix(pool, req_to_token_pool, rows, prefix, g):
     for layer_id in range(len(SPECS)):
-        for row, n in zip(rows, prefix):
+        for row, n in zip(rows, prefix, strict=True):
             loc = req_to_token_pool.req_to_token[row, :n].long()
             k, v = (torch.randn(n, HEADS, D, generator=g) * 2 for _ in range(2))
             pool.set_kv_buffer(radix(layer_id), loc, k, v)
@@ -114,7 +116,7 @@ def test_backend_matches_torch_native_over_the_dequantized_pool(sglang_parts, mo
     rows = [3, 1, 6, 2]  # req_pool_indices: not in order
     new = [1] * 4 if mode == "decode" else NEW
     prefix = [p if mode == "extend" else p + 1 for p in PREFIX]
-    place(req_to_token_pool, rows, [p + n for p, n in zip(prefix, new)], seed=2)
+    place(req_to_token_pool, rows, [p + n for p, n in zip(prefix, new, strict=True)], seed=2)
     fill_prefix(packed, req_to_token_pool, rows, prefix, g)
     fb = forward_batch(mode, rows, prefix, new, req_to_token_pool)
     ours = KVTunerAttnBackend(runner(packed, req_to_token_pool))
