@@ -19,46 +19,18 @@ cross and encoder-only attention are refused with one line (:func:`layer_refusal
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
-from ...attention import choose_splits, decode_attention, extend_attention
+from ...attention import decode_attention, extend_attention
 from ...errors import KVTunerError
+from .packed_metadata import PackedMetadata
 
-__all__ = ["BACKEND_NAME", "KVTunerAttnBackend", "PackedMetadata", "layer_refusal"]
+__all__ = ["BACKEND_NAME", "KVTunerAttnBackend", "layer_refusal"]
 
 BACKEND_NAME = "kvtuner"
-
-
-@dataclass(frozen=True)
-class PackedMetadata:
-    """One forward's indexing: int32 ``lengths [B]`` (stored tokens, new ones included) and
-    ``table_rows [B]`` (rows of ``slot_table``, SGLang's ``req_to_token[:, :width]``); extend:
-    ``qo_indptr [B+1]`` int32 and ``max_q_len`` (host bound of new tokens per request)."""
-
-    lengths: torch.Tensor
-    table_rows: torch.Tensor
-    slot_table: torch.Tensor
-    num_splits: int
-    qo_indptr: torch.Tensor | None = None
-    max_q_len: int = 1
-
-    def __post_init__(self) -> None:
-        for name in ("lengths", "table_rows"):
-            t = getattr(self, name)
-            if t.dtype != torch.int32 or t.dim() != 1:
-                raise ValueError(f"{name} must be int32 [B], got {t.dtype} {tuple(t.shape)}")
-        if self.num_splits < 1 or self.max_q_len < 1:
-            raise ValueError(f"num_splits and max_q_len must be >= 1: {self!r}")
-
-    def kernel_args(self) -> dict[str, Any]:
-        args = dict(lengths=self.lengths, slot_table=self.slot_table, table_rows=self.table_rows)
-        if self.qo_indptr is not None:
-            args.update(qo_indptr=self.qo_indptr, max_q_len=self.max_q_len)
-        return dict(args, num_splits=self.num_splits)
 
 
 def layer_refusal(layer: Any) -> str | None:
@@ -73,10 +45,6 @@ def layer_refusal(layer: Any) -> str | None:
         "different K and V head dims": layer.qk_head_dim != layer.v_head_dim,
     }
     return next((what for what, bad in checks.items() if bad), None)
-
-
-def _int32(x: torch.Tensor) -> torch.Tensor:
-    return x if x.dtype == torch.int32 else x.to(torch.int32)
 
 
 class KVTunerAttnBackend(AttentionBackend):
@@ -107,9 +75,6 @@ class KVTunerAttnBackend(AttentionBackend):
             self._check_layer(layer)
 
     # -- metadata ----------------------------------------------------------------------------
-    def _splits(self, batch: int, width: int) -> int:
-        return choose_splits(batch, self.pool.head_num, width, self.device)
-
     def _width(self, seq_lens_cpu: torch.Tensor | None) -> int:
         """Grid bound of stored tokens: the host lengths' max when SGLang has them (eager),
         else the ``req_to_token`` width (static)."""
@@ -120,22 +85,17 @@ class KVTunerAttnBackend(AttentionBackend):
 
     def init_forward_metadata(self, forward_batch: Any) -> None:
         """Eager steps: decode, extend (ragged) and mixed batches."""
-        bs, mode = forward_batch.batch_size, forward_batch.forward_mode
-        width = self._width(forward_batch.seq_lens_cpu)
-        table = self.req_to_token[:, :width]
-        lengths, rows = _int32(forward_batch.seq_lens), _int32(forward_batch.req_pool_indices)
-        if mode.is_decode_or_idle():
-            self.forward_metadata = PackedMetadata(lengths, rows, table, self._splits(bs, width))
-            return
-        new = forward_batch.extend_seq_lens  # [B] device
-        indptr = torch.zeros(bs + 1, dtype=torch.int32, device=new.device)
-        indptr[1:] = torch.cumsum(new, 0)
-        host = forward_batch.extend_seq_lens_cpu
-        max_q = max(host) if host is not None and len(host) else forward_batch.input_ids.numel()
-        splits = self._splits(bs * max(1, max_q), width)
-        self.forward_metadata = PackedMetadata(
-            lengths, rows, table, splits, qo_indptr=indptr, max_q_len=max(1, max_q)
-        )
+        fb, heads = forward_batch, self.pool.head_num
+        table = self.req_to_token[:, : self._width(fb.seq_lens_cpu)]
+        if fb.forward_mode.is_decode_or_idle():
+            md = PackedMetadata.decode(fb.seq_lens, fb.req_pool_indices, table, heads)
+        else:
+            host = fb.extend_seq_lens_cpu
+            max_q = max(host) if host is not None and len(host) else fb.input_ids.numel()
+            md = PackedMetadata.extend(
+                fb.seq_lens, fb.req_pool_indices, table, heads, fb.extend_seq_lens, max_q
+            )
+        self.forward_metadata = md
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
         """Static int32 lengths and table rows ``[max_bs]`` the captured graphs read."""
@@ -149,11 +109,10 @@ class KVTunerAttnBackend(AttentionBackend):
                 f"{BACKEND_NAME} attention captures decode graphs only (got "
                 f"{forward_batch.forward_mode.name}); add --cuda-graph-backend-prefill disabled"
             )
-        bs, width = forward_batch.batch_size, self.req_to_token.shape[1]
+        bs = forward_batch.batch_size
         lengths, rows = (buf[:bs] for buf in self._graph)
-        self.forward_metadata = PackedMetadata(
-            lengths, rows, self.req_to_token, self._splits(bs, width)
-        )
+        heads = self.pool.head_num
+        self.forward_metadata = PackedMetadata.decode(lengths, rows, self.req_to_token, heads)
 
     def init_forward_metadata_in_graph(self, forward_batch: Any) -> None:
         """Recorded in the graph: the runner's seq_lens / req_pool_indices into int32 buffers."""
