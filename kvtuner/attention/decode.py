@@ -115,14 +115,14 @@ def _attend(q, k, v, ok, m, denom, acc, sm_scale_log2, DOT_IEEE: tl.constexpr):
 
 @triton.jit
 def _attention_kernel(
-    q_ptr, k_ptr, v_ptr, kt_ptr, vt_ptr, table_ptr, rows_ptr, len_ptr, start_ptr, o_ptr,
+    q_ptr, k_ptr, v_ptr, kt_ptr, vt_ptr, table_ptr, rows_ptr, len_ptr, start_ptr, qo_ptr, o_ptr,
     lse_ptr, stride_qb, stride_qt, stride_qh, k_sb, k_st, k_sh, v_sb, v_st, v_sh, kt_sb, kt_sh,
     kt_st, vt_sb, vt_sh, vt_st, stride_table, q_len, k_delta, v_tail_len, chunk, num_splits,
     sm_scale_log2, D: tl.constexpr, GROUP: tl.constexpr, GP: tl.constexpr, BQ: tl.constexpr,
     BT: tl.constexpr, K_BITS: tl.constexpr, K_G: tl.constexpr, K_SYM: tl.constexpr,
     K_CHANNEL: tl.constexpr, V_BITS: tl.constexpr, V_G: tl.constexpr, V_SYM: tl.constexpr,
     PAGED: tl.constexpr, HAS_ROWS: tl.constexpr, HAS_START: tl.constexpr,
-    DOT_IEEE: tl.constexpr,
+    RAGGED: tl.constexpr, DOT_IEEE: tl.constexpr,
 ):  # fmt: skip
     b, h = tl.program_id(0), tl.program_id(1)
     qb, split = tl.program_id(2) // num_splits, tl.program_id(2) % num_splits
@@ -131,15 +131,22 @@ def _attention_kernel(
     v_len = tl.load(len_ptr + b)  # packed V tokens; K has k_delta more (channel blocks)
     k_len = v_len + k_delta
     start = tl.load(start_ptr + b) if HAS_START else 0
+    if RAGGED:  # q [N, Hq, D]: request b's queries are rows qo[b]:qo[b+1]
+        q0 = tl.load(qo_ptr + b).to(tl.int64)
+        n_q = tl.load(qo_ptr + b + 1).to(tl.int64) - q0
+    else:
+        q0 = b64 * q_len
+        n_q = q_len
     QP: tl.constexpr = BQ * GP if BQ * GP >= 16 else 16  # rows: (query token, head of group)
     r, d = tl.arange(0, QP), tl.arange(0, D)
     qi = qb * BQ + r // GP  # query token of each row
     qh = h64 * GROUP + r % GP  # its query head
-    q_ok = (r % GP < GROUP) & (qi < q_len) & (r < BQ * GP)
-    q_at = q_ptr + b64 * stride_qb + qi.to(tl.int64)[:, None] * stride_qt
+    q_ok = (r % GP < GROUP) & (qi < n_q) & (r < BQ * GP)
+    q_row = qi.to(tl.int64) + q0 if RAGGED else qi.to(tl.int64)  # stride_qb is 0 if RAGGED
+    q_at = q_ptr + b64 * stride_qb + q_row[:, None] * stride_qt
     q = tl.load(q_at + qh[:, None] * stride_qh + d[None, :], mask=q_ok[:, None], other=0.0)
     total = v_len + v_tail_len
-    qpos = total - q_len + qi  # global position: the queries are the last tokens
+    qpos = total - n_q + qi  # global position: the queries are the last tokens
     last = tl.max(tl.where(q_ok, qpos, -1), 0)  # keys past this one no row of ours attends
     m = tl.full([QP], -float("inf"), tl.float32)
     denom = tl.zeros([QP], tl.float32)
@@ -183,7 +190,7 @@ def _attention_kernel(
     out = acc / tl.where(seen, denom, 1.0)[:, None]
     lse = tl.where(seen, m + tl.log2(tl.where(seen, denom, 1.0)), -float("inf"))
     hq = GROUP * tl.num_programs(1)
-    at = ((b64 * q_len + qi) * hq + qh) * num_splits + split  # [B, Tq, Hq, splits] index
+    at = ((q0 + qi) * hq + qh) * num_splits + split  # [rows of q, Hq, splits] index
     tl.store(lse_ptr + at, lse, mask=q_ok)
     tl.store(o_ptr + at[:, None] * D + d[None, :], out, mask=q_ok[:, None])
 
@@ -231,7 +238,8 @@ def _rotated(x: torch.Tensor | None, spec: QuantSpec) -> torch.Tensor | None:
 def _launch(batch: AttentionBatch, splits: int, block_tokens: int) -> torch.Tensor:
     """Partial outputs of every split, merged: fp32 [B, Tq, Hq, D] (in V's rotated basis)."""
     q, k_spec, v_spec = batch.q, batch.k_spec, batch.v_spec
-    bsz, q_len, hq, dim = q.shape
+    bsz, q_len, hq, dim = batch.batch_size, batch.q_tokens, q.shape[-2], batch.head_dim
+    ragged = batch.qo_indptr is not None
     hkv, group = batch.kv_heads, hq // batch.kv_heads
     gp = triton.next_power_of_2(group)
     bq = min(triton.next_power_of_2(q_len), max(1, 64 // gp))  # about 64 rows per program
@@ -240,8 +248,9 @@ def _launch(batch: AttentionBatch, splits: int, block_tokens: int) -> torch.Tens
     chunk = triton.cdiv(triton.cdiv(max(width, 1), splits), block_tokens) * block_tokens
     splits = max(1, triton.cdiv(width, chunk))
     dev = q.device
-    partial = torch.empty(bsz, q_len, hq, splits, dim, dtype=torch.float32, device=dev)
-    lse = torch.empty(bsz, q_len, hq, splits, dtype=torch.float32, device=dev)
+    rows_of_q = q.shape[0] if ragged else bsz * q_len  # one per query token
+    partial = torch.empty(rows_of_q, hq, splits, dim, dtype=torch.float32, device=dev)
+    lse = torch.empty(rows_of_q, hq, splits, dtype=torch.float32, device=dev)
     k_rows, v_rows = _rows_view(batch.k_rows, k_spec), _rows_view(batch.v_rows, v_spec)
     paged = batch.slot_table is not None
     k_tail, v_tail = _rotated(batch.k_tail, k_spec), _rotated(batch.v_tail, v_spec)
@@ -254,21 +263,23 @@ def _launch(batch: AttentionBatch, splits: int, block_tokens: int) -> torch.Tens
     q = _rotated(q, k_spec)
     if q.dtype == torch.bfloat16 and not q.is_cuda:
         q = q.float()  # Triton's interpreter has no bf16 tl.dot (numpy has no bf16): fp32 dots
+    qo = batch.qo_indptr if ragged else batch.lengths
+    q_strides = (0, *q.stride()[:2]) if ragged else q.stride()[:3]  # (b, token, head)
     _attention_kernel[(bsz, hkv, q_blocks * splits)](
-        q, k_rows, v_rows, k_tail, v_tail, table, rows, batch.lengths, starts, partial, lse,
-        q.stride(0), q.stride(1), q.stride(2), *_row_strides(k_rows, paged),
+        q, k_rows, v_rows, k_tail, v_tail, table, rows, batch.lengths, starts, qo, partial, lse,
+        *q_strides, *_row_strides(k_rows, paged),
         *_row_strides(v_rows, paged), k_tail.stride(0), k_tail.stride(1), k_tail.stride(2),
         v_tail.stride(0), v_tail.stride(1), v_tail.stride(2), table.stride(0) if paged else 0,
         q_len, batch.k_delta, batch.v_tail_tokens, chunk, splits, sm_scale * _LOG2E, D=dim,
         GROUP=group, GP=gp, BQ=bq, BT=block_tokens, **_spec_args(k_spec, "K"),
         K_CHANNEL=k_spec.axis == "channel" and k_spec.is_quantized, **_spec_args(v_spec, "V"),
         PAGED=paged, HAS_ROWS=batch.table_rows is not None, HAS_START=batch.starts is not None,
-        DOT_IEEE=q.dtype == torch.float32,
+        RAGGED=ragged, DOT_IEEE=q.dtype == torch.float32,
     )  # fmt: skip
-    out = torch.empty(bsz, q_len, hq, dim, dtype=torch.float32, device=dev)
+    out = torch.empty(rows_of_q, hq, dim, dtype=torch.float32, device=dev)
     s_pad = triton.next_power_of_2(splits)
-    _reduce_kernel[(bsz * q_len * hq,)](partial, lse, out, splits, D=dim, S_PAD=s_pad)
-    return out
+    _reduce_kernel[(rows_of_q * hq,)](partial, lse, out, splits, D=dim, S_PAD=s_pad)
+    return out if ragged else out.view(bsz, q_len, hq, dim)
 
 
 def extend_attention(
@@ -285,11 +296,13 @@ def extend_attention(
     v_tail: torch.Tensor | None = None,
     starts: torch.Tensor | None = None,
     sm_scale: float | None = None,
+    qo_indptr: torch.Tensor | None = None,
+    max_q_len: int | None = None,
     num_splits: int | None = None,
     block_tokens: int = 64,
 ) -> torch.Tensor:
     """Causal attention of each request's newest Tq tokens over its packed K/V (and tail)
-    -> [B, Tq, Hq, D] in q's dtype.
+    -> [B, Tq, Hq, D] (ragged: [N, Hq, D]) in q's dtype.
 
     q: [B, Tq, Hq, D] (Hq a multiple of the KV heads): the last Tq positions of every request,
     already stored (packed, or in the tail); query i attends positions <= ``total - Tq + i``.
@@ -300,16 +313,19 @@ def extend_attention(
     - contiguous (HF cache): ``k_rows [B, Hkv, T, R]``, ``lengths`` default T for all.
     k_tail / v_tail: optional unpacked tokens ``[B, Hkv, Tt, D]`` after the packed ones.
     starts: optional int32 [B]: the request attends positions >= starts[b] (left padding).
+    Ragged batches (paged only; SGLang's extend): q ``[N, Hq, D]``, ``qo_indptr [B+1]`` int32
+    (request b's queries are rows ``qo_indptr[b]:qo_indptr[b+1]``, its newest tokens) and
+    ``max_q_len`` (host int >= every request's count; it sizes the grid, no device sync).
     num_splits (default: from the device, batch and length) and block_tokens tune the launch.
     Needs CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``.
     """
     batch = AttentionBatch(q, k_rows, v_rows, k_spec, v_spec, lengths, slot_table, table_rows,
-                           k_tail, v_tail, starts, sm_scale)  # fmt: skip
+                           k_tail, v_tail, starts, sm_scale, qo_indptr, max_q_len)  # fmt: skip
     if not q.is_cuda and not interpreted():
         raise ValueError("packed attention needs CUDA tensors, or TRITON_INTERPRET=1 on CPU")
     if block_tokens < 16 or block_tokens & (block_tokens - 1):
         raise ValueError(f"block_tokens must be a power of two >= 16, got {block_tokens}")
-    programs = q.shape[0] * q.shape[1]  # about: rows of queries per KV head
+    programs = batch.batch_size * batch.q_tokens  # about: rows of queries per KV head
     splits = num_splits or choose_splits(programs, batch.kv_heads, batch.max_packed, q.device)
     out = _launch(batch, splits, block_tokens)
     if v_spec.is_quantized and v_spec.rotation == "hadamard":

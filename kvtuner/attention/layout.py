@@ -40,17 +40,22 @@ class AttentionBatch:
     v_tail: torch.Tensor | None = None
     starts: torch.Tensor | None = None
     sm_scale: float | None = None
+    qo_indptr: torch.Tensor | None = None
+    max_q_len: int | None = None
 
     def __post_init__(self) -> None:
-        q = self.q
-        if q.dim() != 4 or q.dtype not in _FLOATS or q.stride(3) != 1:
+        q, ragged = self.q, self.qo_indptr is not None
+        layout = "[N, Hq, D]" if ragged else "[B, Tq, Hq, D]"
+        if q.dim() != (3 if ragged else 4) or q.dtype not in _FLOATS or q.stride(-1) != 1:
             raise ValueError(
-                f"q must be fp16/bf16/fp32 [B, Tq, Hq, D] with contiguous D, got "
+                f"q must be fp16/bf16/fp32 {layout} with contiguous D, got "
                 f"{q.dtype} {tuple(q.shape)} strides {q.stride()}"
             )
-        dim = q.shape[3]
-        if q.shape[1] == 0:
+        dim = self.head_dim
+        if q.shape[-3] == 0:
             raise ValueError("q has no query tokens")
+        if ragged:
+            self._check_ragged()
         if dim < 16 or dim & (dim - 1):
             raise ValueError(f"head_dim must be a power of two >= 16, got {dim}")
         for name, spec in (("k", self.k_spec), ("v", self.v_spec)):
@@ -64,7 +69,7 @@ class AttentionBatch:
         self._check_tails()
 
     def _check_rows(self, name: str, rows: torch.Tensor, spec: QuantSpec) -> None:
-        dim, paged = self.q.shape[3], self.slot_table is not None
+        dim, paged = self.head_dim, self.slot_table is not None
         channel = isinstance(spec, QuantSpec) and spec.axis == "channel" and spec.is_quantized
         if not isinstance(spec, QuantSpec):
             raise ValueError(f"{name}_spec must be a QuantSpec, got {spec!r}")
@@ -90,7 +95,7 @@ class AttentionBatch:
             raise ValueError(f"16-bit {name}_rows need even byte strides (fp16 elements)")
         if rows.device != self.q.device:
             raise ValueError(f"{name}_rows are on {rows.device}, q on {self.q.device}")
-        heads = self.q.shape[2]
+        heads = self.q.shape[-2]
         if rows.shape[1] == 0 or heads % rows.shape[1]:
             raise ValueError(f"{heads} query heads are not a multiple of {rows.shape[1]} KV heads")
         if rows.shape[1] != self.k_rows.shape[1] or (not paged and rows.shape[0] != len(self.q)):
@@ -99,8 +104,21 @@ class AttentionBatch:
                 f"{tuple(self.v_rows.shape)} do not fit q {tuple(self.q.shape)}"
             )
 
+    def _check_ragged(self) -> None:
+        indptr, lengths = self.qo_indptr, self.lengths
+        if self.slot_table is None or lengths is None:
+            raise ValueError("ragged queries (qo_indptr) need a paged pool: slot_table, lengths")
+        want = (lengths.shape[0] + 1,) if lengths.dim() == 1 else None
+        if indptr.dtype != torch.int32 or indptr.shape != want or indptr.device != self.q.device:
+            raise ValueError(
+                f"qo_indptr must be int32 [B+1] = {want} on {self.q.device}, got "
+                f"{indptr.dtype} {tuple(indptr.shape)} on {indptr.device}"
+            )
+        if not isinstance(self.max_q_len, int) or self.max_q_len < 1:
+            raise ValueError(f"ragged queries need max_q_len >= 1, got {self.max_q_len!r}")
+
     def _check_indices(self) -> None:
-        bsz, dev = self.q.shape[0], self.q.device
+        bsz, dev = self.batch_size, self.q.device
         paged = self.slot_table is not None
         if paged and (self.slot_table.dim() != 2 or self.slot_table.dtype not in _INTS):
             raise ValueError(
@@ -126,7 +144,7 @@ class AttentionBatch:
             raise ValueError("k_tail and v_tail come together")
         if self.k_tail is None:
             return
-        bsz, dim = self.q.shape[0], self.q.shape[3]
+        bsz, dim = self.batch_size, self.head_dim
         for t in (self.k_tail, self.v_tail):
             want = (bsz, self.kv_heads, t.shape[2], dim)
             if t.dim() != 4 or tuple(t.shape) != want or t.stride(3) != 1 or t.dtype not in _FLOATS:
@@ -147,6 +165,19 @@ class AttentionBatch:
         rows, spec = (self.k_rows, self.k_spec) if name == "k" else (self.v_rows, self.v_spec)
         per_row = spec.group_size if spec.axis == "channel" and spec.is_quantized else 1
         return rows.shape[2] * per_row
+
+    @property
+    def batch_size(self) -> int:
+        return self.q.shape[0] if self.qo_indptr is None else self.qo_indptr.shape[0] - 1
+
+    @property
+    def head_dim(self) -> int:
+        return self.q.shape[-1]
+
+    @property
+    def q_tokens(self) -> int:
+        """Grid bound of any request's query count: Tq, or ``max_q_len`` when ragged."""
+        return self.q.shape[1] if self.qo_indptr is None else self.max_q_len
 
     @property
     def kv_heads(self) -> int:

@@ -13,7 +13,7 @@ __all__ = ["decode_attention_reference", "extend_attention_reference", "request_
 
 def request_kv(batch: AttentionBatch, b: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Request b's stored K and V, dequantized fp32 [Hkv, T_b, D] (packed, then tail)."""
-    dim, v_len = batch.q.shape[3], int(batch.lengths[b])
+    dim, v_len = batch.head_dim, int(batch.lengths[b])
     out = []
     for rows, spec, tail, n in (
         (batch.k_rows, batch.k_spec, batch.k_tail, v_len + batch.k_delta),
@@ -33,9 +33,16 @@ def request_kv(batch: AttentionBatch, b: int) -> tuple[torch.Tensor, torch.Tenso
     return out[0], out[1]
 
 
-def _allowed(batch: AttentionBatch, b: int, total: int) -> torch.Tensor:
+def _queries(batch: AttentionBatch, b: int) -> torch.Tensor:
+    """Request b's queries [Tq_b, Hq, D] (its newest tokens)."""
+    if batch.qo_indptr is None:
+        return batch.q[b]
+    return batch.q[int(batch.qo_indptr[b]) : int(batch.qo_indptr[b + 1])]
+
+
+def _allowed(batch: AttentionBatch, b: int, q_len: int, total: int) -> torch.Tensor:
     """bool [Tq, total]: query i (position total - Tq + i) sees keys in [start, its position]."""
-    q_len, dev = batch.q.shape[1], batch.q.device
+    dev = batch.q.device
     pos = torch.arange(total, device=dev)
     q_pos = total - q_len + torch.arange(q_len, device=dev)
     start = 0 if batch.starts is None else int(batch.starts[b])
@@ -44,22 +51,26 @@ def _allowed(batch: AttentionBatch, b: int, total: int) -> torch.Tensor:
 
 def extend_attention_reference(q: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     """Same arguments as :func:`~.decode.extend_attention` (``num_splits``/``block_tokens``
-    ignored) -> [B, Tq, Hq, D] in q's dtype; a query with nothing to attend gets zeros."""
+    ignored) -> [B, Tq, Hq, D] (ragged: [N, Hq, D]) in q's dtype; a query with nothing to
+    attend gets zeros."""
     kwargs.pop("num_splits", None)
     kwargs.pop("block_tokens", None)
     batch = AttentionBatch(q, *args, **kwargs)
-    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    for b in range(q.shape[0]):
+    outs = []
+    for b in range(batch.batch_size):
+        qb = _queries(batch, b).float()  # [Tq_b, Hq, D]
         k, v = request_kv(batch, b)
-        allowed = _allowed(batch, b, k.shape[1])
-        seen = allowed.any(-1)  # [Tq]
+        allowed = _allowed(batch, b, qb.shape[0], k.shape[1])
+        seen = allowed.any(-1)  # [Tq_b]
+        out = torch.zeros_like(qb)
         if seen.any():
-            qb = q[b].float().transpose(0, 1)  # [Hq, Tq, D]
             att = F.scaled_dot_product_attention(
-                qb, k, v, attn_mask=allowed, scale=batch.sm_scale, enable_gqa=True
+                qb.transpose(0, 1), k, v, attn_mask=allowed, scale=batch.sm_scale, enable_gqa=True
             )
-            out[b] = torch.where(seen[:, None, None], att.transpose(0, 1), 0.0)
-    return out.to(q.dtype)
+            out = torch.where(seen[:, None, None], att.transpose(0, 1), 0.0)
+        outs.append(out)
+    stacked = torch.cat(outs) if batch.qo_indptr is not None else torch.stack(outs)
+    return stacked.to(q.dtype)
 
 
 def decode_attention_reference(q: torch.Tensor, *args, **kwargs) -> torch.Tensor:

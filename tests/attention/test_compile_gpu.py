@@ -14,11 +14,11 @@ COMPILE = textwrap.dedent("""
     from kvtuner.attention import decode as dk
     from kvtuner.quant import QuantSpec
 
-    def ptx(k, v, paged):
+    def ptx(k, v, paged, ragged=False):
         consts = dict(D=128, GROUP=4, GP=4, BQ=1, BT=64, K_BITS=k.bits, K_G=k.group_size,
                       K_SYM=k.symmetric, K_CHANNEL=k.axis == "channel", V_BITS=v.bits,
-                      V_G=v.group_size, V_SYM=v.symmetric, PAGED=paged, HAS_ROWS=False,
-                      HAS_START=True, DOT_IEEE=False)
+                      V_G=v.group_size, V_SYM=v.symmetric, PAGED=paged, HAS_ROWS=paged,
+                      HAS_START=not paged, RAGGED=ragged, DOT_IEEE=False)
         ptrs = {"q_ptr": "*bf16", "k_ptr": "*u8", "v_ptr": "*u8", "kt_ptr": "*bf16",
                 "vt_ptr": "*bf16", "o_ptr": "*fp32", "lse_ptr": "*fp32"}
         sig = {}
@@ -34,6 +34,7 @@ COMPILE = textwrap.dedent("""
 
     print("mma" in ptx(QuantSpec(4), QuantSpec(4), True))
     print("mma" in ptx(QuantSpec(4, axis="channel"), QuantSpec(3), False))
+    print("mma" in ptx(QuantSpec(4), QuantSpec(8), True, ragged=True))  # SGLang's extend
 """)
 
 
@@ -43,4 +44,4 @@ def test_attention_kernel_compiles_for_sm90_with_tensor_core_dots():
         [sys.executable, "-c", COMPILE], env=env, capture_output=True, text=True, timeout=600
     )
     assert res.returncode == 0, res.stderr[-3000:]
-    assert res.stdout.split() == ["True", "True"]
+    assert res.stdout.split() == ["True", "True", "True"]

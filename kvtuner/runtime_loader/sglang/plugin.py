@@ -13,9 +13,14 @@ SGLang's ``HookRegistry``, applied by ``load_plugins()`` in the launcher and in 
 - ``ModelRunner._forward_raw`` (before): tells the pool which slots the batch reads.
 - ``parallel_state.init_model_parallel_group`` (around): CPU groups without PyNccl
   (:mod:`.cpu_groups`), so ``--tp-size``/``--pp-size`` run on SGLang's CPU engine.
+- ``models.utils.enable_fused_set_kv_buffer`` (around): False over a kvtuner pool, so models
+  with fused rope+KV writes (Qwen3-MoE, GPT-OSS, ...) store K/V through ``set_kv_buffer``.
+- SGLang's attention registry gains ``kvtuner`` (:mod:`.backend`), chosen on CUDA
+  (:mod:`.backend_choice`).
 
-Read mode (:func:`read_mode`): "lazy" (no scratch) when every attention backend of the server
-only gathers K/V by slot ids (``LAZY_BACKENDS``), else the safe "scratch" mode. In lazy mode the
+Read mode (:func:`read_mode`): "packed" with the kvtuner backend (CUDA), "lazy" (no scratch)
+when every attention backend of the server only gathers K/V by slot ids (``LAZY_BACKENDS``),
+else the safe "scratch" mode (CPU only; refused on CUDA). In lazy mode the
 pool's decode cache holds at most ``KVTUNER_DECODE_CACHE_TOKENS`` tokens per layer (environment;
 default ``DEFAULT_DECODE_CACHE_TOKENS``, 0 turns it off).
 """
@@ -32,9 +37,10 @@ import torch
 from ...errors import KVTunerError
 from ...profile import ModelFingerprint, Profile
 from .activation import ENV_VAR, activate, active_profile
+from .backend_choice import choose_packed_backend, register_backend, skip_fused_kv_writes
 from .cpu_groups import cpu_group_without_pynccl
 from .decode_cache import DEFAULT_DECODE_CACHE_TOKENS
-from .sizing import cell_size
+from .sizing import LAZY_BACKENDS, cell_size, read_mode
 from .support import check_configurator, check_profile_servable
 from .version import check_sglang_version
 
@@ -51,9 +57,6 @@ __all__ = [
 ]
 
 FLAG = "--kvtuner-profile"
-# backends whose only pool reads are ``get_key_buffer(l)[slot_ids]`` / ``get_value_buffer(l)[...]``
-# (sglang 0.5.23 layers/attention/torch_native_backend.py); anything else gets a real tensor
-LAZY_BACKENDS = frozenset({"torch_native"})
 CACHE_ENV_VAR = "KVTUNER_DECODE_CACHE_TOKENS"
 _registered = False
 
@@ -113,6 +116,7 @@ def _take_flag(server_args: Any, cls: Any, args: Any) -> None:
         fingerprint = _model_fingerprint(server_args)
         if fingerprint is not None:
             profile.check_model(fingerprint)
+        choose_packed_backend(server_args)
     except KVTunerError as exc:
         _die(exc)
     logger.info(
@@ -130,17 +134,6 @@ def _scheduler_profile(kvc: Any) -> Profile | None:
     if profile is not None:
         check_configurator(kvc, profile)
     return profile
-
-
-def read_mode(server_args: Any) -> str:
-    """ "lazy" if the prefill and the decode attention backends both read by slot ids only,
-    else "scratch" (also for an unset/unknown backend)."""
-    default = getattr(server_args, "attention_backend", None)
-    backends = {
-        getattr(server_args, "prefill_attention_backend", None) or default,
-        getattr(server_args, "decode_attention_backend", None) or default,
-    }
-    return "lazy" if backends <= LAZY_BACKENDS else "scratch"
 
 
 def _cell_size_hook(original: Any, self: Any, kvc: Any, num_layers: int) -> int:
@@ -209,7 +202,7 @@ def _announce_reads(self: Any, forward_batch: Any, *args: Any, **kwargs: Any) ->
     from .pool import KVTunerMHATokenToKVPool
 
     pool = getattr(self, "token_to_kv_pool", None)
-    if isinstance(pool, KVTunerMHATokenToKVPool):
+    if isinstance(pool, KVTunerMHATokenToKVPool) and pool.read_mode != "packed":
         pool.prepare_reads(batch_read_slots(forward_batch, self.req_to_token_pool.req_to_token))
 
 
@@ -232,6 +225,7 @@ _HOOKS = (
         cpu_group_without_pynccl,
         "AROUND",
     ),
+    ("sglang.srt.models.utils.enable_fused_set_kv_buffer", skip_fused_kv_writes, "AROUND"),
 )
 
 
@@ -258,3 +252,4 @@ def register() -> None:
 
     for target, hook, kind in _HOOKS:
         HookRegistry.register(target, hook, HookType[kind])
+    register_backend()

@@ -13,10 +13,13 @@ torch reference, or the reference itself). Reads (``read_mode``, :mod:`.pool_rea
   step dequantizes only the new token (``decode_cache_tokens`` rows per layer at most; 0: off).
   Requests that do not fit: with the batch announced (:meth:`prepare_reads`), each layer's batch
   is dequantized once and every request's read is a range of it (:class:`BatchReads`).
-- ``"scratch"`` (any other backend, e.g. triton, which needs a real tensor with last dim
-  head_dim): a layer-sized scratch ``[size + page, heads, head_dim]`` in the model dtype into
-  which only the slots of the current batch (announced by :meth:`prepare_reads`) are
-  dequantized, once per layer and step.
+- ``"packed"`` (the plugin's ``kvtuner`` attention backend, on CUDA): ``get_key_buffer`` and
+  :meth:`packed_rows` give the packed uint8 rows; the backend's fused kernels dequantize in
+  registers. No scratch, no decode cache, no announced slots (CUDA-graph safe).
+- ``"scratch"`` (CPU only: any other backend, which needs a real tensor with last dim
+  head_dim; refused on CUDA): a layer-sized scratch ``[size + page, heads, head_dim]`` in the
+  model dtype into which only the slots of the current batch (announced by
+  :meth:`prepare_reads`) are dequantized, once per layer and step.
 """
 
 from __future__ import annotations
@@ -53,8 +56,8 @@ class KVTunerMHATokenToKVPool(PoolReads, PoolWrites, MHATokenToKVPool):
     """``MHATokenToKVPool(*parent_args, profile=..., read_mode=..., tp_group=...)``.
 
     ``profile`` (a :class:`kvtuner.profile.Profile`, global layer indices) and ``read_mode``
-    (``"lazy"`` or ``"scratch"``, see the module doc) default to the class attributes set by
-    :meth:`bound` (SGLang constructs pools with the parent's arguments only).
+    (``"lazy"``, ``"packed"`` or ``"scratch"``, see the module doc) default to the class
+    attributes set by :meth:`bound` (SGLang constructs pools with the parent's arguments only).
     ``decode_cache_tokens``: the lazy mode's :class:`DecodeCache` bound (rows per layer; 0: off).
     ``tp_group`` is the torch.distributed group whose ranks must hold the same profile (None:
     SGLang's TP CPU group when tensor parallelism is on).

@@ -4,6 +4,8 @@
   decode cache (a request's K/V, extended by the new token), else a range of the announced
   batch (:class:`BatchReads`), else the slots directly. Every read equals :meth:`read_kv`.
 - ``"scratch"``: the announced slots dequantized into a layer-sized scratch, once per layer.
+- ``"packed"`` (the kvtuner attention backend): the packed uint8 rows themselves
+  (:meth:`PoolReads.packed_rows`); the backend's kernels dequantize in registers.
 """
 
 from __future__ import annotations
@@ -81,15 +83,24 @@ class PoolReads:
         self._v_scratch.index_copy_(0, self._read_slots, v)
         self._materialized = layer_id
 
+    def packed_rows(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``layer_id``'s packed K and V rows, uint8 ``[size + page, heads, row_bytes]``."""
+        local = layer_id - self.start_layer
+        return self.k_buffer[local], self.v_buffer[local]
+
     def _get_key_buffer(self, layer_id: int) -> torch.Tensor | DequantizedView:
         if self.read_mode == "lazy":
             return self._views[layer_id - self.start_layer][0]
+        if self.read_mode == "packed":
+            return self.packed_rows(layer_id)[0]
         self._materialize(layer_id)
         return self._k_scratch
 
     def _get_value_buffer(self, layer_id: int) -> torch.Tensor | DequantizedView:
         if self.read_mode == "lazy":
             return self._views[layer_id - self.start_layer][1]
+        if self.read_mode == "packed":
+            return self.packed_rows(layer_id)[1]
         self._materialize(layer_id)
         return self._v_scratch
 

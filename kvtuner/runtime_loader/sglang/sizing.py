@@ -3,19 +3,38 @@
 Per layer the pool stores one packed K row and one packed V row per (token, KV head). In the
 "scratch" read mode (backends that need a real tensor) the pool also keeps one layer-sized
 dequantized K and V scratch in the model dtype (also per slot), charged here too so the pool never
-outgrows SGLang's memory budget; the "lazy" read mode has no scratch: packed bytes only.
+outgrows SGLang's memory budget; the "lazy" and "packed" (the kvtuner attention backend) read
+modes have no scratch: packed bytes only.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ...errors import KVTunerError
 from ...profile import Profile
 
-__all__ = ["READ_MODES", "CellSize", "cell_size"]
+__all__ = ["LAZY_BACKENDS", "PACKED_BACKEND", "READ_MODES", "CellSize", "cell_size", "read_mode"]
 
-READ_MODES = ("lazy", "scratch")  # how attention backends read the pool (see pool.py)
+READ_MODES = ("lazy", "scratch", "packed")  # how attention backends read the pool (pool.py)
+# backends whose only pool reads are ``get_key_buffer(l)[slot_ids]`` / ``get_value_buffer(l)[...]``
+# (sglang 0.5.23 layers/attention/torch_native_backend.py); anything else gets a real tensor
+LAZY_BACKENDS = frozenset({"torch_native"})
+PACKED_BACKEND = "kvtuner"  # the plugin's backend: fused kernels over the packed rows
+
+
+def read_mode(server_args: Any) -> str:
+    """ "packed" if the prefill and decode attention backends are both kvtuner's, "lazy" if both
+    read by slot ids only, else "scratch" (also for an unset/unknown backend)."""
+    default = getattr(server_args, "attention_backend", None)
+    backends = {
+        getattr(server_args, "prefill_attention_backend", None) or default,
+        getattr(server_args, "decode_attention_backend", None) or default,
+    }
+    if backends == {PACKED_BACKEND}:
+        return "packed"
+    return "lazy" if backends <= LAZY_BACKENDS else "scratch"
 
 
 @dataclass(frozen=True)
@@ -45,7 +64,7 @@ def cell_size(
 ) -> CellSize:
     """Bytes per token of layers ``[start_layer, start_layer + num_layers)`` with ``heads``
     KV heads on this rank (SGLang's TP split); scratch in a ``dtype_bytes`` dtype when
-    ``read_mode == "scratch"``, none when ``"lazy"``."""
+    ``read_mode == "scratch"``, none otherwise."""
     if read_mode not in READ_MODES:
         raise KVTunerError(f"read_mode must be one of {READ_MODES}, got {read_mode!r}")
     d = profile.fingerprint.head_dim

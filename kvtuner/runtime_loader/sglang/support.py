@@ -18,7 +18,8 @@ from typing import Any
 
 from ...errors import KVTunerError
 from ...profile import Profile
-from .fused_writes import fused_write_refusal
+from .backend_choice import serves_on_cuda
+from .sizing import PACKED_BACKEND, read_mode
 
 __all__ = ["check_configurator", "check_profile_servable", "pool_refusal"]
 
@@ -57,12 +58,25 @@ def _refusals(kvc: Any) -> list[str]:
         "--enable-hierarchical-cache" if sa.enable_hierarchical_cache else "",
         "--enable-hisparse" if getattr(sa, "enable_hisparse", False) else "",
         "PD disaggregation" if sa.disaggregation_mode not in (None, "null") else "",
-        "CUDA graphs (add --cuda-graph-backend-decode disabled "
-        "--cuda-graph-backend-prefill disabled)"
-        if (graphs.decode.backend, graphs.prefill.backend) != ("disabled", "disabled")
+        _graph_refusal(graphs, read_mode(sa)),
+        f"attention backends other than {PACKED_BACKEND} on CUDA (add --attention-backend "
+        f"{PACKED_BACKEND}: the dequantizing scratch read is retired there)"
+        if serves_on_cuda(sa) and read_mode(sa) != "packed"
         else "",
-        fused_write_refusal(kvc.model_config, kvc.device) or "",
     ]
+
+
+def _graph_refusal(graphs: Any, mode: str) -> str:
+    """The kvtuner backend captures decode graphs ("full"); other read modes capture none."""
+    decode, prefill = str(graphs.decode.backend), str(graphs.prefill.backend)
+    if mode == "packed" and decode in ("full", "disabled") and prefill == "disabled":
+        return ""
+    if mode != "packed" and (decode, prefill) == ("disabled", "disabled"):
+        return ""
+    wanted = "--cuda-graph-backend-prefill disabled"
+    if mode != "packed":
+        wanted = "--cuda-graph-backend-decode disabled " + wanted
+    return f"CUDA graphs {decode}/{prefill} (decode/prefill; add {wanted})"
 
 
 def check_configurator(kvc: Any, profile: Profile) -> None:

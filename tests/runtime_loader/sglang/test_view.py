@@ -153,6 +153,8 @@ def test_cell_size_per_read_mode(profile_and_writes):
         (dict(attention_backend="triton"), "scratch"),
         (dict(attention_backend="intel_amx"), "scratch"),
         (dict(attention_backend=None), "scratch"),
+        (dict(attention_backend="kvtuner"), "packed"),
+        (dict(attention_backend="kvtuner", prefill_attention_backend="triton"), "scratch"),
     ],
 )
 def test_read_mode_follows_the_attention_backends(backends, mode):

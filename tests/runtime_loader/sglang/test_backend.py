@@ -1,0 +1,195 @@
+"""The kvtuner attention backend against SGLang's stock TorchNativeAttnBackend over the
+dequantized pool: real ForwardBatch, ReqToTokenPool, RadixAttention and pools on CPU tensors
+(the fused kernels under TRITON_INTERPRET)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from tiny_profiles import tiny_profile
+
+from kvtuner.errors import KVTunerError
+from kvtuner.quant import QuantSpec
+
+pytestmark = pytest.mark.sglang
+pytest.importorskip("sglang")  # the sglang tier: collected only where sglang is installed
+
+SIZE, HEADS, D, Q_HEADS = 200, 2, 64, 8  # GQA: 4 query heads per KV head
+SPECS = [  # per layer (k, v): several widths, a rotated key, symmetric, 16-bit, mixed
+    (QuantSpec(4), QuantSpec(2, symmetric=True)),
+    (QuantSpec(8, rotation="hadamard"), QuantSpec(3, group_size=16)),
+    (QuantSpec(16), QuantSpec(6)),
+]
+PREFIX = [37, 0, 12, 70]  # stored before the step (request 1 is new)
+NEW = [5, 9, 1, 3]  # ragged extend: new tokens per request
+
+
+@pytest.fixture(scope="module")
+def sglang_parts():
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+
+    from kvtuner.runtime_loader.sglang.pool import KVTunerMHATokenToKVPool
+
+    profile = tiny_profile(SPECS, heads=HEADS, head_dim=D)
+    common = dict(page_size=1, dtype=torch.float32, head_num=HEADS, head_dim=D,
+                  layer_num=len(SPECS), device="cpu", enable_memory_saver=False)  # fmt: skip
+    packed = KVTunerMHATokenToKVPool(SIZE, profile=profile, read_mode="packed", **common)
+    stock = MHATokenToKVPool(SIZE, **common)
+    req_to_token = ReqToTokenPool(8, 128, "cpu", False)
+    return packed, stock, req_to_token
+
+
+def runner(pool, req_to_token_pool, model=None):
+    return SimpleNamespace(device="cpu", token_to_kv_pool=pool,
+                           req_to_token_pool=req_to_token_pool, model=model)  # fmt: skip
+
+
+def radix(layer_id, **kw):
+    from sglang.srt.layers.radix_attention import RadixAttention
+
+    return RadixAttention(Q_HEADS, D, D**-0.5, HEADS, layer_id, **kw)
+
+
+def place(req_to_token_pool, rows, totals, seed):
+    """Each request's slots in req_to_token (random, distinct, never slot 0)."""
+    g = torch.Generator().manual_seed(seed)
+    free = torch.randperm(SIZE - 1, generator=g) + 1
+    used = 0
+    for row, n in zip(rows, totals, strict=True):
+        req_to_token_pool.req_to_token[row, :n] = free[used : used + n].int()
+        used += n
+
+
+def forward_batch(mode, rows, prefix, new, req_to_token_pool):
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+
+    totals = [p + n for p, n in zip(prefix, new, strict=True)]
+    table = req_to_token_pool.req_to_token
+    out_loc = torch.cat(
+        [table[r, p:t] for r, p, t in zip(rows, prefix, totals, strict=True)]
+    ).long()
+    extend = dict(
+        extend_seq_lens=torch.tensor(new), extend_prefix_lens=torch.tensor(prefix),
+        extend_seq_lens_cpu=list(new), extend_prefix_lens_cpu=list(prefix),
+        extend_num_tokens=sum(new),
+    )  # fmt: skip
+    return ForwardBatch(
+        forward_mode=ForwardMode.DECODE if mode == "decode" else ForwardMode.EXTEND,
+        batch_size=len(rows),
+        input_ids=torch.zeros(sum(new), dtype=torch.long),
+        req_pool_indices=torch.tensor(rows),
+        seq_lens=torch.tensor(totals),
+        out_cache_loc=out_loc,
+        seq_lens_sum=sum(totals),
+        seq_lens_cpu=torch.tensor(totals),
+        **(extend if mode == "extend" else {}),
+    )
+
+
+def fill_prefix(pool, req_to_token_pool, rows, prefix, g):
+    for layer_id in range(len(SPECS)):
+        for row, n in zip(rows, prefix, strict=True):
+            loc = req_to_token_pool.req_to_token[row, :n].long()
+            k, v = (torch.randn(n, HEADS, D, generator=g) * 2 for _ in range(2))
+            pool.set_kv_buffer(radix(layer_id), loc, k, v)
+
+
+def dequantized_copy(packed, stock):
+    """The stock pool holds what the packed pool dequantizes to, slot for slot."""
+    every = torch.arange(SIZE + 1)
+    for layer_id in range(len(SPECS)):
+        k, v = packed.read_kv(layer_id, every)
+        stock.k_buffer[layer_id][:] = k
+        stock.v_buffer[layer_id][:] = v
+
+
+@pytest.mark.parametrize("mode", ["decode", "extend"])
+def test_backend_matches_torch_native_over_the_dequantized_pool(sglang_parts, mode):
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+
+    from kvtuner.runtime_loader.sglang.backend import KVTunerAttnBackend
+
+    packed, stock, req_to_token_pool = sglang_parts
+    g = torch.Generator().manual_seed(1)
+    rows = [3, 1, 6, 2]  # req_pool_indices: not in order
+    new = [1] * 4 if mode == "decode" else NEW
+    prefix = [p if mode == "extend" else p + 1 for p in PREFIX]
+    place(req_to_token_pool, rows, [p + n for p, n in zip(prefix, new, strict=True)], seed=2)
+    fill_prefix(packed, req_to_token_pool, rows, prefix, g)
+    fb = forward_batch(mode, rows, prefix, new, req_to_token_pool)
+    ours = KVTunerAttnBackend(runner(packed, req_to_token_pool))
+    theirs = TorchNativeAttnBackend(runner(stock, req_to_token_pool))
+    ours.init_forward_metadata(fb)
+    theirs.init_forward_metadata(fb)
+    for layer_id in range(len(SPECS)):
+        layer = radix(layer_id)
+        q = torch.randn(sum(new), Q_HEADS * D, generator=g)
+        k, v = (torch.randn(sum(new), HEADS, D, generator=g) for _ in range(2))
+        got = ours.forward(q, k, v, layer, fb)  # stores the new tokens (quantized), attends
+        dequantized_copy(packed, stock)
+        want = theirs.forward(q, k, v, layer, fb, save_kv_cache=False)
+        assert got.shape == want.shape == (sum(new), Q_HEADS * D)
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_cuda_graph_metadata_reads_lengths_from_static_buffers(sglang_parts):
+    from kvtuner.runtime_loader.sglang.backend import KVTunerAttnBackend
+
+    packed, _, req_to_token_pool = sglang_parts
+    backend = KVTunerAttnBackend(runner(packed, req_to_token_pool))
+    backend.init_cuda_graph_state(max_bs=8, max_num_tokens=8)
+    rows, prefix = [3, 1, 6], [9, 4, 20]
+    place(req_to_token_pool, rows, [p + 1 for p in prefix], seed=3)
+    fb = forward_batch("decode", rows, prefix, [1, 1, 1], req_to_token_pool)
+    backend.init_forward_metadata_out_graph(fb, in_capture=True)
+    captured = backend.forward_metadata
+    assert captured.slot_table.shape == req_to_token_pool.req_to_token.shape  # static width
+    backend.init_forward_metadata_in_graph(fb)  # what the graph records and replays
+    assert captured.lengths.tolist() == [10, 5, 21] and captured.table_rows.tolist() == rows
+    eager = KVTunerAttnBackend(runner(packed, req_to_token_pool))
+    eager.init_forward_metadata(fb)
+    q = torch.randn(3, Q_HEADS * D)
+    for layer_id in range(len(SPECS)):
+        layer = radix(layer_id)
+        graphed = backend.forward_decode(q, None, None, layer, fb, save_kv_cache=False)
+        torch.testing.assert_close(graphed, eager.forward_decode(q, None, None, layer, fb))
+    with pytest.raises(KVTunerError, match="decode graphs only"):
+        backend.init_forward_metadata_out_graph(
+            forward_batch("extend", rows, prefix, [1, 1, 1], req_to_token_pool), in_capture=True
+        )
+
+
+@pytest.mark.parametrize(
+    "change,what",
+    [
+        (dict(sliding_window_size=16), "sliding-window attention"),
+        (dict(logit_cap=30.0), "logit soft-capping"),
+    ],
+)
+def test_layers_the_kernels_cannot_serve_are_refused_at_start_with_one_line(
+    sglang_parts, change, what
+):
+    from kvtuner.runtime_loader.sglang.backend import KVTunerAttnBackend
+
+    packed, _, req_to_token_pool = sglang_parts
+    model = torch.nn.ModuleList([radix(0), radix(1, **change)])
+    with pytest.raises(KVTunerError, match=what) as info:
+        KVTunerAttnBackend(runner(packed, req_to_token_pool, model))
+    assert "layer 1" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_backend_needs_the_kvtuner_pool(sglang_parts):
+    from kvtuner.runtime_loader.sglang.backend import KVTunerAttnBackend
+
+    _, stock, req_to_token_pool = sglang_parts
+    with pytest.raises(KVTunerError, match="--kvtuner-profile"):
+        KVTunerAttnBackend(runner(stock, req_to_token_pool))
+
+
+def test_packed_mode_hands_out_the_packed_rows_and_costs_packed_bytes_only(sglang_parts):
+    packed = sglang_parts[0]
+    k_rows, v_rows = packed.packed_rows(0)
+    assert packed.get_key_buffer(0) is k_rows and packed.get_value_buffer(0) is v_rows
+    assert k_rows.dtype == torch.uint8 and packed.scratch_bytes() == 0
