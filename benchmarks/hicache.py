@@ -45,7 +45,6 @@ SERVER_DTYPE_BYTES = 4  # the CPU server runs fp32
 
 def _pools(profile, dtype, tokens: int):
     """The device pool and the host pool SGLang builds for it (ratio 4, layout page_first)."""
-    import torch
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
     from kvtuner.runtime_loader.sglang.host_pool import KVTunerMHATokenToKVPoolHost
@@ -68,7 +67,6 @@ def _pools(profile, dtype, tokens: int):
         start_layer=0,
         end_layer=LAYERS - 1,
     )
-    del torch
     return device, host
 
 
@@ -77,9 +75,7 @@ def capacity_row(path: Path | None) -> dict:
 
     name = "stock (SGLang MHATokenToKVPoolHost, bf16)" if path is None else str(path)
     profile = None if path is None else load_profile(REPO / path)
-    if profile is not None and any(
-        q.axis != "token" for s in profile.layers for q in (s.k, s.v)
-    ):
+    if profile is not None and any(q.axis != "token" for s in profile.layers for q in (s.k, s.v)):
         return {"config": name, "hash": profile.hash, "servable": False}
     _, host = _pools(profile, torch.bfloat16, 256)
     buffer_bytes = host.kv_buffer.numel() * host.kv_buffer.element_size()
@@ -135,7 +131,9 @@ def serve_workload(args, path: Path | None, docs: list[str]) -> dict:
         "turn2_device_hit_rate": sum(t.device_hit for t in second) / prompt,
         "ttft_turn1_s": statistics.median(t.ttft_s for t in first),
         "ttft_turn2_s": statistics.median(t.ttft_s for t in second),
-        "same_output_turn2": sum(a.output_ids == b.output_ids for a, b in zip(first, second))
+        "same_output_turn2": sum(
+            a.output_ids == b.output_ids for a, b in zip(first, second, strict=True)
+        )
         / len(docs),
         "outputs": [list(t.output_ids) for t in second],
     }

@@ -218,3 +218,28 @@ def test_stock_host_pool_on_cpu_round_trips(tmp_path):
             host.load_to_device_per_layer(pool, slots, dst, layer, "kernel")
             assert torch.equal(pool.k_buffer[layer][dst], pool.k_buffer[layer][loc])
             assert torch.equal(pool.v_buffer[layer][dst], pool.v_buffer[layer][loc])
+
+
+@pytest.mark.parametrize(
+    "layout, backend, refused",
+    [
+        ("page_first", None, ""),
+        ("layer_first", "file", ""),
+        ("page_first_direct", None, "--hicache-mem-layout page_first_direct"),
+        ("page_head", "file", "--hicache-mem-layout page_head"),
+        ("page_first", "mooncake", "--hicache-storage-backend mooncake"),
+    ],
+)
+def test_startup_refuses_hicache_setups_the_host_pool_cannot_hold(layout, backend, refused):
+    from types import SimpleNamespace
+
+    from kvtuner.runtime_loader.sglang.support import _hicache_refusal
+
+    args = SimpleNamespace(
+        enable_hierarchical_cache=True, hicache_mem_layout=layout, hicache_storage_backend=backend
+    )
+    assert _hicache_refusal(args).startswith(refused) and bool(refused) == bool(
+        _hicache_refusal(args)
+    )
+    args.enable_hierarchical_cache = False
+    assert _hicache_refusal(args) == ""
