@@ -30,6 +30,17 @@ FLAGS = (
 )
 
 
+@pytest.fixture(scope="module", autouse=True)
+def host_memory_for_hicache():
+    """SGLang sizes host pools against free RAM minus a 10 GiB reserve (pool_host/base.py)."""
+    from sglang.srt.mem_cache.host_memory import available_host_memory_bytes
+    from sglang.srt.mem_cache.pool_host.base import HICACHE_HOST_MEMORY_RESERVE_BYTES
+
+    spare = available_host_memory_bytes() - HICACHE_HOST_MEMORY_RESERVE_BYTES
+    if spare < 2**30:
+        pytest.skip(f"HiCache needs 10 GiB + 1 GiB free host RAM; {spare / 2**30:.1f} GiB spare")
+
+
 @pytest.fixture(scope="module")
 def smollm2_dir():
     from sglang_server import smollm2_hf_dir
@@ -62,10 +73,10 @@ def serve(smollm2_dir, profile, storage_dir, log):
 
 @pytest.fixture(scope="module")
 def first_server(smollm2_dir, profiles, storage_dir, tmp_path_factory):
-    """Two turns over 5 passages on a kvtuner 8-bit server with L2 and L3 (then stopped)."""
+    """Two turns over 6 passages on a kvtuner 8-bit server with L2 and L3 (then stopped)."""
     from hicache_workload import documents, two_turns
 
-    docs = documents(5, 300)
+    docs = documents(6, 300)
     log = tmp_path_factory.mktemp("logs") / "first.log"
     with serve(smollm2_dir, profiles[8], storage_dir, log) as srv:
         turns = two_turns(srv.url, docs, 12)
