@@ -30,9 +30,9 @@ FLAGS = (
 )
 
 
-@pytest.fixture(scope="module", autouse=True)
-def host_memory_for_hicache():
-    """SGLang sizes host pools against free RAM minus a 10 GiB reserve (pool_host/base.py)."""
+def require_host_memory() -> None:
+    """SGLang sizes host pools against free RAM minus a 10 GiB reserve (pool_host/base.py):
+    on this shared machine other jobs can take that away (skip, naming it)."""
     from sglang.srt.mem_cache.host_memory import available_host_memory_bytes
     from sglang.srt.mem_cache.pool_host.base import HICACHE_HOST_MEMORY_RESERVE_BYTES
 
@@ -66,6 +66,7 @@ def storage_dir(tmp_path_factory):
 def serve(smollm2_dir, profile, storage_dir, log):
     from sglang_server import SGLangServer
 
+    require_host_memory()
     srv = SGLangServer(smollm2_dir, *FLAGS, "--kvtuner-profile", str(profile), log_path=log)
     srv.env["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = str(storage_dir)
     return srv
