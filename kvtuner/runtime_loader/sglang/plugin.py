@@ -11,6 +11,9 @@ SGLang's ``HookRegistry``, applied by ``load_plugins()`` in the launcher and in 
   :class:`KVTunerMHATokenToKVPool` bound to the profile and the read mode; unsupported setups are
   refused here.
 - ``ModelRunner._forward_raw`` (before): tells the pool which slots the batch reads.
+- ``hybrid_pool_assembler._mha_host_inputs`` (around): with ``--enable-hierarchical-cache``,
+  the host pool of a kvtuner pool is :class:`KVTunerMHATokenToKVPoolHost` (packed rows); on
+  SGLang's CPU engine a stock pool gets :class:`CpuMHATokenToKVPoolHost` (:mod:`.host_transfers`).
 - ``parallel_state.init_model_parallel_group`` (around): CPU groups without PyNccl
   (:mod:`.cpu_groups`), so ``--tp-size``/``--pp-size`` run on SGLang's CPU engine.
 - ``models.utils.enable_fused_set_kv_buffer`` (around): False over a kvtuner pool, so models
@@ -185,6 +188,25 @@ def _pool_class_hook(original: Any, self: Any, *, kind: str, default: type) -> t
     )
 
 
+def _host_pool_class_hook(original: Any, *args: Any, **kwargs: Any) -> tuple:
+    """HiCache's MHA host pool: packed rows for a kvtuner device pool; on SGLang's CPU engine,
+    SGLang's own pool with unpinned memory and index copies (it has no CPU transfers)."""
+    host_cls, info, host_kwargs = original(*args, **kwargs)
+    from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+
+    from .host_pool import KVTunerMHATokenToKVPoolHost
+    from .host_transfers import CpuMHATokenToKVPoolHost
+    from .pool import KVTunerMHATokenToKVPool
+
+    device_pool = args[0] if args else kwargs["pool"]
+    if isinstance(device_pool, KVTunerMHATokenToKVPool):
+        host_cls = KVTunerMHATokenToKVPoolHost.bound(device_pool.profile.hash)
+    elif host_cls is MHATokenToKVPoolHost and info.device.type == "cpu":
+        host_cls = CpuMHATokenToKVPoolHost
+    logger.info("kvtuner: HiCache host pool %s", host_cls.__name__)
+    return host_cls, info, host_kwargs
+
+
 def batch_read_slots(forward_batch: Any, req_to_token: torch.Tensor) -> torch.Tensor:
     """Slot ids a forward batch's attention reads: ``req_to_token[r, :seq_len]`` of every
     request (int64 [sum(seq_lens)]). The lengths are the device ``seq_lens`` the attention
@@ -220,6 +242,11 @@ _HOOKS = (
         "AROUND",
     ),
     ("sglang.srt.model_executor.model_runner.ModelRunner._forward_raw", _announce_reads, "BEFORE"),
+    (
+        "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler._mha_host_inputs",
+        _host_pool_class_hook,
+        "AROUND",
+    ),
     (
         "sglang.srt.distributed.parallel_state.init_model_parallel_group",
         cpu_group_without_pynccl,

@@ -35,6 +35,20 @@ class PoolWrites:
     ``_pairs`` (shared grid per local layer), ``_codecs`` (PairCodec or None per local layer),
     ``_torch_cpu``, the decode cache ``_cache`` and the batch cache ``_batch``."""
 
+    def _forget_reads(self, layer_id: int) -> None:
+        """Rows of ``layer_id`` change: no read of the batch or of the scratch is current."""
+        self._batch.invalidate()
+        self._last_read = None
+        if self._materialized == layer_id:
+            self._materialized = None
+
+    def on_rows_loaded(self, local_layer: int, slots: torch.Tensor) -> None:
+        """HiCache loaded packed rows from host into ``slots`` (int64 [n]) of local layer
+        ``local_layer``: what reads cached of those slots is stale."""
+        layer_id = self.start_layer + local_layer
+        self._forget_reads(layer_id)
+        self._cache.on_write(layer_id, slots)
+
     def set_kv_buffer(
         self,
         layer,
@@ -54,10 +68,7 @@ class PoolWrites:
         self._check_physical_write_loc(loc_info, "set_kv_buffer (kvtuner)")
         layer_id = layer_id_override if layer_id_override is not None else layer.layer_id
         local, n = layer_id - self.start_layer, loc.shape[0]
-        self._batch.invalidate()
-        self._last_read = None
-        if self._materialized == layer_id:
-            self._materialized = None
+        self._forget_reads(layer_id)
         if n == 0:
             return
         shape = (n, self.head_num, self.head_dim)

@@ -24,6 +24,8 @@ from .sizing import PACKED_BACKEND, read_mode
 __all__ = ["check_configurator", "check_profile_servable", "pool_refusal"]
 
 _FLOAT_DTYPES = ("torch.float16", "torch.bfloat16", "torch.float32")
+# storage backends that copy pages through the host pool's get_data_page/set_from_flat_data_page
+HICACHE_STORAGE_BACKENDS = (None, "file")
 
 
 def check_profile_servable(profile: Profile) -> None:
@@ -55,7 +57,7 @@ def _refusals(kvc: Any) -> list[str]:
         else "",
         "--enable-kv-cache-sharding" if kvc.kv_shard_rank is not None else "",
         "--enable-page-major-kv-layout" if kvc._page_major_enabled() else "",
-        "--enable-hierarchical-cache" if sa.enable_hierarchical_cache else "",
+        _hicache_refusal(sa),
         "--enable-hisparse" if getattr(sa, "enable_hisparse", False) else "",
         "PD disaggregation" if sa.disaggregation_mode not in (None, "null") else "",
         _graph_refusal(graphs, read_mode(sa)),
@@ -77,6 +79,20 @@ def _graph_refusal(graphs: Any, mode: str) -> str:
     if mode != "packed":
         wanted = "--cuda-graph-backend-decode disabled " + wanted
     return f"CUDA graphs {decode}/{prefill} (decode/prefill; add {wanted})"
+
+
+def _hicache_refusal(sa: Any) -> str:
+    """HiCache holds packed rows in the layouts whose layers index by token, and writes pages
+    through ``get_data_page`` (the file backend); anything else is refused."""
+    from .host_transfers import TOKEN_INDEXED_LAYOUTS
+
+    if not sa.enable_hierarchical_cache:
+        return ""
+    if sa.hicache_mem_layout not in TOKEN_INDEXED_LAYOUTS:
+        return f"--hicache-mem-layout {sa.hicache_mem_layout} (use layer_first or page_first)"
+    if sa.hicache_storage_backend not in HICACHE_STORAGE_BACKENDS:
+        return f"--hicache-storage-backend {sa.hicache_storage_backend} (use file)"
+    return ""
 
 
 def check_configurator(kvc: Any, profile: Profile) -> None:
