@@ -197,9 +197,11 @@ def profile_flags(profile: Path | None) -> list[str]:
         return []
     from kvtuner.runtime_loader.sglang.sizing import channel_sides
 
+    flags = ["--kvtuner-profile", str(profile)]
     sides = channel_sides(load_profile(profile))
-    pages = ["--page-size", str(sides[0].group_size), "--max-running-requests", "8"]
-    return ["--kvtuner-profile", str(profile), *(pages if sides else [])]
+    if sides:
+        flags += ["--page-size", str(sides[0].group_size), "--max-running-requests", "8"]
+    return flags
 
 
 def measure(args, model_dir: Path, profile: Path | None, tokenizer, cache: bool = True) -> dict:
