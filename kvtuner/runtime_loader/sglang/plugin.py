@@ -286,7 +286,7 @@ _HOOKS = (
         "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.clear",
         _allocator_cleared,
         "AFTER",
-    ),  # fmt: skip
+    ),
     ("sglang.srt.model_executor.model_runner.ModelRunner._forward_raw", _announce_reads, "BEFORE"),
     (
         "sglang.srt.distributed.parallel_state.init_model_parallel_group",
