@@ -190,10 +190,24 @@ def agreement(stock: list[list[int]], ours: list[list[int]]) -> tuple[float, flo
     return exact, sum(prefix) / len(prefix)
 
 
+def profile_flags(profile: Path | None) -> list[str]:
+    """Server flags for a profile: channel-axis (KIVI) sides need pages of their group size
+    and a staging bound (8 running requests, the benchmark's concurrency)."""
+    if profile is None:
+        return []
+    from kvtuner.runtime_loader.sglang.sizing import channel_sides
+
+    flags = ["--kvtuner-profile", str(profile)]
+    sides = channel_sides(load_profile(profile))
+    if sides:
+        flags += ["--page-size", str(sides[0].group_size), "--max-running-requests", "8"]
+    return flags
+
+
 def measure(args, model_dir: Path, profile: Path | None, tokenizer, cache: bool = True) -> dict:
     import openai
 
-    flags = ["--kvtuner-profile", str(profile)] if profile else []
+    flags = profile_flags(profile)
     name = (profile.stem if profile else "stock") + ("" if cache else UNCACHED)
     log = args.log_dir / f"sglang_serve.{name.replace(' ', '_')}.log"
     os.environ[CACHE_ENV] = "" if cache else "0"  # the server inherits it (0: decode cache off)

@@ -22,8 +22,24 @@ __all__ = ["build_index", "main", "write_index"]
 INDEX_JSON, INDEX_MD = "index.json", "index.md"
 
 
+def _page_sizes(profile: Profile) -> set[int]:
+    """Group sizes of the channel-axis (KIVI) sides: the SGLang pool packs them a page at a
+    time, so it serves them with ``--page-size`` equal to their one group size."""
+    return {
+        qs.group_size
+        for s in profile.layers
+        for qs in (s.k, s.v)
+        if qs.axis == "channel" and qs.is_quantized
+    }
+
+
 def _servable(profile: Profile) -> bool:
-    return all(s.k.axis == "token" and s.v.axis == "token" for s in profile.layers)
+    return len(_page_sizes(profile)) <= 1
+
+
+def _page_size(profile: Profile) -> int | None:
+    sizes = _page_sizes(profile)
+    return next(iter(sizes)) if len(sizes) == 1 else None
 
 
 def _entry(root: Path, path: Path, profile: Profile) -> dict[str, Any]:
@@ -38,6 +54,7 @@ def _entry(root: Path, path: Path, profile: Profile) -> dict[str, Any]:
         "bytes_per_token": b.get("bytes_per_token"),
         "ratio_to_fp16": b.get("ratio_to_fp16"),
         "sglang_servable": _servable(profile),
+        "sglang_page_size": _page_size(profile),  # None: any --page-size
         "kl": m.get("kl"),
         "heldout_kl": m.get("heldout_kl"),
         "best_uniform": m.get("best_uniform"),
@@ -99,12 +116,19 @@ def to_markdown(index: dict[str, Any]) -> str:
             lines.append(
                 f"| [{e['file']}]({e['file']}) | {_fmt(e['preset'])} | {e['budget']} | "
                 f"{_fmt(e['nominal_bits'], 3)} | {_fmt(e['effective_bits'], 3)} | "
-                f"{_fmt(e['bytes_per_token'], 0)} | {'yes' if e['sglang_servable'] else 'no'} | "
+                f"{_fmt(e['bytes_per_token'], 0)} | {_serving(e)} | "
                 f"{_fmt(e['kl'])} | {e['best_uniform'] or '–'} ({_fmt(e['best_uniform_kl'])}) | "
                 f"{_fmt(e['heldout_kl'])} | {_fmt(e['heldout_best_uniform_kl'])} |"
             )
         lines.append("")
     return "\n".join(lines)
+
+
+def _serving(entry: dict[str, Any]) -> str:
+    if not entry["sglang_servable"]:
+        return "no"
+    page = entry.get("sglang_page_size")
+    return f"yes (--page-size {page})" if page else "yes"
 
 
 def write_index(root: str | os.PathLike) -> tuple[Path, Path]:

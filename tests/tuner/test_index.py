@@ -25,10 +25,12 @@ def test_index_lists_every_profile_with_budget_and_quality(tmp_path):
     assert index == build_index(tmp_path)  # regenerating is stable and skips index.json
     entries = index["models"]["tiny"]["profiles"]
     assert [e["file"] for e in entries] == ["tiny/per-token-4bit.json", "tiny/kivi-3bit.json"]
-    assert [e["sglang_servable"] for e in entries] == [True, False]
+    assert [e["sglang_servable"] for e in entries] == [True, True]  # KIVI: pages of 32 tokens
+    assert [e["sglang_page_size"] for e in entries] == [None, 32]
     assert entries[0]["kl"] == 0.01 and entries[0]["nominal_bits"] == 4.0
     md = (tmp_path / "index.md").read_text()
     assert "[tiny/kivi-3bit.json](tiny/kivi-3bit.json) | kivi | 3bit | 3.000" in md
+    assert "| yes (--page-size 32) |" in md
 
 
 def test_broken_profile_is_one_line_error(tmp_path, capsys):

@@ -7,6 +7,10 @@ SGLang's ``HookRegistry``, applied by ``load_plugins()`` in the launcher and in 
   a bad profile prints one line and exits 2.
 - ``DefaultPoolConfigurator._compute_cell_size`` (around): the bytes per token SGLang divides its
   KV budget by become the profile's packed bytes (plus the read scratch in "scratch" read mode).
+- ``DefaultPoolConfigurator.calculate_pool_sizes`` (around): the fp staging of channel-axis
+  (KIVI) sides comes off the KV budget before SGLang divides it by the cell size.
+- ``PagedTokenToKVPoolAllocator._release_page_ids`` / ``clear`` (after): freed pages drop their
+  staged values (:meth:`KVTunerMHATokenToKVPool.release_pages`).
 - ``KVCacheConfigurator._resolve_kv_pool_class`` (around): the MHA pool class becomes
   :class:`KVTunerMHATokenToKVPool` bound to the profile and the read mode; unsupported setups are
   refused here.
@@ -43,8 +47,8 @@ from .activation import ENV_VAR, activate, active_profile
 from .backend_choice import choose_packed_backend, register_backend, skip_fused_kv_writes
 from .cpu_groups import cpu_group_without_pynccl
 from .decode_cache import DEFAULT_DECODE_CACHE_TOKENS
-from .sizing import LAZY_BACKENDS, cell_size, read_mode
-from .support import check_configurator, check_profile_servable
+from .sizing import LAZY_BACKENDS, cell_size, read_mode, stage_pages_for, staging_bytes
+from .support import check_configurator, check_profile_servable, check_staging_bound
 from .version import check_sglang_version
 
 logger = logging.getLogger(__name__)
@@ -115,7 +119,8 @@ def _take_flag(server_args: Any, cls: Any, args: Any) -> None:
         decode_cache_tokens()
         activate(path)
         profile = active_profile()
-        check_profile_servable(profile)
+        check_profile_servable(profile, server_args.page_size)
+        check_staging_bound(profile, server_args.max_running_requests)
         fingerprint = _model_fingerprint(server_args)
         if fingerprint is not None:
             profile.check_model(fingerprint)
@@ -148,13 +153,16 @@ def _cell_size_hook(original: Any, self: Any, kvc: Any, num_layers: int) -> int:
     from sglang.srt.runtime_context import get_parallel
 
     par, mode = get_parallel(), read_mode(kvc.server_args)
-    cell = cell_size(
-        profile,
+    shape = dict(
         heads=kvc.model_config.get_num_kv_heads(par.attn_tp_size, par.attn_dcp_size),
         start_layer=kvc.layer_info.start_layer,
         num_layers=num_layers,
         dtype_bytes=torch._utils._element_size(kvc.kv_cache_dtype),
-        read_mode=mode,
+    )
+    cell = cell_size(profile, **shape, read_mode=mode)
+    # taken off the KV budget by _pool_sizes_hook (a fixed cost, not per token)
+    self._kvtuner_staging_bytes = staging_bytes(
+        profile, **shape, stage_pages=stage_pages(kvc.server_args)
     )
     logger.info(
         "kvtuner: KV cell size %d B/token (packed %d + read scratch %d, %s reads) instead of "
@@ -166,7 +174,45 @@ def _cell_size_hook(original: Any, self: Any, kvc: Any, num_layers: int) -> int:
         stock,
         stock / cell.total,
     )
+    if self._kvtuner_staging_bytes:
+        logger.info(
+            "kvtuner: fp staging of filling channel-axis pages: %d bytes (%d pages per side), "
+            "taken off the KV budget",
+            self._kvtuner_staging_bytes,
+            stage_pages(kvc.server_args),
+        )
     return cell.total
+
+
+def stage_pages(server_args: Any) -> int:
+    """Staged pages per channel-axis side (0 when --max-running-requests is not given: then
+    the profile has no channel-axis side, see check_staging_bound)."""
+    limit = server_args.max_running_requests
+    return 0 if limit is None else stage_pages_for(limit)
+
+
+def _pool_sizes_hook(original: Any, self: Any, available_bytes: int, page_size: int) -> Any:
+    staging = getattr(self, "_kvtuner_staging_bytes", 0)
+    return original(self, max(available_bytes - staging, 0), page_size)
+
+
+def _pages_released(result: Any, allocator: Any, *page_ids: torch.Tensor) -> None:
+    pool = _kvtuner_pool(allocator)
+    if pool is not None and page_ids:
+        pool.release_pages(*page_ids)
+
+
+def _allocator_cleared(result: Any, allocator: Any) -> None:
+    pool = _kvtuner_pool(allocator)
+    if pool is not None:
+        pool.clear_staging()
+
+
+def _kvtuner_pool(allocator: Any):
+    from .pool import KVTunerMHATokenToKVPool
+
+    pool = getattr(allocator, "_kvcache", None)
+    return pool if isinstance(pool, KVTunerMHATokenToKVPool) else None
 
 
 def _pool_class_hook(original: Any, self: Any, *, kind: str, default: type) -> type:
@@ -184,7 +230,7 @@ def _pool_class_hook(original: Any, self: Any, *, kind: str, default: type) -> t
             f"platform/layout selects {pool_cls.__name__}"
         )
     return KVTunerMHATokenToKVPool.bound(
-        profile, read_mode(self.server_args), decode_cache_tokens()
+        profile, read_mode(self.server_args), decode_cache_tokens(), stage_pages(self.server_args)
     )
 
 
@@ -240,6 +286,21 @@ _HOOKS = (
         "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._resolve_kv_pool_class",
         _pool_class_hook,
         "AROUND",
+    ),
+    (
+        "sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator.calculate_pool_sizes",
+        _pool_sizes_hook,
+        "AROUND",
+    ),
+    (
+        "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator._release_page_ids",
+        _pages_released,
+        "AFTER",
+    ),
+    (
+        "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator.clear",
+        _allocator_cleared,
+        "AFTER",
     ),
     ("sglang.srt.model_executor.model_runner.ModelRunner._forward_raw", _announce_reads, "BEFORE"),
     (

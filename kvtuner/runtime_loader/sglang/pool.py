@@ -20,6 +20,10 @@ torch reference, or the reference itself). Reads (``read_mode``, :mod:`.pool_rea
   head_dim; refused on CUDA): a layer-sized scratch ``[size + page, heads, head_dim]`` in the
   model dtype into which only the slots of the current batch (announced by
   :meth:`prepare_reads`) are dequantized, once per layer and step.
+
+Channel-axis (KIVI) sides (page size = their group size) are stored by :class:`ChannelPages`:
+``uint8[pages, heads, block_bytes]`` (one channel-axis block per page) plus an fp staging area of
+``stage_pages`` filling pages; every read path above reads them through ``read_kv``.
 """
 
 from __future__ import annotations
@@ -36,20 +40,22 @@ from ...errors import KVTunerError
 from ...profile import Profile
 from ...quant import gather_dequantized, scatter_quantized
 from .batch_reads import BatchReads
+from .channel_pages import ChannelPages
 from .decode_cache import DEFAULT_DECODE_CACHE_TOKENS, DecodeCache
 from .kv_pair import pair_spec
 from .pool_reads import PoolReads
 from .pool_writes import PoolWrites
-from .sizing import READ_MODES, cell_size
+from .sizing import READ_MODES, cell_size, channel_sides
 from .support import check_profile_servable, pool_refusal
 from .tp_check import check_same_profile, sglang_rank_group
 from .view import DequantizedView
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["KVTunerMHATokenToKVPool"]
+__all__ = ["DEFAULT_STAGE_PAGES", "KVTunerMHATokenToKVPool"]
 
 _PARENT_SIG = inspect.signature(MHATokenToKVPool.__init__)
+DEFAULT_STAGE_PAGES = 64  # pools built without the plugin (tests); the plugin sizes it
 
 
 class KVTunerMHATokenToKVPool(PoolReads, PoolWrites, MHATokenToKVPool):
@@ -59,6 +65,7 @@ class KVTunerMHATokenToKVPool(PoolReads, PoolWrites, MHATokenToKVPool):
     (``"lazy"``, ``"packed"`` or ``"scratch"``, see the module doc) default to the class
     attributes set by :meth:`bound` (SGLang constructs pools with the parent's arguments only).
     ``decode_cache_tokens``: the lazy mode's :class:`DecodeCache` bound (rows per layer; 0: off).
+    ``stage_pages``: filling pages the fp staging of channel-axis sides holds (per side).
     ``tp_group`` is the torch.distributed group whose ranks must hold the same profile (None:
     SGLang's TP CPU group when tensor parallelism is on).
     """
@@ -66,6 +73,7 @@ class KVTunerMHATokenToKVPool(PoolReads, PoolWrites, MHATokenToKVPool):
     bound_profile: Profile | None = None
     bound_read_mode: str = "scratch"
     bound_decode_cache_tokens: int = DEFAULT_DECODE_CACHE_TOKENS
+    bound_stage_pages: int = DEFAULT_STAGE_PAGES
     # the quantizer ops (Triton on CUDA, torch on CPU); tests swap in the interpreted kernels
     scatter = staticmethod(scatter_quantized)
     gather = staticmethod(gather_dequantized)
@@ -76,12 +84,14 @@ class KVTunerMHATokenToKVPool(PoolReads, PoolWrites, MHATokenToKVPool):
         profile: Profile,
         read_mode: str = "scratch",
         decode_cache_tokens: int = DEFAULT_DECODE_CACHE_TOKENS,
+        stage_pages: int = DEFAULT_STAGE_PAGES,
     ) -> type[KVTunerMHATokenToKVPool]:
         """Subclass with the constructor's kvtuner arguments preset, for SGLang's pool factory."""
         attrs = {
             "bound_profile": profile,
             "bound_read_mode": read_mode,
             "bound_decode_cache_tokens": decode_cache_tokens,
+            "bound_stage_pages": stage_pages,
         }
         return type(cls.__name__, (cls,), {**attrs, "__module__": cls.__module__})
 
@@ -91,6 +101,7 @@ class KVTunerMHATokenToKVPool(PoolReads, PoolWrites, MHATokenToKVPool):
         profile: Profile | None = None,
         read_mode: str | None = None,
         decode_cache_tokens: int | None = None,
+        stage_pages: int | None = None,
         tp_group: Any = None,
         **kwargs: Any,
     ) -> None:
@@ -105,7 +116,8 @@ class KVTunerMHATokenToKVPool(PoolReads, PoolWrites, MHATokenToKVPool):
         refusal = pool_refusal(bound.arguments)
         if refusal:
             raise KVTunerError(f"the kvtuner pool does not support {refusal} in v1")
-        check_profile_servable(self.profile)
+        check_profile_servable(self.profile, bound.arguments["page_size"])
+        self.stage_pages = stage_pages if stage_pages is not None else self.bound_stage_pages
         self._check_shape(bound.arguments)
         group = tp_group if tp_group is not None else sglang_rank_group()
         check_same_profile(self.profile.hash, group)
@@ -153,17 +165,31 @@ class KVTunerMHATokenToKVPool(PoolReads, PoolWrites, MHATokenToKVPool):
     def _rows(self, spec) -> tuple[int, int, int]:
         return (self.size + self.page_size, self.head_num, spec.row_bytes(self.head_dim))
 
+    def _side_buffer(self, spec) -> tuple[torch.Tensor, ChannelPages | None]:
+        """A layer side's packed buffer and, for a channel-axis spec, its page store."""
+        if spec.axis == "token" or not spec.is_quantized:
+            return torch.zeros(self._rows(spec), dtype=torch.uint8, device=self.device), None
+        pages = ChannelPages(
+            spec,
+            pages=(self.size + self.page_size) // self.page_size,
+            heads=self.head_num,
+            head_dim=self.head_dim,
+            stage_pages=self.stage_pages,
+            dtype=self.dtype,
+            device=self.device,
+        )
+        return pages.blocks, pages
+
     def _create_buffers(self) -> None:
         specs = [self.layer_spec(self.start_layer + i) for i in range(self.layer_num)]
         rows = self.size + self.page_size
         zeros = torch.zeros
         with self.memory_saver_adapter.region(GPU_MEMORY_TYPE_KV_CACHE):
-            self.k_buffer = [
-                zeros(self._rows(s.k), dtype=torch.uint8, device=self.device) for s in specs
-            ]
-            self.v_buffer = [
-                zeros(self._rows(s.v), dtype=torch.uint8, device=self.device) for s in specs
-            ]
+            sides = [(self._side_buffer(s.k), self._side_buffer(s.v)) for s in specs]
+            self.k_buffer = [k[0] for k, _ in sides]
+            self.v_buffer = [v[0] for _, v in sides]
+            # per local layer: (K pages, V pages) when a side is channel-axis, else None
+            self._channel = [(k[1], v[1]) if k[1] or v[1] else None for k, v in sides]
             self._k_scratch = self._v_scratch = None
             if self.read_mode == "scratch":
                 # [rows, heads, head_dim]: last dim stays head_dim for the triton backend
@@ -188,10 +214,14 @@ class KVTunerMHATokenToKVPool(PoolReads, PoolWrites, MHATokenToKVPool):
         self._init_data_ptrs_and_strides()
 
     def _build_kv_buffer_descs(self) -> list[KvBufferDesc]:
-        """One descriptor per buffer (k0..kL-1, v0..vL-1): row bytes differ per layer."""
+        """One descriptor per buffer (k0..kL-1, v0..vL-1): row bytes differ per layer; a
+        channel-axis buffer's row is a page's block."""
         return [
             KvBufferDesc(
-                f"{prefix}{i}", tuple(buf.shape), row_bytes=buf[0].numel(), tokens_per_row=1
+                f"{prefix}{i}",
+                tuple(buf.shape),
+                row_bytes=buf[0].numel(),
+                tokens_per_row=(self.size + self.page_size) // buf.shape[0],
             )
             for prefix, bufs in (("k", self.k_buffer), ("v", self.v_buffer))
             for i, buf in enumerate(bufs)
@@ -200,6 +230,27 @@ class KVTunerMHATokenToKVPool(PoolReads, PoolWrites, MHATokenToKVPool):
     def get_kv_size_bytes(self) -> tuple[int, int]:
         """Packed K and V bytes (the dequant scratch is reported by :meth:`scratch_bytes`)."""
         return (sum(b.numel() for b in self.k_buffer), sum(b.numel() for b in self.v_buffer))
+
+    def staging_bytes(self) -> int:
+        """Bytes of the fp staging of channel-axis sides (0 without them)."""
+        return sum(p.staging_bytes() for pair in self._channel if pair for p in pair if p)
+
+    def release_pages(self, *page_ids: torch.Tensor) -> None:
+        """SGLang's allocator freed these pages: drop their staged (filling) values."""
+        if not any(self._channel):
+            return
+        pages = torch.cat([p.reshape(-1) for p in page_ids]).tolist() if page_ids else []
+        for pair in self._channel:
+            for side in pair or ():
+                if side is not None and side.staged_pages:
+                    side.release(pages)
+
+    def clear_staging(self) -> None:
+        """SGLang's allocator was cleared: no page is filling."""
+        for pair in self._channel:
+            for side in pair or ():
+                if side is not None:
+                    side.clear()
 
     def scratch_bytes(self) -> int:
         """Bytes of the dequant scratch (0 in lazy read mode)."""
@@ -220,7 +271,8 @@ class KVTunerMHATokenToKVPool(PoolReads, PoolWrites, MHATokenToKVPool):
             "kvtuner pool: profile %s, layers %d..%d of %d, #tokens: %d, rows: %d, "
             "packed KV bytes: %d "
             "(profile predicts %d B/token), read mode %s, dequant scratch bytes: %d, "
-            "decode cache: at most %d tokens per layer (%d bytes)",
+            "decode cache: at most %d tokens per layer (%d bytes), "
+            "fp staging: %d filling pages per channel-axis side (%d sides, %d bytes)",
             self.profile.hash,
             self.start_layer,
             self.start_layer + self.layer_num - 1,
@@ -233,6 +285,9 @@ class KVTunerMHATokenToKVPool(PoolReads, PoolWrites, MHATokenToKVPool):
             self.scratch_bytes(),
             self._cache.max_tokens,
             self.decode_cache_bound_bytes(),
+            self.stage_pages,
+            len(channel_sides(self.profile, self.start_layer, self.layer_num)),
+            self.staging_bytes(),
         )
 
     def decode_cache_bound_bytes(self) -> int:
@@ -242,6 +297,8 @@ class KVTunerMHATokenToKVPool(PoolReads, PoolWrites, MHATokenToKVPool):
 
     def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
         """Slot-to-slot copy of the packed rows (SGLang's); the decode cache is dropped."""
+        if any(self._channel):
+            raise KVTunerError("the kvtuner pool cannot move single slots of channel-axis pages")
         self._cache.clear()
         self._batch.invalidate()
         self._last_read = None

@@ -6,6 +6,9 @@
 - ``"scratch"``: the announced slots dequantized into a layer-sized scratch, once per layer.
 - ``"packed"`` (the kvtuner attention backend): the packed uint8 rows themselves
   (:meth:`PoolReads.packed_rows`); the backend's kernels dequantize in registers.
+
+A channel-axis side reads through its :class:`ChannelPages` (packed pages dequantized, the
+filling pages' staged fp values), in every mode.
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ class PoolReads:
     def read_one(self, layer_id: int, which: str, loc: torch.Tensor) -> torch.Tensor:
         """Dequantized K (``which="k"``) or V [len(loc), heads, head_dim] of slots ``loc``."""
         local, spec = layer_id - self.start_layer, self.layer_spec(layer_id)
+        stores = self._channel[local]
+        if stores is not None and stores[which == "v"] is not None:
+            return stores[which == "v"].read(loc)
         buffers, qs = (self.k_buffer, spec.k) if which == "k" else (self.v_buffer, spec.v)
         return self.gather(buffers[local], loc, qs, self.head_dim, self.dtype)
 

@@ -8,6 +8,9 @@
 - CPU otherwise (prefill, 16-bit layers, tests that swap in other quantizer ops): the torch
   reference, K and V in one call when they share a grid (:mod:`.kv_pair`).
 - CUDA/ROCm: the Triton scatter kernels, K and V separately.
+- Layers with a channel-axis side: that side goes to its :class:`ChannelPages` (staged, packed
+  a page at a time with the torch reference), the other side through the path above for one
+  tensor; the decode cache forgets the slots of every page packed by the write.
 """
 
 from __future__ import annotations
@@ -74,6 +77,9 @@ class PoolWrites:
         shape = (n, self.head_num, self.head_dim)
         k = cache_k if cache_k.shape == shape else cache_k.reshape(shape)
         v = cache_v if cache_v.shape == shape else cache_v.reshape(shape)
+        if self._channel[local] is not None:
+            self._write_channel_layer(layer_id, loc, k, v)
+            return
         if not self._torch_cpu:
             self._cache.on_write(layer_id, loc)  # a tensor: read back only if entries exist
             self._scatter_each(local, loc, k, v)
@@ -88,6 +94,24 @@ class PoolWrites:
             self.k_buffer[local][idx], self.v_buffer[local][idx] = k_rows, v_rows
         if self._cache.enabled:
             self._cache.remember(layer_id, slots, k_hat, v_hat)
+
+    def _write_channel_layer(self, layer_id: int, loc, k: torch.Tensor, v: torch.Tensor):
+        """A layer with a channel-axis side: stage/pack that side, quantize the other."""
+        local, spec = layer_id - self.start_layer, self.layer_spec(layer_id)
+        buffers, stores = (self.k_buffer[local], self.v_buffer[local]), self._channel[local]
+        packed: set[int] = set()
+        for x, qs, buffer, pages in zip((k, v), (spec.k, spec.v), buffers, stores, strict=True):
+            if pages is not None:
+                packed.update(pages.write(loc, x))
+            elif self._torch_cpu:
+                buffer[loc.long()] = quantize(x, qs)
+            else:
+                self.scatter(buffer, loc, x, qs)
+        slots = loc.tolist()
+        page = self.page_size  # the packed pages' earlier slots now read their quantized values
+        self._cache.on_write(layer_id, slots + [p * page + i for p in packed for i in range(page)])
+        if self._cache.enabled:
+            self._cache.remember(layer_id, slots, *self.read_kv(layer_id, loc))
 
     def _write_numpy(self, local: int, slots: list[int], k: torch.Tensor, v: torch.Tensor):
         """PairCodec rows into the packed buffers' numpy views; returns the values (or None)."""

@@ -5,23 +5,42 @@ Per layer the pool stores one packed K row and one packed V row per (token, KV h
 dequantized K and V scratch in the model dtype (also per slot), charged here too so the pool never
 outgrows SGLang's memory budget; the "lazy" and "packed" (the kvtuner attention backend) read
 modes have no scratch: packed bytes only.
+
+Channel-axis (KIVI) sides cost their block bytes amortized over the page's tokens, plus a fixed
+fp staging area (:func:`staging_bytes`: one page per request that may be filling one), which
+the plugin takes off SGLang's KV budget before it divides by the cell size.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from ...errors import KVTunerError
 from ...profile import Profile
 
-__all__ = ["LAZY_BACKENDS", "PACKED_BACKEND", "READ_MODES", "CellSize", "cell_size", "read_mode"]
+__all__ = [
+    "LAZY_BACKENDS",
+    "PACKED_BACKEND",
+    "READ_MODES",
+    "STAGE_MARGIN",
+    "CellSize",
+    "cell_size",
+    "channel_sides",
+    "read_mode",
+    "stage_pages_for",
+    "staging_bytes",
+]
 
 READ_MODES = ("lazy", "scratch", "packed")  # how attention backends read the pool (pool.py)
 # backends whose only pool reads are ``get_key_buffer(l)[slot_ids]`` / ``get_value_buffer(l)[...]``
 # (sglang 0.5.23 layers/attention/torch_native_backend.py); anything else gets a real tensor
 LAZY_BACKENDS = frozenset({"torch_native"})
 PACKED_BACKEND = "kvtuner"  # the plugin's backend: fused kernels over the packed rows
+# staged pages beyond one per running request: the padding page (dummy writes to slot 0), a
+# chunked prefill's request, pages freed a step late under overlap scheduling
+STAGE_MARGIN = 4
 
 
 def read_mode(server_args: Any) -> str:
@@ -68,12 +87,52 @@ def cell_size(
     if read_mode not in READ_MODES:
         raise KVTunerError(f"read_mode must be one of {READ_MODES}, got {read_mode!r}")
     d = profile.fingerprint.head_dim
+    layers = _layers(profile, start_layer, num_layers)
+    exact = sum(
+        heads * (s.k.exact_bytes_per_token(d) + s.v.exact_bytes_per_token(d)) for s in layers
+    )
+    scratch = heads * 2 * d * dtype_bytes if read_mode == "scratch" else 0
+    return CellSize(packed=math.ceil(exact), scratch=scratch)
+
+
+def _layers(profile: Profile, start_layer: int, num_layers: int):
     if start_layer < 0 or start_layer + num_layers > len(profile.layers):
         raise KVTunerError(
             f"layers {start_layer}..{start_layer + num_layers - 1} are outside the profile's "
             f"{len(profile.layers)} layers"
         )
-    layers = profile.layers[start_layer : start_layer + num_layers]
-    packed = sum(heads * (s.k.row_bytes(d) + s.v.row_bytes(d)) for s in layers)
-    scratch = heads * 2 * d * dtype_bytes if read_mode == "scratch" else 0
-    return CellSize(packed=packed, scratch=scratch)
+    return profile.layers[start_layer : start_layer + num_layers]
+
+
+def channel_sides(profile: Profile, start_layer: int = 0, num_layers: int | None = None) -> list:
+    """The quantized channel-axis specs of layers ``[start_layer, start_layer + num_layers)``
+    (K and V of each layer, in order): the sides that stage filling pages."""
+    count = len(profile.layers) - start_layer if num_layers is None else num_layers
+    return [
+        qs
+        for s in _layers(profile, start_layer, count)
+        for qs in (s.k, s.v)
+        if qs.axis == "channel" and qs.is_quantized
+    ]
+
+
+def staging_bytes(
+    profile: Profile,
+    *,
+    heads: int,
+    start_layer: int,
+    num_layers: int,
+    dtype_bytes: int,
+    stage_pages: int,
+) -> int:
+    """Bytes of the fp staging area: ``stage_pages`` pages of ``group_size`` tokens per
+    channel-axis side, ``heads`` x head_dim values each, in a ``dtype_bytes`` dtype."""
+    d = profile.fingerprint.head_dim
+    sides = channel_sides(profile, start_layer, num_layers)
+    return stage_pages * sum(qs.group_size * heads * d * dtype_bytes for qs in sides)
+
+
+def stage_pages_for(max_running_requests: int) -> int:
+    """Filling pages the staging holds per channel-axis side: one per running request (each
+    fills at most one page at a time) plus ``STAGE_MARGIN``."""
+    return max_running_requests + STAGE_MARGIN

@@ -1,5 +1,10 @@
-"""What the v1 pool serves (plain MHA/GQA, token-axis specs, model-dtype KV) and the one-line
-refusals for the rest. Checked in the scheduler before any KV memory is sized.
+"""What the v1 pool serves (plain MHA/GQA, token-axis specs, channel-axis specs whose group is the
+page, model-dtype KV) and the one-line refusals for the rest. Checked in the scheduler before any KV
+memory is sized.
+
+Channel-axis (KIVI) specs are packed a page at a time (:mod:`.channel_pages`), so their group size
+must be SGLang's ``--page-size``, and the fp staging of filling pages is sized from
+``--max-running-requests`` (one filling page per running request).
 
 Hybrid sliding-window models are served when SGLang keeps every layer in its one MHA pool: then
 each layer, window or global, is packed at its own spec, and attention applies the window. SGLang
@@ -19,24 +24,42 @@ from typing import Any
 from ...errors import KVTunerError
 from ...profile import Profile
 from .backend_choice import serves_on_cuda
-from .sizing import PACKED_BACKEND, read_mode
+from .sizing import PACKED_BACKEND, channel_sides, read_mode
 
-__all__ = ["check_configurator", "check_profile_servable", "pool_refusal"]
+__all__ = [
+    "check_configurator",
+    "check_profile_servable",
+    "check_staging_bound",
+    "pool_refusal",
+]
 
 _FLOAT_DTYPES = ("torch.float16", "torch.bfloat16", "torch.float32")
 # storage backends that copy pages through the host pool's get_data_page/set_from_flat_data_page
 HICACHE_STORAGE_BACKENDS = (None, "file")
 
 
-def check_profile_servable(profile: Profile) -> None:
-    """The pool quantizes at write time, token by token: token-axis specs only."""
+def check_profile_servable(profile: Profile, page_size: int | None) -> None:
+    """Token-axis specs are quantized token by token at write time; channel-axis specs a page
+    at a time, so their group size must be the page size (``None``: SGLang's default, 1)."""
+    page_size = page_size or 1
     for spec in profile.layers:
-        for name, qs in (("k", spec.k), ("v", spec.v)):
-            if qs.axis != "token":
+        for name, qs in (("K", spec.k), ("V", spec.v)):
+            if qs.axis == "channel" and qs.is_quantized and qs.group_size != page_size:
                 raise KVTunerError(
-                    f"layer {spec.layer} {name} uses axis={qs.axis!r}; the SGLang pool serves "
-                    "token-axis specs only (search with --preset per-token)"
+                    f"layer {spec.layer} {name} is channel-axis (KIVI) with groups of "
+                    f"{qs.group_size} tokens, but --page-size is {page_size}; start the "
+                    f"server with --page-size {qs.group_size}"
                 )
+
+
+def check_staging_bound(profile: Profile, max_running_requests: int | None) -> None:
+    """Channel-axis specs stage one filling page per running request: the bound must be given."""
+    if max_running_requests is None and channel_sides(profile):
+        raise KVTunerError(
+            "channel-axis (KIVI) specs keep each running request's filling page in an fp "
+            "staging area sized by --max-running-requests; give it (e.g. "
+            "--max-running-requests 64)"
+        )
 
 
 def _refusals(kvc: Any) -> list[str]:
@@ -109,7 +132,14 @@ def check_configurator(kvc: Any, profile: Profile) -> None:
             f"--kvtuner-profile does not support {refused[0]} in v1 "
             "(supported: plain MHA/GQA models, model-dtype KV, no speculative decoding)"
         )
-    check_profile_servable(profile)
+    check_profile_servable(profile, kvc.page_size)
+    check_staging_bound(profile, kvc.server_args.max_running_requests)
+    if read_mode(kvc.server_args) == "packed" and channel_sides(profile):
+        raise KVTunerError(
+            "--kvtuner-profile does not support channel-axis (KIVI) specs with the kvtuner "
+            "attention backend yet (its paged kernels read token-axis rows); on CUDA serve a "
+            "per-token profile (search with --preset per-token)"
+        )
 
 
 def pool_refusal(args: dict[str, Any]) -> str | None:

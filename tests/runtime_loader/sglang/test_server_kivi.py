@@ -1,0 +1,151 @@
+"""End to end on this CPU: the real SGLang server serving the exported ``kivi-4bit`` SmolLM2
+profile (channel-axis keys, ``--page-size 32``), compared with the HF cache running the same
+profile; and the one-line refusals of a KIVI profile without the page size or staging bound."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from kvtuner.profile import load_profile
+from kvtuner.runtime_loader.sglang.sizing import cell_size, stage_pages_for, staging_bytes
+
+pytestmark = pytest.mark.sglang
+pytest.importorskip("sglang")  # the sglang tier: collected only where sglang is installed
+
+KIVI = Path(__file__).resolve().parents[3] / "exported_configs/smollm2-135m/kivi-4bit.json"
+RUNNING = 8
+FLAGS = ("--kvtuner-profile", str(KIVI), "--page-size", "32")
+PROMPTS = [
+    "What is the capital of France?",
+    "Explain in two sentences why the sky is blue.",
+    "Write a haiku about autumn leaves.",
+]
+NEW_TOKENS = 48  # every prompt (37-40 tokens) crosses the page boundary at 64
+NEAR_TIE = 0.1  # logit gap (top-1 minus top-2) below which two implementations may disagree
+
+
+@pytest.fixture(scope="module")
+def smollm2_dir():
+    from sglang_server import smollm2_hf_dir
+
+    return smollm2_hf_dir()
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_dir, tmp_path_factory):
+    from sglang_server import SGLangServer
+
+    log = tmp_path_factory.mktemp("logs") / "server.log"
+    flags = (*FLAGS, "--max-running-requests", str(RUNNING))
+    with SGLangServer(smollm2_dir, *flags, log_path=log) as srv:
+        yield srv
+
+
+def generate(server, input_ids: list[int]) -> list[int]:
+    body = {
+        "input_ids": input_ids,
+        "sampling_params": {"temperature": 0, "max_new_tokens": NEW_TOKENS},
+    }
+    request = urllib.request.Request(
+        server.url + "/generate",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=600) as reply:
+        return json.load(reply)["output_ids"]
+
+
+@pytest.fixture(scope="module")
+def hf_greedy(smollm2_dir):
+    """Per prompt: the chat-template input ids, HF's greedy ids with the kvtuner cache and
+    each step's top-1 minus top-2 logit gap."""
+    import torch
+    import transformers
+
+    from kvtuner.runtime_loader.hf import make_cache
+
+    tok = transformers.AutoTokenizer.from_pretrained(smollm2_dir)
+    model = transformers.AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32)
+    profile, runs = load_profile(KIVI), []
+    for prompt in PROMPTS:
+        chat = [{"role": "user", "content": prompt}]
+        ids = tok.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt")
+        ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
+        # residual_length=1: the filling key block (and the newest token) stay unquantized
+        cache = make_cache(model, profile, residual_length=1)
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False,
+                                 past_key_values=cache, output_scores=True,
+                                 return_dict_in_generate=True)  # fmt: skip
+        gaps = [float(s[0].topk(2).values.diff().neg()) for s in out.scores]
+        runs.append((ids[0].tolist(), out.sequences[0, ids.shape[1] :].tolist(), gaps))
+    return runs
+
+
+def test_greedy_output_follows_the_hf_cache_up_to_a_near_tie(server, hf_greedy):
+    """The pool stores what the HF cache with ``residual_length=1`` stores (full key pages
+    quantized per channel, the filling page in fp), but for two things: HF keeps a page that
+    has just filled in fp for one more step, and the newest token's value in fp. And SGLang's
+    model is not HF's bit for bit: a 1e-6 difference can move a 4-bit code. So greedy ids agree
+    until a step where HF's top two logits nearly tie, and may differ after it."""
+    agreed = 0
+    for (ids, hf_ids, gaps), prompt in zip(hf_greedy, PROMPTS, strict=True):
+        served = generate(server, ids)
+        pairs = enumerate(zip(served, hf_ids, strict=False))
+        first = next((i for i, (a, b) in pairs if a != b), None)
+        if first is None:
+            assert len(served) == len(hf_ids), prompt
+            agreed += len(served)
+            continue
+        assert gaps[first] < NEAR_TIE, (prompt, first, gaps[first], served, hf_ids)
+        agreed += first
+    assert agreed >= 30  # measured: 43 of them (8 + 10 + 25)
+
+
+def test_pool_packs_kivi_keys_with_the_profiles_bytes_and_a_bounded_staging(server):
+    profile = load_profile(KIVI)
+    log = server.log_text()
+    shape = dict(heads=3, start_layer=0, num_layers=30, dtype_bytes=4)
+    cell = cell_size(profile, **shape, read_mode="lazy")
+    assert cell.packed == profile.kv_bytes(1) == 7200  # 5.0 effective bits, as exported
+    sizing = re.search(r"kvtuner: KV cell size (\d+) B/token \(packed (\d+) \+", log)
+    assert sizing and int(sizing[1]) == int(sizing[2]) == cell.total == 7200
+    pages = stage_pages_for(RUNNING)
+    staged = staging_bytes(profile, **shape, stage_pages=pages)
+    assert staged == pages * 30 * 32 * 3 * 64 * 4  # 30 key sides, fp32 pages
+    assert f"fp staging of filling channel-axis pages: {staged} bytes ({pages} pages" in log
+    pool = re.search(
+        r"#tokens: (\d+), rows: (\d+), packed KV bytes: (\d+) .* fp staging: (\d+) filling "
+        r"pages per channel-axis side \((\d+) sides, (\d+) bytes\)",
+        log,
+    )
+    assert pool and int(pool[1]) == 4096 and int(pool[3]) == int(pool[2]) * 7200
+    assert (int(pool[4]), int(pool[5]), int(pool[6])) == (pages, 30, staged)
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (("--max-running-requests", "8"), "--page-size is 1; start the server with --page-size 32"),
+        (FLAGS[2:], "give it (e.g. --max-running-requests 64)"),
+    ],
+)
+def test_kivi_profile_without_pages_or_bound_stops_startup_with_one_line(
+    smollm2_dir, extra, message
+):
+    from sglang_server import cpu_env, free_port, server_argv
+
+    argv = server_argv(smollm2_dir, free_port(), *FLAGS[:2], *extra)
+    run = subprocess.run(
+        argv, env=cpu_env(), capture_output=True, text=True, timeout=180, start_new_session=True
+    )
+    errors = [line for line in run.stderr.splitlines() if line.startswith("kvtuner: error")]
+    detail = f"exit {run.returncode}, stderr tail:\n{run.stderr[-3000:]}"
+    assert run.returncode == 2 and len(errors) == 1 and message in errors[0], detail
+    assert "Traceback" not in run.stderr, detail
