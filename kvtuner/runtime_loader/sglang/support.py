@@ -62,6 +62,23 @@ def check_staging_bound(profile: Profile, max_running_requests: int | None) -> N
         )
 
 
+def channel_refusal(server_args: Any, profile: Profile) -> str:
+    """Channel-axis sides live in staged pages (channel_pages.py): only the CPU read paths and
+    the device pool know them, not the CUDA kernels' paged rows nor HiCache's row copies."""
+    if not channel_sides(profile):
+        return ""
+    if server_args.enable_hierarchical_cache:
+        return (
+            "channel-axis (KIVI) specs with --enable-hierarchical-cache (serve a per-token profile)"
+        )
+    if read_mode(server_args) == "packed":
+        return (
+            "channel-axis (KIVI) specs with the kvtuner attention backend on CUDA (its kernels "
+            "read token-axis rows; serve a per-token profile)"
+        )
+    return ""
+
+
 def _refusals(kvc: Any) -> list[str]:
     from sglang.srt.runtime_context import get_exec
 
@@ -134,12 +151,9 @@ def check_configurator(kvc: Any, profile: Profile) -> None:
         )
     check_profile_servable(profile, kvc.page_size)
     check_staging_bound(profile, kvc.server_args.max_running_requests)
-    if read_mode(kvc.server_args) == "packed" and channel_sides(profile):
-        raise KVTunerError(
-            "--kvtuner-profile does not support channel-axis (KIVI) specs with the kvtuner "
-            "attention backend yet (its paged kernels read token-axis rows); on CUDA serve a "
-            "per-token profile (search with --preset per-token)"
-        )
+    refusal = channel_refusal(kvc.server_args, profile)
+    if refusal:
+        raise KVTunerError(f"--kvtuner-profile does not support {refusal} yet")
 
 
 def pool_refusal(args: dict[str, Any]) -> str | None:

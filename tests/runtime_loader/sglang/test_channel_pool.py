@@ -182,3 +182,24 @@ def test_bf16_pool_stages_and_packs_model_dtype_values():
         k_hat = pool.read_kv(layer, slots)[0]
         assert k_hat.dtype == torch.bfloat16
         assert torch.equal(k_hat, expected(data[layer][0].bfloat16(), k_spec, torch.bfloat16))
+
+
+@pytest.mark.parametrize(
+    "hicache, backend, refused",
+    [
+        (True, "torch_native", "--enable-hierarchical-cache"),
+        (False, "kvtuner", "kvtuner attention backend"),
+        (False, "torch_native", ""),
+    ],
+)
+def test_channel_axis_is_refused_where_only_token_rows_are_read(hicache, backend, refused):
+    from types import SimpleNamespace
+
+    from kvtuner.runtime_loader.sglang.support import channel_refusal
+
+    args = SimpleNamespace(enable_hierarchical_cache=hicache, attention_backend=backend)
+    channel = tiny_profile(SPECS, heads=HEADS, head_dim=D)
+    token = tiny_profile([(QuantSpec(4, 16), QuantSpec(4, 16))] * 2, heads=HEADS, head_dim=D)
+    message = channel_refusal(args, channel)
+    assert (refused in message) and bool(message) == bool(refused)
+    assert channel_refusal(args, token) == ""
