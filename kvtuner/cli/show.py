@@ -22,7 +22,8 @@ def format_profile(profile: Profile) -> str:
     ]
     for s in profile.layers:
         nbytes = s.bytes_per_token(fp.num_kv_heads, fp.head_dim)
-        lines.append(f"{s.layer:>5}  {s.k.short():<22} {s.v.short():<22} {nbytes:>11.1f}")
+        k = s.k.short() + ("/smooth" if s.k_smooth is not None else "")
+        lines.append(f"{s.layer:>5}  {k:<22} {s.v.short():<22} {nbytes:>11.1f}")
     lines.append(
         f"total: {profile.bytes_per_token:.1f} bytes/token "
         f"(fp16: {profile.fp16_bytes_per_token}), nominal {profile.nominal_bits:.3f} bits, "
