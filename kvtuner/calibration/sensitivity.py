@@ -101,7 +101,9 @@ class Sensitivity:
 
     def _smoothing_settings(self) -> dict[str, Any]:
         """The shape :meth:`SearchPreset.settings` gives a smoothed preset (cache matching)."""
-        return {} if self.key_smoothing is None else {"key_smoothing": {"digest": self.key_smoothing}}
+        if self.key_smoothing is None:
+            return {}
+        return {"key_smoothing": {"digest": self.key_smoothing}}
 
     def to_dict(self) -> dict[str, Any]:
         return {

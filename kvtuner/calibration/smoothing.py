@@ -38,7 +38,11 @@ def _recording(cache, seen: list[list[torch.Tensor]]):
 
 @torch.inference_mode()
 def key_magnitudes(
-    model, tokens: torch.Tensor, *, quantile: float = DEFAULT_QUANTILE, batch_size: int | None = None
+    model,
+    tokens: torch.Tensor,
+    *,
+    quantile: float = DEFAULT_QUANTILE,
+    batch_size: int | None = None,
 ) -> list[torch.Tensor]:
     """Per layer fp32 [kv_heads, head_dim]: the ``quantile`` of |k| over the calibration tokens
     (int64 [N, T]) as the cache stores them (post-RoPE)."""

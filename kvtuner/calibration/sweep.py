@@ -21,8 +21,8 @@ from ..search_spaces.losses import DEFAULT_BITS
 from .batches import CalibrationData
 from .models import fingerprint_of
 from .runner import FpActivations, advance_to, capture_fp, run_layer_variants
-from .smoothing import smoothing_digest
 from .sensitivity import PARTS, Sensitivity, spec_template
+from .smoothing import smoothing_digest
 from .sweep_cache import SweepCache, default_cache_dir, weights_digest
 
 PER_TOKEN_KEY = QuantSpec(4, 32, rotation="hadamard")  # the `per-token` search preset

@@ -52,8 +52,8 @@ def test_version_is_the_lowest_that_holds_the_bits(tmp_path):
 
 
 def _smoothed(lam=LAM) -> Profile:
-    layers = (LayerSpec(0, QuantSpec(8, 32), V2), LayerSpec(1, K4, QuantSpec(16),
-                                                           KeySmoothing.from_list(lam)))  # fmt: skip
+    smoothed = LayerSpec(1, K4, QuantSpec(16), KeySmoothing.from_list(lam))
+    layers = (LayerSpec(0, QuantSpec(8, 32), V2), smoothed)
     return Profile("tiny", FP, layers, created="2026-01-01T00:00:00+00:00").with_accounting()
 
 

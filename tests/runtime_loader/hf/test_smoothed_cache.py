@@ -20,7 +20,10 @@ def _lams(model, alpha=1.0):
     return calibrate_key_smoothing(model, ids, alpha=alpha)
 
 
-def _specs(lams, k=QuantSpec(4), v=QuantSpec(4)):
+K4 = QuantSpec(4)
+
+
+def _specs(lams, k=K4, v=K4):
     return [LayerSpec(i, k, v, lam) for i, lam in enumerate(lams)]
 
 
@@ -73,7 +76,9 @@ def test_working_copy_and_windows_read_the_same_smoothed_values(tiny_llama, cach
     ids = torch.randint(0, 256, (1, 30), generator=torch.Generator().manual_seed(2))
     kw = dict(max_new_tokens=6, do_sample=False, output_logits=True, return_dict_in_generate=True)
     plain = tiny_llama.generate(ids, past_key_values=make_cache(tiny_llama, specs), **kw)
-    other = tiny_llama.generate(ids, past_key_values=make_cache(tiny_llama, specs, **cache_kw), **kw)
+    other = tiny_llama.generate(
+        ids, past_key_values=make_cache(tiny_llama, specs, **cache_kw), **kw
+    )
     if "keep_dequantized" in cache_kw:  # same values, only kept instead of recomputed
         assert torch.equal(torch.stack(plain.logits), torch.stack(other.logits))
     assert other.sequences.shape == plain.sequences.shape
@@ -83,8 +88,8 @@ def test_fused_decode_reads_smoothed_rows_like_the_dequantized_path(monkeypatch)
     model = use_kvtuner_attention(tiny_model("llama"))
     fp = ModelFingerprint.from_config(model.config)
     lams = _lams(model)
-    layers = [LayerSpec(i, QuantSpec(4, rotation=r), QuantSpec(4), lam)
-              for (i, lam), r in zip(enumerate(lams), ("none", "hadamard"))]  # fmt: skip
+    rotations = ("none", "hadamard")  # layer 1: smoothing, then the rotation (q·λ, then H)
+    layers = [LayerSpec(i, QuantSpec(4, rotation=rotations[i]), K4, lams[i]) for i in range(2)]
     profile = Profile("tiny", fp, layers)
     ids = torch.randint(0, 256, (2, 20), generator=torch.Generator().manual_seed(1))
     kw = dict(max_new_tokens=5, do_sample=False, output_logits=True, return_dict_in_generate=True)

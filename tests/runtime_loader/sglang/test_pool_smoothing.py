@@ -29,7 +29,9 @@ def _lam(layer: int, heads: int) -> KeySmoothing:
 
 def smoothed_profile(heads: int = HEADS) -> Profile:
     fp = ModelFingerprint("LlamaForCausalLM", len(SPECS), heads, D)
-    layers = [LayerSpec(i, k, v, _lam(i, heads) if s else None) for i, (k, v, s) in enumerate(SPECS)]
+    layers = [
+        LayerSpec(i, k, v, _lam(i, heads) if s else None) for i, (k, v, s) in enumerate(SPECS)
+    ]
     return Profile("tiny", fp, layers)
 
 
@@ -91,7 +93,10 @@ def test_triton_pool_writes_the_reference_bytes(kernels):  # noqa: F811
                     triton_pool.k_buffer + triton_pool.v_buffer, strict=True):  # fmt: skip
         assert torch.equal(a, b)
     for layer in range(len(SPECS)):
-        for a, b in zip(torch_pool.read_kv(layer, loc_a), triton_pool.read_kv(layer, loc_a)):
+        pairs = zip(
+            torch_pool.read_kv(layer, loc_a), triton_pool.read_kv(layer, loc_a), strict=True
+        )
+        for a, b in pairs:
             assert torch.equal(a, b)
 
 
