@@ -18,7 +18,13 @@ from ..quant import QuantSpec
 from ..quant.smoothing import KeySmoothing
 from .kl import sample_chunks
 
-__all__ = ["DEFAULT_ALPHA", "DEFAULT_QUANTILE", "calibrate_key_smoothing", "key_magnitudes"]
+__all__ = [
+    "DEFAULT_ALPHA",
+    "DEFAULT_QUANTILE",
+    "calibrate_key_smoothing",
+    "key_magnitudes",
+    "smoothing_digest",
+]
 
 DEFAULT_ALPHA = 0.5
 DEFAULT_QUANTILE = 0.99
