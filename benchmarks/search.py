@@ -111,10 +111,23 @@ class Meter:
         return {n: measure_kl(self.model, data[n].tokens, specs, r) for n, r in self.refs.items()}
 
 
+def calibrated_preset(meter: Meter, name: str):
+    """The preset, with key smoothing calibrated on the calibration tokens as the search did
+    (same tokens, same λ)."""
+    preset = load_preset(name)
+    if preset.smooth_alpha is None:
+        return preset
+    from kvtuner.calibration.smoothing import calibrate_key_smoothing
+
+    return preset.with_smoothing(
+        calibrate_key_smoothing(meter.model, meter.cal.tokens, alpha=preset.smooth_alpha)
+    )
+
+
 def uniform_rows(meter: Meter, preset_name: str, first: Profile) -> list[dict]:
     """Every uniform (k, v) of the preset; bytes at the searched profiles' context length (a
     hybrid model's window layers capped there, as in the profiles' own accounting)."""
-    preset, fp = load_preset(preset_name), first.fingerprint
+    preset, fp = calibrated_preset(meter, preset_name), first.fingerprint
     context = {"context_length": first.context_length} if first.context_length else {}
     rows = []
     for k in UNIFORM_BITS:
@@ -198,15 +211,16 @@ def _exported_heldout(path: Path) -> float | None:
 
 
 def export(results: list[dict], folder: Path) -> None:
-    """SGLang-servable presets always; others (kivi) where they beat per-token at the same
-    budget on held-out KL."""
+    """SGLang-servable presets without key smoothing always; others (kivi, per-token-smooth)
+    where they beat per-token at the same budget on held-out KL."""
     per_token = {r["budget"]: r["heldout"] for r in results if r["preset"] == "per-token"}
     for r in results:
         rival = per_token.get(
             r["budget"], _exported_heldout(folder / f"per-token-{r['budget']}.json")
         )
-        servable = load_preset(r["preset"]).servable_by_sglang
-        if not servable and rival is not None and r["heldout"] >= rival:
+        preset = load_preset(r["preset"])
+        plain = preset.servable_by_sglang and preset.smooth_alpha is None
+        if not plain and rival is not None and r["heldout"] >= rival:
             continue
         p = load_profile(r["profile"])
         metrics = {

@@ -17,6 +17,8 @@ Rows are addressed as ``base + b * stride_b + token * stride_tok + h * stride_he
 pool ``[slots, Hkv, R]`` has ``stride_b = 0`` and takes ``token`` from the request's slot table;
 the HF cache's rows ``[B, Hkv, T, R]`` use ``token = t`` directly. Hadamard-rotated keys are
 attended by rotating q, rotated values by un-rotating the output (both in the launcher).
+Smoothed keys (rows of ``k / λ``, :mod:`kvtuner.quant.smoothing`) are attended by multiplying q
+by λ (and dividing the unpacked tail by it): ``q·k = (q ⊙ λ)·(k / λ)``.
 """
 
 from __future__ import annotations
@@ -235,6 +237,19 @@ def _rotated(x: torch.Tensor | None, spec: QuantSpec) -> torch.Tensor | None:
     return (x.float() @ hadamard(x.shape[-1], x.device)).to(x.dtype)
 
 
+def _smoothed(q: torch.Tensor, k_tail: torch.Tensor | None, lam: torch.Tensor | None):
+    """q [B, Tq, Hq, D] or ragged [N, Hq, D] times λ [Hkv, D] (each query head its KV head's
+    row) and the key tail
+    [B, Hkv, Tt, D] divided by it; both unchanged without λ."""
+    if lam is None:
+        return q, k_tail
+    per_q_head = lam.repeat_interleave(q.shape[-2] // lam.shape[0], dim=0)  # [Hq, D]
+    q = (q.float() * per_q_head).to(q.dtype)
+    if k_tail is not None:
+        k_tail = (k_tail.float() / lam[:, None, :]).to(k_tail.dtype)
+    return q, k_tail
+
+
 def _launch(batch: AttentionBatch, splits: int, block_tokens: int) -> torch.Tensor:
     """Partial outputs of every split, merged: fp32 [B, Tq, Hq, D] (in V's rotated basis)."""
     q, k_spec, v_spec = batch.q, batch.k_spec, batch.v_spec
@@ -253,7 +268,8 @@ def _launch(batch: AttentionBatch, splits: int, block_tokens: int) -> torch.Tens
     lse = torch.empty(rows_of_q, hq, splits, dtype=torch.float32, device=dev)
     k_rows, v_rows = _rows_view(batch.k_rows, k_spec), _rows_view(batch.v_rows, v_spec)
     paged = batch.slot_table is not None
-    k_tail, v_tail = _rotated(batch.k_tail, k_spec), _rotated(batch.v_tail, v_spec)
+    q, k_tail = _smoothed(q, batch.k_tail, batch.k_smooth)
+    k_tail, v_tail = _rotated(k_tail, k_spec), _rotated(batch.v_tail, v_spec)
     empty = torch.zeros(1, 1, 1, dim, dtype=q.dtype, device=dev)
     k_tail, v_tail = (empty, empty) if k_tail is None else (k_tail, v_tail)
     table = batch.slot_table if paged else batch.lengths  # unused pointers: any int tensor
@@ -300,6 +316,7 @@ def extend_attention(
     max_q_len: int | None = None,
     num_splits: int | None = None,
     block_tokens: int = 64,
+    k_smooth: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of each request's newest Tq tokens over its packed K/V (and tail)
     -> [B, Tq, Hq, D] (ragged: [N, Hq, D]) in q's dtype.
@@ -316,11 +333,13 @@ def extend_attention(
     Ragged batches (paged only; SGLang's extend): q ``[N, Hq, D]``, ``qo_indptr [B+1]`` int32
     (request b's queries are rows ``qo_indptr[b]:qo_indptr[b+1]``, its newest tokens) and
     ``max_q_len`` (host int >= every request's count; it sizes the grid, no device sync).
+    k_smooth: optional fp32 λ [Hkv, D]: the key rows hold ``k / λ`` (the tail holds k).
     num_splits (default: from the device, batch and length) and block_tokens tune the launch.
     Needs CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``.
     """
     batch = AttentionBatch(q, k_rows, v_rows, k_spec, v_spec, lengths, slot_table, table_rows,
-                           k_tail, v_tail, starts, sm_scale, qo_indptr, max_q_len)  # fmt: skip
+                           k_tail, v_tail, starts, sm_scale, qo_indptr, max_q_len,
+                           k_smooth)  # fmt: skip
     if not q.is_cuda and not interpreted():
         raise ValueError("packed attention needs CUDA tensors, or TRITON_INTERPRET=1 on CPU")
     if block_tokens < 16 or block_tokens & (block_tokens - 1):

@@ -42,6 +42,7 @@ class AttentionBatch:
     sm_scale: float | None = None
     qo_indptr: torch.Tensor | None = None
     max_q_len: int | None = None
+    k_smooth: torch.Tensor | None = None  # fp32 λ [Hkv, D]: key rows hold k / λ
 
     def __post_init__(self) -> None:
         q, ragged = self.q, self.qo_indptr is not None
@@ -67,6 +68,20 @@ class AttentionBatch:
             object.__setattr__(self, "lengths", lengths.to(torch.int32))
         self._check_indices()
         self._check_tails()
+        self._check_smooth()
+
+    def _check_smooth(self) -> None:
+        lam = self.k_smooth
+        if lam is None:
+            return
+        want = (self.kv_heads, self.head_dim)
+        if lam.dtype != torch.float32 or tuple(lam.shape) != want or lam.device != self.q.device:
+            raise ValueError(
+                f"k_smooth must be fp32 {list(want)} on {self.q.device}, got {lam.dtype} "
+                f"{list(lam.shape)} on {lam.device}"
+            )
+        if self.k_spec.axis != "token" or not self.k_spec.is_quantized:
+            raise ValueError("k_smooth applies to quantized token-axis keys only")
 
     def _check_rows(self, name: str, rows: torch.Tensor, spec: QuantSpec) -> None:
         dim, paged = self.head_dim, self.slot_table is not None

@@ -12,12 +12,13 @@ __all__ = ["decode_attention_reference", "extend_attention_reference", "request_
 
 
 def request_kv(batch: AttentionBatch, b: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Request b's stored K and V, dequantized fp32 [Hkv, T_b, D] (packed, then tail)."""
+    """Request b's stored K and V, dequantized fp32 [Hkv, T_b, D] (packed, then tail); smoothed
+    key rows (``k / λ``) multiplied back by λ."""
     dim, v_len = batch.head_dim, int(batch.lengths[b])
     out = []
-    for rows, spec, tail, n in (
-        (batch.k_rows, batch.k_spec, batch.k_tail, v_len + batch.k_delta),
-        (batch.v_rows, batch.v_spec, batch.v_tail, v_len),
+    for rows, spec, tail, n, lam in (
+        (batch.k_rows, batch.k_spec, batch.k_tail, v_len + batch.k_delta, batch.k_smooth),
+        (batch.v_rows, batch.v_spec, batch.v_tail, v_len, None),
     ):
         if batch.slot_table is not None:
             row = b if batch.table_rows is None else int(batch.table_rows[b])
@@ -27,6 +28,8 @@ def request_kv(batch: AttentionBatch, b: int) -> tuple[torch.Tensor, torch.Tenso
         else:
             mine = rows[b, :, :n]
         x = dequantize(mine, spec, dim, torch.float32)
+        if lam is not None:
+            x = x * lam[:, None, :]  # λ [Hkv, D]
         if tail is not None:
             x = torch.cat([x, tail[b].float()], dim=1)
         out.append(x)

@@ -63,6 +63,7 @@ class Sensitivity:
     value_spec: dict[str, Any]
     fp_ppl: float
     layers: tuple[dict[str, Any], ...]
+    key_smoothing: str | None = None  # digest of the per-layer key λ the K variants used
     created: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
 
     def __post_init__(self) -> None:
@@ -98,6 +99,12 @@ class Sensitivity:
     def attn_rel_err(self, layer: int, part: str, bits: int) -> float:
         return 0.0 if bits == 16 else float(self._cell(layer, part, bits)["attn_rel_err"])
 
+    def _smoothing_settings(self) -> dict[str, Any]:
+        """The shape :meth:`SearchPreset.settings` gives a smoothed preset (cache matching)."""
+        if self.key_smoothing is None:
+            return {}
+        return {"key_smoothing": {"digest": self.key_smoothing}}
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "format": FORMAT,
@@ -108,6 +115,7 @@ class Sensitivity:
                 "bits": list(self.bits),
                 "key_spec": dict(self.key_spec),
                 "value_spec": dict(self.value_spec),
+                **self._smoothing_settings(),
             },
             "fp": {"ppl": self.fp_ppl},
             "layers": [dict(e) for e in self.layers],
@@ -134,6 +142,7 @@ class Sensitivity:
                 value_spec=settings["value_spec"],
                 fp_ppl=doc["fp"]["ppl"],
                 layers=tuple(doc["layers"]),
+                key_smoothing=(settings.get("key_smoothing") or {}).get("digest"),
                 created=doc.get("created", ""),
             )
         except (KeyError, TypeError, AttributeError) as exc:

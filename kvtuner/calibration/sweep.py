@@ -16,12 +16,13 @@ from pathlib import Path
 from ..errors import KVTunerError
 from ..placement import placement_of
 from ..profile import LayerSpec
-from ..quant import QUANTIZED_BITS, QuantSpec
+from ..quant import QUANTIZED_BITS, KeySmoothing, QuantSpec
 from ..search_spaces.losses import DEFAULT_BITS
 from .batches import CalibrationData
 from .models import fingerprint_of
 from .runner import FpActivations, advance_to, capture_fp, run_layer_variants
 from .sensitivity import PARTS, Sensitivity, spec_template
+from .smoothing import smoothing_digest
 from .sweep_cache import SweepCache, default_cache_dir, weights_digest
 
 PER_TOKEN_KEY = QuantSpec(4, 32, rotation="hadamard")  # the `per-token` search preset
@@ -37,18 +38,20 @@ def layer_forwards(num_layers: int, num_bits: int) -> int:
     return 2 * num_layers + sum(variants * (num_layers - li) for li in range(num_layers))
 
 
-def _variants(layer: int, bits: Sequence[int], key: QuantSpec, value: QuantSpec):
-    ks = [LayerSpec(layer, replace(key, bits=b), _FP16) for b in bits]
+def _variants(layer: int, bits: Sequence[int], key: QuantSpec, value: QuantSpec, smoothing=None):
+    lam = None if smoothing is None else smoothing[layer]
+    ks = [LayerSpec(layer, replace(key, bits=b), _FP16, lam) for b in bits]
     vs = [LayerSpec(layer, _FP16, replace(value, bits=b)) for b in bits]
     return ks + vs
 
 
-def measure_layer(model, fp: FpActivations, layer, bits, key, value) -> dict:
+def measure_layer(model, fp: FpActivations, layer, bits, key, value, smoothing=None) -> dict:
     """One layer's entry of the sensitivity file: {"layer", "k": {bits: {...}}, "v": ...},
-    each tensor of this layer alone at each of ``bits`` (``key``/``value``: spec templates).
-    Moves ``fp`` up to ``layer`` first (layers are measured bottom-up)."""
+    each tensor of this layer alone at each of ``bits`` (``key``/``value``: spec templates;
+    ``smoothing``: per-layer key λ or None). Moves ``fp`` up to ``layer`` first (layers are
+    measured bottom-up)."""
     advance_to(model, fp, layer)
-    variants = _variants(layer, bits, key, value)
+    variants = _variants(layer, bits, key, value, smoothing)
     sums = [[0.0, 0.0, 0.0] for _ in variants]
     for c in range(len(fp.chunks)):
         for acc, r in zip(sums, run_layer_variants(model, fp, c, variants), strict=True):
@@ -72,7 +75,7 @@ def _progress(total: int, enabled: bool):
     )
 
 
-def _cache_for(model, data, bits, key, value, cache_dir) -> SweepCache:
+def _cache_for(model, data, bits, key, value, smoothing, cache_dir) -> SweepCache:
     root = default_cache_dir() if cache_dir is None else Path(cache_dir)
     key_facts = {
         "fingerprint": fingerprint_of(model).to_dict(),
@@ -83,6 +86,8 @@ def _cache_for(model, data, bits, key, value, cache_dir) -> SweepCache:
         "key_spec": spec_template(key),
         "value_spec": spec_template(value),
     }
+    if smoothing is not None:
+        key_facts["key_smoothing"] = smoothing_digest(smoothing)
     return SweepCache(root, key_facts)
 
 
@@ -117,13 +122,15 @@ def calibrate(
     bits: Sequence[int] = DEFAULT_BITS,
     key_spec: QuantSpec = PER_TOKEN_KEY,
     value_spec: QuantSpec = PER_TOKEN_VALUE,
+    key_smoothing: Sequence[KeySmoothing] | None = None,
     cache_dir: str | Path | None = None,
     use_cache: bool = True,
     progress: bool = True,
     batch_size: int | None = None,
 ) -> Sensitivity:
     """Per-layer K and V sensitivity of ``model`` on ``data`` (``key_spec``/``value_spec``
-    give axis, group, symmetry and rotation; their ``bits`` is ignored).
+    give axis, group, symmetry and rotation; their ``bits`` is ignored). ``key_smoothing``:
+    one calibrated λ per layer, applied to every quantized key variant (token axis).
 
     cache_dir: where per-layer results persist (None: ``$KVTUNER_CACHE_DIR`` or
         ``~/.cache/kvtuner``); ``use_cache=False`` measures everything and stores nothing.
@@ -134,7 +141,10 @@ def calibrate(
     """
     bits = tuple(sorted(set(bits)))
     _check_specs(model, bits, key_spec, value_spec)
-    cache = _cache_for(model, data, bits, key_spec, value_spec, cache_dir) if use_cache else None
+    if key_smoothing is not None:
+        key_smoothing = tuple(key_smoothing)
+    specs = (key_spec, value_spec, key_smoothing)
+    cache = _cache_for(model, data, bits, *specs, cache_dir) if use_cache else None
     num_layers = fingerprint_of(model).num_layers
     entries = {li: cache.layer(li) for li in range(num_layers)} if cache else {}
     todo = [li for li in range(num_layers) if entries.get(li) is None]
@@ -144,7 +154,7 @@ def calibrate(
         fp_ppl = fp.reference.ppl
         if cache:
             cache.put_fp_ppl(fp_ppl)
-        entries.update(_sweep(model, fp, todo, bits, (key_spec, value_spec), cache, progress))
+        entries.update(_sweep(model, fp, todo, bits, specs, cache, progress))
     return Sensitivity(
         model_id=model_id,
         fingerprint=fingerprint_of(model),
@@ -152,6 +162,7 @@ def calibrate(
         bits=bits,
         key_spec=spec_template(key_spec),
         value_spec=spec_template(value_spec),
+        key_smoothing=None if key_smoothing is None else smoothing_digest(key_smoothing),
         fp_ppl=fp_ppl,
         layers=tuple(entries[li] for li in range(num_layers)),
     )

@@ -106,6 +106,18 @@ def specs_from_args(args: argparse.Namespace):
     return key, value
 
 
+def _key_smoothing(args: argparse.Namespace, key, model, data):
+    """Per-layer λ calibrated on ``data`` when the preset smooths (token-axis) keys, else None."""
+    from ..search_spaces import load_preset
+
+    alpha = load_preset(args.preset).smooth_alpha
+    if alpha is None or key.axis != "token":
+        return None
+    from ..calibration.smoothing import calibrate_key_smoothing
+
+    return calibrate_key_smoothing(model, data.tokens, alpha=alpha, batch_size=args.batch_size)
+
+
 def _summary(sens, seconds: float, device) -> str:
     from ..placement import peak_memory_line
 
@@ -157,6 +169,7 @@ def run(args: argparse.Namespace) -> int:
         bits=bits,
         key_spec=key,
         value_spec=value,
+        key_smoothing=_key_smoothing(args, key, model, data),
         cache_dir=args.cache_dir,
         use_cache=not args.no_cache,
         progress=verbosity.progress,

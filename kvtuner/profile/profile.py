@@ -1,7 +1,8 @@
-"""Profile schema v1/v2: per-layer K/V quant specs for one model, plus provenance and quality.
+"""Profile schema v1/v2/v3: per-layer K/V quant specs for one model, plus provenance and quality.
 
-v2 differs from v1 only in allowing 3-, 5- and 6-bit codes. A profile is written with the lowest
-version that can hold its bits, so a profile of 2/4/8/16-bit layers stays readable by v1 readers.
+v2 differs from v1 only in allowing 3-, 5- and 6-bit codes; v3 adds per-layer key smoothing
+factors (``k_smooth``, see :mod:`kvtuner.quant.smoothing`). A profile is written with the lowest
+version that can hold its layers, so older readers keep reading every profile they can serve.
 
 The runtime-relevant part (schema version, model fingerprint, layer specs) is what
 :attr:`Profile.hash` covers; budget, calibration, metrics and timestamps are provenance.
@@ -17,11 +18,12 @@ from fractions import Fraction
 from typing import Any
 
 from ..errors import KVTunerError
+from ..quant.smoothing import KeySmoothing
 from ..quant.spec import V1_BITS, QuantSpec
 from .fingerprint import ModelFingerprint
 
-SCHEMA_VERSION = 2  # the newest this kvtuner reads and writes
-SCHEMA_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3  # the newest this kvtuner reads and writes
+SCHEMA_VERSIONS = (1, 2, 3)
 PRODUCER_NAME = "kvtuner"
 
 
@@ -33,15 +35,26 @@ def _producer_version() -> str:
 
 @dataclass(frozen=True)
 class LayerSpec:
-    """Key and value storage of one decoder layer."""
+    """Key and value storage of one decoder layer; ``k_smooth``: calibrated key smoothing
+    factors λ [kv_heads, head_dim] (quantized token-axis keys only; schema v3)."""
 
     layer: int
     k: QuantSpec
     v: QuantSpec
+    k_smooth: KeySmoothing | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.layer, bool) or not isinstance(self.layer, int) or self.layer < 0:
             raise KVTunerError(f"layer index must be a non-negative int, got {self.layer!r}")
+        if self.k_smooth is None:
+            return
+        if not isinstance(self.k_smooth, KeySmoothing):
+            raise KVTunerError(f"layer {self.layer}: k_smooth must be a KeySmoothing")
+        if not self.k.is_quantized or self.k.axis != "token":
+            raise KVTunerError(
+                f"layer {self.layer}: key smoothing applies to quantized token-axis keys only "
+                f"(k is {self.k.short()})"
+            )
 
     def exact_bytes_per_token(self, num_kv_heads: int, head_dim: int) -> Fraction:
         """K plus V bytes this layer stores per token (all KV heads, metadata included)."""
@@ -51,8 +64,12 @@ class LayerSpec:
     def bytes_per_token(self, num_kv_heads: int, head_dim: int) -> float:
         return float(self.exact_bytes_per_token(num_kv_heads, head_dim))
 
+    def _smooth_dict(self) -> dict[str, Any]:
+        return {} if self.k_smooth is None else {"k_smooth": self.k_smooth.to_list()}
+
     def to_dict(self) -> dict[str, Any]:
-        return {"layer": self.layer, "k": self.k.to_dict(), "v": self.v.to_dict()}
+        return {"layer": self.layer, "k": self.k.to_dict(), "v": self.v.to_dict(),
+                **self._smooth_dict()}  # fmt: skip
 
     def runtime_dict(self) -> dict[str, Any]:
         """Like :meth:`to_dict`, but 16-bit specs reduced to their bits (nothing else applies)."""
@@ -60,15 +77,22 @@ class LayerSpec:
         def canon(qs: QuantSpec) -> dict[str, Any]:
             return qs.to_dict() if qs.is_quantized else {"bits": 16}
 
-        return {"layer": self.layer, "k": canon(self.k), "v": canon(self.v)}
+        return {"layer": self.layer, "k": canon(self.k), "v": canon(self.v),
+                **self._smooth_dict()}  # fmt: skip
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LayerSpec:
         if not isinstance(data, dict) or not {"layer", "k", "v"} <= set(data):
             raise KVTunerError("each entry of 'layers' needs 'layer', 'k' and 'v'")
+        unknown = set(data) - {"layer", "k", "v", "k_smooth"}
+        if unknown:
+            raise KVTunerError(f"unknown layer field(s): {', '.join(sorted(unknown))}")
         layer = data["layer"]
         try:
-            return cls(layer, QuantSpec.from_dict(data["k"]), QuantSpec.from_dict(data["v"]))
+            smooth = data.get("k_smooth")
+            smooth = None if smooth is None else KeySmoothing.from_list(smooth)
+            k, v = QuantSpec.from_dict(data["k"]), QuantSpec.from_dict(data["v"])
+            return cls(layer, k, v, smooth)
         except (TypeError, ValueError) as exc:
             raise KVTunerError(f"layer {layer}: {exc}") from None
 
@@ -76,6 +100,12 @@ class LayerSpec:
 def check_schema_version(version: Any, *, allow_none: bool = False) -> None:
     if version is None and allow_none:
         return
+    newer = isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION
+    if newer:
+        raise KVTunerError(
+            f"profile schema_version {version} is newer than this kvtuner reads "
+            f"(versions {', '.join(map(str, SCHEMA_VERSIONS))}); upgrade kvtuner to load it"
+        )
     if isinstance(version, bool) or version not in SCHEMA_VERSIONS:
         raise KVTunerError(
             f"unsupported profile schema_version {version!r} "
@@ -84,9 +114,15 @@ def check_schema_version(version: Any, *, allow_none: bool = False) -> None:
 
 
 def required_schema_version(layers: tuple[LayerSpec, ...]) -> int:
-    """1 when every K/V spec uses bits v1 knows (2/4/8/16), else 2."""
+    """3 when a layer smooths its keys, else 1 when every K/V spec uses bits v1 knows
+    (2/4/8/16), else 2."""
+    if any(spec.k_smooth is not None for spec in layers):
+        return 3
     bits = {qs.bits for spec in layers for qs in (spec.k, spec.v)}
     return 1 if bits <= set(V1_BITS) else 2
+
+
+_VERSION_HOLDS = {1: "bits 2/4/8/16 only", 2: "no key smoothing (k_smooth)"}
 
 
 @dataclass(frozen=True)
@@ -113,8 +149,8 @@ class Profile:
             object.__setattr__(self, "schema_version", needed)
         elif self.schema_version < needed:
             raise KVTunerError(
-                f"schema_version {self.schema_version} profiles hold bits "
-                f"{'/'.join(map(str, V1_BITS))} only; these layers need schema_version {needed}"
+                f"schema_version {self.schema_version} profiles hold "
+                f"{_VERSION_HOLDS[self.schema_version]}; these layers need schema_version {needed}"
             )
 
     def _check_layers(self) -> None:
@@ -132,6 +168,11 @@ class Profile:
                     qs.check_head_dim(fp.head_dim)
                 except ValueError as exc:
                     raise KVTunerError(f"layer {spec.layer} {name}: {exc}") from None
+            if spec.k_smooth is not None:
+                try:
+                    spec.k_smooth.check_shape(fp.num_kv_heads, fp.head_dim)
+                except ValueError as exc:
+                    raise KVTunerError(f"layer {spec.layer} k_smooth: {exc}") from None
 
     # -- memory accounting (row bytes are the single source of truth) --------------------------
     @property

@@ -2,12 +2,14 @@
 
 from .ops import gather_dequantized, quantize_rows, scatter_quantized
 from .reference import dequantize, fake_quantize, hadamard, quantize
+from .smoothing import KeySmoothing
 from .spec import QUANTIZED_BITS, SUPPORTED_BITS, V1_BITS, QuantSpec
 
 __all__ = [
     "QUANTIZED_BITS",
     "SUPPORTED_BITS",
     "V1_BITS",
+    "KeySmoothing",
     "QuantSpec",
     "dequantize",
     "fake_quantize",

@@ -6,8 +6,11 @@ scale/zero bytes: 4.5 instead of 5 effective bits at 4 bits, for serving capacit
 ``kivi``: channel-axis keys (groups of 32 tokens), token-axis values group 32 — HF runtime only.
 ``kivi-hadv``: ``kivi`` with Hadamard-rotated values (on SmolLM2 its searched profiles beat
 ``kivi``'s on held-out KL at 3 and 2.5 bits, not at 4: see docs/results.md, Search).
+``per-token-smooth``: token axis for both, group 32, keys divided by calibrated per-channel
+smoothing factors λ (schema v3 profiles; servable by a write-time pool).
 A user JSON file gives ``{"name", "key", "value"}`` where key/value are QuantSpec fields without
-``bits``. Bits 16 always mean "leave alone" (fp16).
+``bits``, plus optionally ``"smooth_alpha"`` (key smoothing, α in (0, 1]). Bits 16 always mean
+"leave alone" (fp16).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 
 from ..errors import KVTunerError
 from ..profile import LayerSpec, read_json
+from ..quant.smoothing import KeySmoothing
 from ..quant.spec import QuantSpec
 
 __all__ = ["PRESETS", "SearchPreset", "load_preset"]
@@ -28,30 +32,59 @@ _UNQUANTIZED = QuantSpec(16)
 
 @dataclass(frozen=True)
 class SearchPreset:
-    """Templates for key and value specs; their ``bits`` field is replaced per candidate."""
+    """Templates for key and value specs; their ``bits`` field is replaced per candidate.
+
+    smooth_alpha: keys are smoothed (λ = quantile(|k|)^α per layer, head and channel); the
+    search calibrates λ on its calibration tokens (:meth:`with_smoothing`) before measuring.
+    """
 
     name: str
     key: QuantSpec
     value: QuantSpec
     servable_by_sglang: bool
+    smooth_alpha: float | None = None
+    smoothing: tuple[KeySmoothing, ...] | None = None  # per layer, once calibrated
 
     def __post_init__(self) -> None:
         if not self.name:
             raise KVTunerError("a search preset needs a name")
+        alpha = self.smooth_alpha
+        if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float))
+                                  or not 0 < alpha <= 1):  # fmt: skip
+            raise KVTunerError(f"smooth_alpha must be a number in (0, 1], got {alpha!r}")
+        if alpha is not None and self.key.axis != "token":
+            raise KVTunerError("key smoothing needs token-axis keys")
+        if self.smoothing is not None and alpha is None:
+            raise KVTunerError("smoothing factors need a preset with smooth_alpha")
+
+    def with_smoothing(self, smoothing: tuple[KeySmoothing, ...]) -> SearchPreset:
+        """This preset with calibrated per-layer λ: every quantized key gets its layer's λ."""
+        return replace(self, smoothing=tuple(smoothing))
 
     def spec(self, template: QuantSpec, bits: int) -> QuantSpec:
         return _UNQUANTIZED if bits == 16 else replace(template, bits=bits)
 
     def layer_spec(self, layer: int, k_bits: int, v_bits: int) -> LayerSpec:
-        return LayerSpec(layer, self.spec(self.key, k_bits), self.spec(self.value, v_bits))
+        k = self.spec(self.key, k_bits)
+        lam = self.smoothing[layer] if self.smoothing and k.is_quantized else None
+        return LayerSpec(layer, k, self.spec(self.value, v_bits), lam)
 
     def settings(self) -> dict[str, Any]:
-        """Key/value templates without bits (the sensitivity file's ``settings`` shape)."""
+        """Key/value templates without bits (the sensitivity file's ``settings`` shape), plus
+        the digest of the calibrated λ when keys are smoothed."""
         drop = lambda s: {k: v for k, v in s.to_dict().items() if k != "bits"}  # noqa: E731
-        return {"key_spec": drop(self.key), "value_spec": drop(self.value)}
+        out = {"key_spec": drop(self.key), "value_spec": drop(self.value)}
+        if self.smoothing is not None:
+            from ..calibration.smoothing import smoothing_digest
+
+            out["key_smoothing"] = {"digest": smoothing_digest(self.smoothing)}
+        return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, **self.settings(), "servable_by_sglang": self.servable_by_sglang}
+        out = {"name": self.name, **self.settings(), "servable_by_sglang": self.servable_by_sglang}
+        if self.smooth_alpha is not None:
+            out["smooth_alpha"] = self.smooth_alpha
+        return out
 
 
 PRESETS = {
@@ -60,6 +93,9 @@ PRESETS = {
     ),
     "per-token-g64": SearchPreset(
         "per-token-g64", QuantSpec(4, 64, rotation="hadamard"), QuantSpec(4, 64), True
+    ),
+    "per-token-smooth": SearchPreset(
+        "per-token-smooth", QuantSpec(4, 32), QuantSpec(4, 32), True, smooth_alpha=0.5
     ),
     "kivi": SearchPreset("kivi", QuantSpec(4, 32, axis="channel"), QuantSpec(4, 32), False),
     "kivi-hadv": SearchPreset(
@@ -82,7 +118,8 @@ def load_preset(name_or_path: str | os.PathLike) -> SearchPreset:
         raise KVTunerError(f"preset file {path} needs 'key' and 'value' objects")
     key, value = (_template(data[part], part, path) for part in ("key", "value"))
     servable = key.axis == "token" and value.axis == "token"
-    return SearchPreset(str(data.get("name", path.stem)), key, value, servable)
+    name, alpha = str(data.get("name", path.stem)), data.get("smooth_alpha")
+    return SearchPreset(name, key, value, servable, smooth_alpha=alpha)
 
 
 def _template(data: Any, part: str, path: Path) -> QuantSpec:

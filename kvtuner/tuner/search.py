@@ -103,12 +103,33 @@ def _calibrate(lm, model_id: str, data, preset, bits, path: Path, log, progress,
         bits=bits,
         key_spec=preset.key,
         value_spec=preset.value,
+        key_smoothing=preset.smoothing,
         progress=progress,
         batch_size=batch_size,
     )
     sensitivity.save(path)
     log(f"wrote {path}")
     return sensitivity
+
+
+def _calibrated_smoothing(lm, preset, data, log, batch_size):
+    """The preset with λ calibrated on the calibration tokens (unchanged without smoothing)."""
+    if preset.smooth_alpha is None:
+        return preset
+    from ..calibration.smoothing import calibrate_key_smoothing
+
+    log(f"calibrating key smoothing (alpha {preset.smooth_alpha}) on the calibration tokens ...")
+    lams = calibrate_key_smoothing(
+        lm, data.tokens, alpha=preset.smooth_alpha, batch_size=batch_size
+    )
+    return preset.with_smoothing(lams)
+
+
+def _smoothing_provenance(preset) -> dict:
+    from ..calibration.smoothing import DEFAULT_QUANTILE, smoothing_digest
+
+    return {"alpha": preset.smooth_alpha, "statistic": f"quantile {DEFAULT_QUANTILE} of |k|",
+            "digest": smoothing_digest(preset.smoothing)}  # fmt: skip
 
 
 def _baselines(study, space: SearchSpace, measured: list[Measured], evaluate, extra: bool):
@@ -278,6 +299,7 @@ def search(
         tokenizer, dataset=dataset, num_samples=num_samples, seq_len=seq_len, seed=data_seed
     )
     held = held_back(tokenizer, dataset, data, confirm_samples) if confirm_samples else None
+    search_preset = _calibrated_smoothing(lm, search_preset, data, log, batch_size)
     sens_path = Path(sensitivity) if sensitivity else _sensitivity_path(output)
     wanted = {**search_preset.settings(), "bits": list(bits or DEFAULT_BITS)}
     if sensitivity or _matches(sens_path, fp, data.describe(), wanted):
@@ -319,6 +341,8 @@ def search(
     fp_ppl = read_json(sens_path, "sensitivity file").get("fp", {}).get("ppl")
     extra = _confirm_metrics(held, confirmation)
     calibration = {**data.describe(), **where.describe(), "sensitivity": sens_path.name}
+    if search_preset.smoothing is not None:
+        calibration["key_smoothing"] = _smoothing_provenance(search_preset)
     profile = _profile(model, space, best, calibration, budget, study, st, base, fp_ppl, extra)
     save_profile(profile, output)
     front = tuple(pareto_set(measured))

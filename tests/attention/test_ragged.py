@@ -38,6 +38,22 @@ def test_ragged_extend_matches_the_reference(k_spec, v_spec, ratio):
     torch.testing.assert_close(got, ref, atol=2e-5, rtol=2e-5)
 
 
+def test_ragged_extend_reads_smoothed_key_rows():
+    """Key rows holding k / λ: the kernel (q·λ) and the reference (rows·λ) agree, and λ moves
+    the result (a reference that dropped it would not)."""
+    spec = QuantSpec(4)
+    k_rows, v_rows, table, lens = paged_pool(LENGTHS, 2, spec, spec, slots=160)
+    q, indptr = ragged_q(NEW, 4, seed=11)
+    lam = torch.rand(2, D, generator=gen(12)) * 4 + 0.25
+    args = (q, k_rows, v_rows, spec, spec)
+    index = dict(lengths=lens, slot_table=table, qo_indptr=indptr, max_q_len=max(NEW))
+    got = extend_attention(*args, **index, k_smooth=lam, block_tokens=16, num_splits=2)
+    ref = extend_attention_reference(*args, **index, k_smooth=lam)
+    torch.testing.assert_close(got, ref, atol=2e-5, rtol=2e-5)
+    plain = extend_attention_reference(*args, **index)
+    assert not torch.allclose(ref, plain, atol=1e-3)
+
+
 def test_ragged_rows_equal_each_request_run_alone():
     spec = QuantSpec(4)
     k_rows, v_rows, table, lens = paged_pool(LENGTHS, 2, spec, spec)

@@ -93,7 +93,7 @@ def test_validate_unknown_model(profile_path, tmp_path):
     [
         ("show", None, "profile not found"),
         ("validate", "{not json", "is not valid JSON"),
-        ("show", '{"schema_version": 9}', "unsupported profile schema_version 9"),
+        ("show", '{"schema_version": 9}', "profile schema_version 9 is newer than this kvtuner"),
     ],
 )
 def test_bad_profile_exits_2(tmp_path, command, content, fragment):

@@ -9,10 +9,13 @@ from conftest import tiny_config
 
 from kvtuner import KVTunerError, load_profile
 from kvtuner.profile import LayerSpec, ModelFingerprint, Profile, save_profile
-from kvtuner.quant import QuantSpec
+from kvtuner.quant import KeySmoothing, QuantSpec
 
 FP = ModelFingerprint("LlamaForCausalLM", num_layers=2, num_kv_heads=2, head_dim=32)
 K4, V2 = QuantSpec(4, 32), QuantSpec(2, 32, symmetric=True)
+
+
+LAM = [[0.5 + 0.25 * (c % 4) for c in range(32)], [1.0] * 32]  # λ [2 heads, head_dim 32]
 
 
 def _profile(**kw) -> Profile:
@@ -46,6 +49,31 @@ def test_version_is_the_lowest_that_holds_the_bits(tmp_path):
     loaded = load_profile(save_profile(p, tmp_path / "v2.json"))
     assert loaded == p
     assert Profile("tiny", FP, _profile().layers, schema_version=2).schema_version == 2
+
+
+def _smoothed(lam=LAM) -> Profile:
+    smoothed = LayerSpec(1, K4, QuantSpec(16), KeySmoothing.from_list(lam))
+    layers = (LayerSpec(0, QuantSpec(8, 32), V2), smoothed)
+    return Profile("tiny", FP, layers, created="2026-01-01T00:00:00+00:00").with_accounting()
+
+
+def test_key_smoothing_needs_v3_and_round_trips(tmp_path):
+    p = _smoothed()
+    assert p.schema_version == 3
+    d = p.to_dict()
+    assert d["layers"][1]["k_smooth"] == LAM and "k_smooth" not in d["layers"][0]
+    loaded = load_profile(save_profile(p, tmp_path / "v3.json"))
+    assert loaded == p and loaded.layers[1].k_smooth.to_list() == LAM
+    assert p.bytes_per_token == _profile().bytes_per_token  # λ costs no per-token bytes
+
+
+def test_hash_covers_the_smoothing_factors():
+    other = [row[:] for row in LAM]
+    other[1][5] = 2.0
+    assert _smoothed().hash != _smoothed(other).hash
+    assert _smoothed().hash == _smoothed([row[:] for row in LAM]).hash
+    unsmoothed = Profile("tiny", FP, [LayerSpec(s.layer, s.k, s.v) for s in _smoothed().layers])
+    assert unsmoothed.schema_version == 1 and unsmoothed.hash != _smoothed().hash
 
 
 def test_fields_are_exactly_the_schema(tmp_path):
@@ -134,8 +162,38 @@ REJECTIONS = {
     "bad_json": ('{"schema_version": 1,', "is not valid JSON"),
     "not_an_object": ("[1, 2]", "must be a JSON object"),
     "unknown_version": (
-        _edit(lambda d: d.update(schema_version=3)),
-        "unsupported profile schema_version 3",
+        _edit(lambda d: d.update(schema_version=0)),
+        "unsupported profile schema_version 0",
+    ),
+    "newer_version": (
+        _edit(lambda d: d.update(schema_version=4)),
+        r"profile schema_version 4 is newer than this kvtuner reads \(versions 1, 2, 3\); "
+        "upgrade kvtuner",
+    ),
+    "smoothing_in_v2": (
+        _edit(lambda d: d.update(schema_version=2) or d["layers"][1].update(k_smooth=LAM)),
+        r"schema_version 2 profiles hold no key smoothing \(k_smooth\); these layers need "
+        "schema_version 3",
+    ),
+    "smoothing_shape": (
+        _edit(lambda d: d.update(schema_version=3) or d["layers"][1].update(k_smooth=LAM[:1])),
+        r"layer 1 k_smooth: smoothing factors are \[1, 32\], the model's keys \[2, 32\]",
+    ),
+    "smoothing_not_positive": (
+        _edit(lambda d: d["layers"][1].update(k_smooth=[[0.0] * 32] * 2)),
+        r"layer 1: smoothing factor \[0\]\[0\] = 0.0: must be a finite positive",
+    ),
+    "smoothing_not_fp16": (
+        _edit(lambda d: d["layers"][1].update(k_smooth=[[0.1] * 32] * 2)),
+        "fp16-representable",
+    ),
+    "smoothing_on_16bit_keys": (
+        _edit(lambda d: d["layers"][0].update(k={"bits": 16}, k_smooth=LAM)),
+        "layer 0: key smoothing applies to quantized token-axis keys only",
+    ),
+    "unknown_layer_field": (
+        _edit(lambda d: d["layers"][0].update(v_smooth=LAM)),
+        r"unknown layer field\(s\): v_smooth",
     ),
     "missing_version": (
         _edit(lambda d: d.pop("schema_version")),

@@ -38,7 +38,7 @@ class KVTunerLayer(DynamicLayer):
         self.spec = spec
         self.dispatch = dispatch or KernelDispatch("never")
         self._args = (head_dim, residual_length, keep_dequantized, pack_chunk, pack_reserve)
-        self.k = PackedStream(spec.k, *self._args)
+        self.k = PackedStream(spec.k, *self._args, smoothing=spec.k_smooth)
         self.v = PackedStream(spec.v, *self._args)
 
     def update(
@@ -73,6 +73,7 @@ class KVTunerLayer(DynamicLayer):
         return decode_attention(
             q, k.rows(), v.rows(), k.spec, v.spec, k_tail=k.attended_tail(),
             v_tail=v.attended_tail(), starts=starts, sm_scale=sm_scale,
+            k_smooth=None if k.smoothing is None else k.smoothing.tensor(q.device),
         )  # fmt: skip
 
     def get_seq_length(self) -> int:
@@ -83,7 +84,7 @@ class KVTunerLayer(DynamicLayer):
         return self.k.nbytes() + self.v.nbytes()
 
     def reset(self) -> None:
-        self.k = PackedStream(self.spec.k, *self._args)
+        self.k = PackedStream(self.spec.k, *self._args, smoothing=self.spec.k_smooth)
         self.v = PackedStream(self.spec.v, *self._args)
         super().reset()
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 
 from ...quant import QuantSpec, dequantize, fake_quantize, quantize_rows
+from ...quant.smoothing import KeySmoothing, smooth, unsmooth
 
 FP_ACCOUNTING_BYTES = 2  # unpacked elements are accounted as fp16, the profile's 16-bit format
 
@@ -58,9 +59,11 @@ class PackedStream:
         keep_dequantized: bool,
         pack_chunk: int = 1,
         pack_reserve: int = 0,
+        smoothing: KeySmoothing | None = None,
     ):
         spec.check_head_dim(head_dim)
         self.spec, self.head_dim = spec, head_dim
+        self.smoothing = smoothing  # keys: packed rows hold x / λ (see quant.smoothing)
         self.residual_length = residual_length
         self.keep_dequantized = keep_dequantized
         self.pack_chunk = pack_chunk
@@ -113,11 +116,11 @@ class PackedStream:
         self.tail = _cat(self.tail, x)
         n = self._packable()
         if n:
-            rows = quantize_rows(self.tail[:, :, :n], self.spec)  # CUDA: the Triton kernel
+            chunk = smooth(self.tail[:, :, :n], self._lam(x), -3)
+            rows = quantize_rows(chunk, self.spec)  # CUDA: the Triton kernel
             self._append_packed(rows)
             if self.keep_dequantized:
-                new = dequantize(rows, self.spec, self.head_dim, x.dtype)
-                self.deq = _cat(self.deq, new)
+                self.deq = _cat(self.deq, self._dequantize(rows, x.dtype))
             self.tail = _own(self.tail[:, :, n:])
 
     def rows(self) -> torch.Tensor:
@@ -154,7 +157,9 @@ class PackedStream:
         """The tail as attention reads it: fake-quantized when ``residual_length`` is 0 (a
         filling channel block, tokens waiting for their chunk), else as stored."""
         if self.spec.is_quantized and self.residual_length == 0 and self.tail_tokens:
-            return fake_quantize(self.tail, self.spec)
+            lam = self._lam(self.tail)
+            fq = fake_quantize(smooth(self.tail, lam, -3), self.spec)
+            return fq if lam is None else unsmooth(fq, lam, -3, self.tail.dtype)
         return self.tail
 
     def read(self, dtype: torch.dtype) -> torch.Tensor:
@@ -165,7 +170,17 @@ class PackedStream:
         return _cat(deq, tail) if self.tail_tokens else deq
 
     def _dequantize_all(self, dtype: torch.dtype) -> torch.Tensor:
-        return dequantize(self.packed, self.spec, self.head_dim, dtype)
+        return self._dequantize(self.packed, dtype)
+
+    def _lam(self, like: torch.Tensor) -> torch.Tensor | None:
+        """λ [H, D] fp32 on ``like``'s device, or None without smoothing."""
+        return None if self.smoothing is None else self.smoothing.tensor(like.device)
+
+    def _dequantize(self, rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Rows [B, H, T, R] as attention reads them: dequantized (and multiplied by λ)."""
+        if self.smoothing is None:
+            return dequantize(rows, self.spec, self.head_dim, dtype)
+        return unsmooth(dequantize(rows, self.spec, self.head_dim), self._lam(rows), -3, dtype)
 
     def drop_oldest(self, n: int) -> None:
         """Forget the ``n`` oldest tokens (a sliding window moving on). Token axis only: a channel

@@ -144,7 +144,8 @@ class KVTunerAttnBackend(AttentionBackend):
         k_rows, v_rows = self.pool.packed_rows(layer.layer_id)
         spec = self.pool.layer_spec(layer.layer_id)
         q3 = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
-        out = attend(q3, k_rows, v_rows, spec.k, spec.v, sm_scale=layer.scaling,
+        lam = self.pool.key_smoothing(layer.layer_id)  # smoothed keys: rows hold k / λ
+        out = attend(q3, k_rows, v_rows, spec.k, spec.v, sm_scale=layer.scaling, k_smooth=lam,
                      **self.forward_metadata.kernel_args())  # fmt: skip
         return out.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
 

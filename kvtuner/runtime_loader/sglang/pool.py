@@ -44,6 +44,7 @@ from .channel_pages import ChannelPages
 from .decode_cache import DEFAULT_DECODE_CACHE_TOKENS, DecodeCache
 from .kv_pair import pair_spec
 from .pool_reads import PoolReads
+from .pool_smoothing import PoolSmoothing
 from .pool_writes import PoolWrites
 from .sizing import READ_MODES, cell_size, channel_sides
 from .support import check_profile_servable, pool_refusal
@@ -58,7 +59,7 @@ _PARENT_SIG = inspect.signature(MHATokenToKVPool.__init__)
 DEFAULT_STAGE_PAGES = 64  # pools built without the plugin (tests); the plugin sizes it
 
 
-class KVTunerMHATokenToKVPool(PoolReads, PoolWrites, MHATokenToKVPool):
+class KVTunerMHATokenToKVPool(PoolReads, PoolWrites, PoolSmoothing, MHATokenToKVPool):
     """``MHATokenToKVPool(*parent_args, profile=..., read_mode=..., tp_group=...)``.
 
     ``profile`` (a :class:`kvtuner.profile.Profile`, global layer indices) and ``read_mode``
@@ -132,6 +133,7 @@ class KVTunerMHATokenToKVPool(PoolReads, PoolWrites, MHATokenToKVPool):
         lazy_cache = decode_cache_tokens if self.read_mode == "lazy" else 0
         self._cache = DecodeCache(lazy_cache, self.size + self.page_size, self.device)
         self._pairs = self._pair_specs()
+        self._lams = self._smoothing_factors()  # key smoothing λ per local layer (or None)
         self._codecs = self._write_codecs()  # after _pair_specs: it sets _torch_cpu
         self._host: dict[int, tuple] = {}  # local layer -> numpy views of its packed buffers
         self._log_allocation()

@@ -33,7 +33,9 @@ class PoolReads:
             return self.read_one(layer_id, "k", loc), self.read_one(layer_id, "v", loc)
         idx = loc.long()
         rows = (self.k_buffer[local][idx], self.v_buffer[local][idx])
-        return dequantize_pair(*rows, spec.k, spec.v, shared, self.head_dim, self.dtype)
+        dtype = self._values_dtype(local)  # fp32 for smoothed keys (see pool_smoothing)
+        kv = dequantize_pair(*rows, spec.k, spec.v, shared, self.head_dim, dtype)
+        return self._read_back(local, *kv)
 
     def read_one(self, layer_id: int, which: str, loc: torch.Tensor) -> torch.Tensor:
         """Dequantized K (``which="k"``) or V [len(loc), heads, head_dim] of slots ``loc``."""
@@ -42,7 +44,10 @@ class PoolReads:
         if stores is not None and stores[which == "v"] is not None:
             return stores[which == "v"].read(loc)
         buffers, qs = (self.k_buffer, spec.k) if which == "k" else (self.v_buffer, spec.v)
-        return self.gather(buffers[local], loc, qs, self.head_dim, self.dtype)
+        if which == "v":
+            return self.gather(buffers[local], loc, qs, self.head_dim, self.dtype)
+        k = self.gather(buffers[local], loc, qs, self.head_dim, self._values_dtype(local))
+        return self._read_back(local, k, None)[0]
 
     def read_for_view(self, layer_id: int, which: str, loc: torch.Tensor) -> torch.Tensor:
         """What a :class:`DequantizedView` returns for ``view[loc]`` (``loc``: int [n]): the

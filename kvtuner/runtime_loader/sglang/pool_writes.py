@@ -77,6 +77,7 @@ class PoolWrites:
         shape = (n, self.head_num, self.head_dim)
         k = cache_k if cache_k.shape == shape else cache_k.reshape(shape)
         v = cache_v if cache_v.shape == shape else cache_v.reshape(shape)
+        k = self._smoothed_keys(local, k)  # key smoothing: fp32 k / λ
         if self._channel[local] is not None:
             self._write_channel_layer(layer_id, loc, k, v)
             return
@@ -93,7 +94,7 @@ class PoolWrites:
             idx = loc.long()
             self.k_buffer[local][idx], self.v_buffer[local][idx] = k_rows, v_rows
         if self._cache.enabled:
-            self._cache.remember(layer_id, slots, k_hat, v_hat)
+            self._cache.remember(layer_id, slots, *self._read_back(local, k_hat, v_hat))
 
     def _write_channel_layer(self, layer_id: int, loc, k: torch.Tensor, v: torch.Tensor):
         """A layer with a channel-axis side: stage/pack that side, quantize the other."""
@@ -115,7 +116,7 @@ class PoolWrites:
 
     def _write_numpy(self, local: int, slots: list[int], k: torch.Tensor, v: torch.Tensor):
         """PairCodec rows into the packed buffers' numpy views; returns the values (or None)."""
-        dtype = self.dtype if self._cache.enabled else None
+        dtype = self._values_dtype(local) if self._cache.enabled else None
         k_rows, v_rows, k_hat, v_hat = self._codecs[local].encode(k, v, dtype)
         k_host, v_host = self._host_buffers(local)
         if len(slots) == 1:  # basic indexing: the cheapest numpy store
@@ -142,10 +143,11 @@ class PoolWrites:
             if shared is not None:
                 return (*quantize_pair(k, v, spec.k, spec.v, shared), None, None)
             return quantize(k, spec.k), quantize(v, spec.v), None, None
+        dtype = self._values_dtype(local)  # fp32 for smoothed keys (see pool_smoothing)
         if shared is not None:
-            return quantize_pair_values(k, v, spec.k, spec.v, shared, self.dtype)
+            return quantize_pair_values(k, v, spec.k, spec.v, shared, dtype)
         (k_rows, k_hat), (v_rows, v_hat) = (
-            quantize_dequantize(x, qs, self.dtype) for x, qs in ((k, spec.k), (v, spec.v))
+            quantize_dequantize(x, qs, dtype) for x, qs in ((k, spec.k), (v, spec.v))
         )
         return k_rows, v_rows, k_hat, v_hat
 

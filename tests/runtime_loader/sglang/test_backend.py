@@ -4,6 +4,7 @@ dequantized pool: real ForwardBatch, ReqToTokenPool, RadixAttention and pools on
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 from tiny_profiles import tiny_profile
 
 from kvtuner.errors import KVTunerError
-from kvtuner.quant import QuantSpec
+from kvtuner.quant import KeySmoothing, QuantSpec
 
 pytestmark = pytest.mark.sglang
 pytest.importorskip("sglang")  # the sglang tier: collected only where sglang is installed
@@ -19,9 +20,10 @@ pytest.importorskip("sglang")  # the sglang tier: collected only where sglang is
 SIZE, HEADS, D, Q_HEADS = 200, 2, 64, 8  # GQA: 4 query heads per KV head
 SPECS = [  # per layer (k, v): several widths, a rotated key, symmetric, 16-bit, mixed
     (QuantSpec(4), QuantSpec(2, symmetric=True)),
-    (QuantSpec(8, rotation="hadamard"), QuantSpec(3, group_size=16)),
+    (QuantSpec(8, rotation="hadamard"), QuantSpec(3, group_size=16)),  # smoothed keys (v3)
     (QuantSpec(16), QuantSpec(6)),
 ]
+SMOOTHED = 1
 PREFIX = [37, 0, 12, 70]  # stored before the step (request 1 is new)
 NEW = [5, 9, 1, 3]  # ragged extend: new tokens per request
 
@@ -32,13 +34,22 @@ def sglang_parts():
 
     from kvtuner.runtime_loader.sglang.pool import KVTunerMHATokenToKVPool
 
-    profile = tiny_profile(SPECS, heads=HEADS, head_dim=D)
+    profile = smoothed(tiny_profile(SPECS, heads=HEADS, head_dim=D), SMOOTHED)
     common = dict(page_size=1, dtype=torch.float32, head_num=HEADS, head_dim=D,
                   layer_num=len(SPECS), device="cpu", enable_memory_saver=False)  # fmt: skip
     packed = KVTunerMHATokenToKVPool(SIZE, profile=profile, read_mode="packed", **common)
     stock = MHATokenToKVPool(SIZE, **common)
     req_to_token = ReqToTokenPool(8, 128, "cpu", False)
     return packed, stock, req_to_token
+
+
+def smoothed(profile, layer_id):
+    """The profile with layer ``layer_id``'s keys smoothed (rows hold k / λ)."""
+    g = torch.Generator().manual_seed(5)
+    lam = KeySmoothing.from_magnitudes(torch.rand(HEADS, D, generator=g) * 20 + 0.1, 0.5)
+    layers = list(profile.layers)
+    layers[layer_id] = replace(layers[layer_id], k_smooth=lam)
+    return replace(profile, layers=tuple(layers), schema_version=None)
 
 
 def runner(pool, req_to_token_pool, model=None):
