@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_profiles import tiny_profile
+from test_pool import Layer
+from tiny_profiles import pool_over, tiny_profile
 
 from kvtuner.errors import KVTunerError
 from kvtuner.quant import QuantSpec, dequantize, quantize
@@ -23,27 +24,9 @@ SPECS = [  # KIVI keys with token-axis values; a symmetric 3-bit key; both sides
 ]
 
 
-class Layer:  # what set_kv_buffer reads from SGLang's RadixAttention
-    def __init__(self, layer_id):
-        self.layer_id = layer_id
-
-
 def make_pool(page_size=G, dtype=torch.float32, **kw):
-    from kvtuner.runtime_loader.sglang.pool import KVTunerMHATokenToKVPool
-
     profile = tiny_profile(SPECS, heads=HEADS, head_dim=D)
-    return KVTunerMHATokenToKVPool(
-        SIZE,
-        page_size=page_size,
-        dtype=dtype,
-        head_num=HEADS,
-        head_dim=D,
-        layer_num=len(SPECS),
-        device="cpu",
-        enable_memory_saver=False,
-        profile=profile,
-        **kw,
-    )
+    return pool_over(profile, SIZE, page_size=page_size, dtype=dtype, **kw)
 
 
 def expected(x: torch.Tensor, spec: QuantSpec, dtype=torch.float32) -> torch.Tensor:

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from tiny_profiles import tiny_profile
+from tiny_profiles import pool_over, tiny_profile
 
 from kvtuner.errors import KVTunerError
 from kvtuner.quant import QuantSpec, dequantize, quantize
@@ -26,21 +26,7 @@ SPECS = [  # per layer (k, v): mixed bits, a rotated key, a symmetric value, an 
 
 
 def make_pool(profile, cls=None, dtype=torch.float32, **kw):
-    from kvtuner.runtime_loader.sglang.pool import KVTunerMHATokenToKVPool
-
-    cls = cls or KVTunerMHATokenToKVPool
-    return cls(
-        SIZE,
-        page_size=1,
-        dtype=dtype,
-        head_num=HEADS,
-        head_dim=D,
-        layer_num=len(profile.layers),
-        device="cpu",
-        enable_memory_saver=False,
-        profile=profile,
-        **kw,
-    )
+    return pool_over(profile, SIZE, cls=cls, dtype=dtype, head_num=HEADS, **kw)
 
 
 class Layer:  # what set_kv_buffer reads from SGLang's RadixAttention

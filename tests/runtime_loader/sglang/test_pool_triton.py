@@ -8,7 +8,7 @@ import os
 
 import pytest
 import torch
-from tiny_profiles import tiny_profile
+from tiny_profiles import pool_over, tiny_profile
 
 from kvtuner.quant import QuantSpec
 
@@ -41,17 +41,7 @@ def kernels():
 
 
 def _pool(cls, profile):
-    return cls(
-        SIZE,
-        page_size=1,
-        dtype=torch.float32,
-        head_num=HEADS,
-        head_dim=D,
-        layer_num=len(SPECS),
-        device="cpu",
-        enable_memory_saver=False,
-        profile=profile,
-    )
+    return pool_over(profile, SIZE, cls=cls)
 
 
 class Layer:
