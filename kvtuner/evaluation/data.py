@@ -63,19 +63,22 @@ def load_eval_windows(
     num_windows: int = DEFAULT_NUM_WINDOWS,
     seq_len: int = DEFAULT_SEQ_LEN,
 ) -> EvalWindows:
-    """Read ``dataset`` with calibration's reader (same file forms), tokenize without special
-    tokens, cut the first ``num_windows`` non-overlapping ``seq_len``-token windows."""
+    """Read ``dataset`` with calibration's reader (same file forms), tokenize it, cut the first
+    ``num_windows`` non-overlapping windows; each is led by the tokenizer's special prefix (the
+    BOS Gemma needs; none for SmolLM2) and is ``seq_len`` tokens long with it."""
+    from ..calibration.batches import special_prefix, text_ids, with_prefix
     from ..calibration.corpus import read_corpus
 
     _positive("num_windows", num_windows)
     _positive("seq_len", seq_len)
     text, name, _split = read_corpus(dataset or default_dataset())
-    ids = tokenizer(text, add_special_tokens=False, return_attention_mask=False)["input_ids"]
-    need = num_windows * seq_len
-    if len(ids) < need:
+    prefix = special_prefix(tokenizer)
+    body_len = seq_len - len(prefix)
+    ids = text_ids(tokenizer, text)
+    if body_len <= 0 or ids.numel() < num_windows * body_len:
         raise KVTunerError(
-            f"dataset {name} has {len(ids)} tokens, fewer than {num_windows} windows of "
+            f"dataset {name} has {ids.numel()} tokens, fewer than {num_windows} windows of "
             f"{seq_len}; lower --num-windows/--seq-len"
         )
-    tokens = torch.tensor(ids[:need], dtype=torch.long).view(num_windows, seq_len)
-    return EvalWindows(name, num_windows, seq_len, tokens)
+    body = ids[: num_windows * body_len].view(num_windows, body_len)
+    return EvalWindows(name, num_windows, seq_len, with_prefix(body, prefix))

@@ -9,16 +9,24 @@ from pathlib import Path
 from conftest import tiny_model
 
 
-def byte_tokenizer():
-    """A real fast tokenizer with exactly 256 byte-level tokens (fits the tiny models' vocab)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+def byte_tokenizer(*, bos: bool = False):
+    """A real fast tokenizer with exactly 256 byte-level tokens (fits the tiny models' vocab);
+    ``bos=True`` adds a 257th, ``<bos>``, put before every text as Gemma's tokenizer does."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
     vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    if bos:
+        vocab["<bos>"] = len(vocab)
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=tok)
+    if not bos:
+        return PreTrainedTokenizerFast(tokenizer_object=tok)
+    tok.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", special_tokens=[("<bos>", vocab["<bos>"])]
+    )
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>")
 
 
 def save_tiny(path: Path, family: str = "llama", **overrides) -> Path:

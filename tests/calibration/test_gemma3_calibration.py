@@ -43,14 +43,10 @@ def test_alias_fingerprint_records_the_hybrid_layout(gemma3):
     assert fp.layout == LAYOUT and fp.hash == fingerprint_of(model).hash
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="calibration windows carry no BOS; Gemma 3 needs one (measured on WikiText-2 test, "
-    "128 tokens: ppl 155 without BOS, 39 with it); open in issue 16",
-)
 def test_fp_reference_is_sane(fp_run):
     _, data, fp = fp_run
-    assert data.tokens.shape == (1, 128)
+    assert data.tokens.shape == (1, 128) and data.prefix == (2,)
+    assert bool((data.tokens[:, 0] == 2).all())  # Gemma's BOS leads every window
     assert 5 < fp.reference.ppl < 200  # a 270M model on WikiText-2: tens, not thousands
 
 

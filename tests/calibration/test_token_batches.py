@@ -10,7 +10,9 @@ from calib_helpers import byte_tokenizer
 
 from kvtuner import KVTunerError
 from kvtuner.calibration import load_calibration_data, load_token_batches
+from kvtuner.calibration.batches import special_prefix
 from kvtuner.calibration.corpus import EMBEDDED_FILE, EMBEDDED_NAME
+from kvtuner.evaluation import load_eval_windows
 
 TEXT = "The quick brown fox jumps over the lazy dog. " * 40  # 1800 bytes = 1800 byte tokens
 
@@ -42,6 +44,23 @@ def test_offset_draws_windows_disjoint_from_the_first_draw(tok):
     both = load_token_batches(tok, num_samples=7, seq_len=64, seed=7)
     assert torch.equal(both, torch.cat([first, more]))  # the same permutation, continued
     assert not any(torch.equal(a, b) for a in first for b in more)
+
+
+def test_windows_lead_with_the_tokenizers_bos_and_keep_their_length():
+    bos_tok = byte_tokenizer(bos=True)
+    assert special_prefix(bos_tok) == (256,) and special_prefix(byte_tokenizer()) == ()
+    data = load_calibration_data(bos_tok, num_samples=3, seq_len=64, seed=7)
+    plain = load_token_batches(byte_tokenizer(), num_samples=3, seq_len=63, seed=7)
+    assert data.tokens.shape == (3, 64) and bool((data.tokens[:, 0] == 256).all())
+    assert torch.equal(data.tokens[:, 1:], plain)  # the same text windows, one token shorter
+    assert data.describe()["prefix_ids"] == [256]
+    windows = load_eval_windows(bos_tok, dataset=str(EMBEDDED_FILE), num_windows=2, seq_len=32)
+    body = load_eval_windows(
+        byte_tokenizer(), dataset=str(EMBEDDED_FILE), num_windows=2, seq_len=31
+    )
+    assert torch.equal(windows.tokens[:, 1:], body.tokens) and bool(
+        (windows.tokens[:, 0] == 256).all()
+    )
 
 
 def test_embedded_windows_are_real_wikitext(tok):
