@@ -31,8 +31,9 @@ def pool_over(profile: Profile, size: int, *, cls=None, page_size: int = 1,
     from kvtuner.runtime_loader.sglang.pool import KVTunerMHATokenToKVPool
 
     fp = profile.fingerprint
+    heads = head_num or fp.num_kv_heads
     return (cls or KVTunerMHATokenToKVPool)(
-        size, page_size=page_size, dtype=dtype, head_num=head_num or fp.num_kv_heads, head_dim=fp.head_dim,
+        size, page_size=page_size, dtype=dtype, head_num=heads, head_dim=fp.head_dim,
         layer_num=len(profile.layers), device="cpu", enable_memory_saver=False, profile=profile,
         **kw,
     )  # fmt: skip
