@@ -4,8 +4,8 @@
    (``KVTunerMHATokenToKVPool``) and the host pool SGLang builds for it with ``--kvtuner-profile``
    (``KVTunerMHATokenToKVPoolHost``); stock: SGLang's ``MHATokenToKVPool`` and its
    ``MHATokenToKVPoolHost`` allocation (bf16, the served dtype on a GPU). Tokens per GiB =
-   host tokens * 2^30 / host buffer bytes. Channel-axis (KIVI-style) profiles are not servable by
-   the pool and are listed as such.
+   host tokens * 2^30 / host buffer bytes. Channel-axis (KIVI-style) profiles are refused with
+   HiCache and are listed as such.
 2. ``--server``: the real SGLang server on this CPU (recipe: /work/shared/SGLANG_CPU.md) with
    ``--enable-hierarchical-cache``, a small device pool (``--device-tokens``) and the same host
    memory for every configuration (stock: ``--host-ratio`` x the device pool; kvtuner: the ratio
@@ -144,7 +144,7 @@ def print_tables(capacity: list[dict], served: list[dict]) -> None:
     print(f"{'config':<66} {'bits':>5} {'B/token':>8} {'tokens/GiB':>11} {'x stock':>7}")
     for r in capacity:
         if not r["servable"]:
-            print(f"{r['config']:<66} {'not servable (channel-axis keys)':>33}")
+            print(f"{r['config']:<66} {'refused with HiCache (channel-axis keys)':>41}")
             continue
         print(
             f"{r['config']:<66} {r['nominal_bits']:>5.2f} {r['host_bytes_per_token']:>8} "

@@ -42,7 +42,9 @@ def generate(url: str, prompt: str, max_new_tokens: int) -> Turn:
     body = {
         "text": prompt,
         "stream": True,
-        "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens},
+        # ignore_eos: every answer is max_new_tokens long (the instruct model, asked without its
+        # chat template, often stops at once), so equal outputs compare whole continuations
+        "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True},
     }
     request = urllib.request.Request(
         url + "/generate",
