@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from ..quant.reference import hadamard
+from ..quant.smoothing import smooth, unsmooth
 from ..quant.spec import QuantSpec
 from ..quant.triton_kernels import _load_codes, _load_fp16, interpreted
 from .layout import AttentionBatch, choose_splits
@@ -244,9 +245,9 @@ def _smoothed(q: torch.Tensor, k_tail: torch.Tensor | None, lam: torch.Tensor | 
     if lam is None:
         return q, k_tail
     per_q_head = lam.repeat_interleave(q.shape[-2] // lam.shape[0], dim=0)  # [Hq, D]
-    q = (q.float() * per_q_head).to(q.dtype)
+    q = unsmooth(q, per_q_head, -2, q.dtype)
     if k_tail is not None:
-        k_tail = (k_tail.float() / lam[:, None, :]).to(k_tail.dtype)
+        k_tail = smooth(k_tail, lam, -3).to(k_tail.dtype)
     return q, k_tail
 
 

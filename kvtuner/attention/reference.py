@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from ..quant.reference import dequantize
+from ..quant.smoothing import unsmooth
 from .layout import AttentionBatch
 
 __all__ = ["decode_attention_reference", "extend_attention_reference", "request_kv"]
@@ -27,9 +28,7 @@ def request_kv(batch: AttentionBatch, b: int) -> tuple[torch.Tensor, torch.Tenso
             mine = rows[b, :, : n // spec.group_size]  # blocks of G tokens
         else:
             mine = rows[b, :, :n]
-        x = dequantize(mine, spec, dim, torch.float32)
-        if lam is not None:
-            x = x * lam[:, None, :]  # λ [Hkv, D]
+        x = unsmooth(dequantize(mine, spec, dim, torch.float32), lam, -3, torch.float32)
         if tail is not None:
             x = torch.cat([x, tail[b].float()], dim=1)
         out.append(x)

@@ -85,7 +85,7 @@ class KeySmoothing:
 
     @classmethod
     def from_list(cls, data: Sequence[Sequence[float]]) -> KeySmoothing:
-        return cls(tuple(tuple(r) if isinstance(r, list) else r for r in data))
+        return cls(tuple(data))  # __post_init__ checks and converts the rows
 
 
 @functools.lru_cache(maxsize=256)
@@ -94,8 +94,8 @@ def _factors_on(factors: tuple[tuple[float, ...], ...], device: str) -> torch.Te
         return torch.tensor(factors, dtype=torch.float32, device=device)
 
 
-def _broadcast(lam: torch.Tensor, x: torch.Tensor, head_axis: int) -> torch.Tensor:
-    """λ [H, D] viewed to broadcast against x with heads on ``head_axis`` (negative)."""
+def _broadcast(lam: torch.Tensor, head_axis: int) -> torch.Tensor:
+    """λ [H, D] viewed to broadcast against a tensor with heads on ``head_axis`` (negative)."""
     return lam.view(lam.shape[0], *([1] * (-head_axis - 2)), lam.shape[1])
 
 
@@ -104,7 +104,7 @@ def smooth(x: torch.Tensor, lam: torch.Tensor | None, head_axis: int) -> torch.T
     x itself when λ is None."""
     if lam is None:
         return x
-    return x.float() / _broadcast(lam, x, head_axis)
+    return x.float() / _broadcast(lam, head_axis)
 
 
 def unsmooth(
@@ -113,4 +113,4 @@ def unsmooth(
     """(fp32 y * λ) in ``dtype``: the read side of :func:`smooth`."""
     if lam is None:
         return y.to(dtype)
-    return (y.float() * _broadcast(lam, y, head_axis)).to(dtype)
+    return (y.float() * _broadcast(lam, head_axis)).to(dtype)

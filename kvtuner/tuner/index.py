@@ -16,6 +16,7 @@ from typing import Any
 
 from ..errors import KVTunerError
 from ..profile import Profile, load_profile, write_json_atomic
+from ..runtime_loader.sglang.sizing import channel_sides
 
 __all__ = ["build_index", "main", "write_index"]
 
@@ -25,12 +26,7 @@ INDEX_JSON, INDEX_MD = "index.json", "index.md"
 def _page_sizes(profile: Profile) -> set[int]:
     """Group sizes of the channel-axis (KIVI) sides: the SGLang pool packs them a page at a
     time, so it serves them with ``--page-size`` equal to their one group size."""
-    return {
-        qs.group_size
-        for s in profile.layers
-        for qs in (s.k, s.v)
-        if qs.axis == "channel" and qs.is_quantized
-    }
+    return {qs.group_size for qs in channel_sides(profile)}
 
 
 def _servable(profile: Profile) -> bool:

@@ -22,7 +22,6 @@ under another.
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import torch
@@ -30,11 +29,9 @@ from sglang.srt.mem_cache.pool_host.common import ALLOC_MEMORY_FUNCS
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 
 from ...errors import KVTunerError
-from .host_transfers import TOKEN_INDEXED_LAYOUTS, TorchIndexTransfers
+from .host_transfers import TorchIndexTransfers, host_pool_arguments
 
 __all__ = ["KVTunerMHATokenToKVPoolHost", "storage_tag"]
-
-_PARENT_SIG = inspect.signature(MHATokenToKVPoolHost.__init__)
 
 
 def storage_tag(profile_hash: str) -> str:
@@ -57,29 +54,16 @@ class KVTunerMHATokenToKVPoolHost(TorchIndexTransfers, MHATokenToKVPoolHost):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         if self.profile_hash is None:
             raise KVTunerError("KVTunerMHATokenToKVPoolHost needs a profile (use .bound())")
-        call = _PARENT_SIG.bind(self, *args, **kwargs)
-        call.apply_defaults()
-        arguments = call.arguments
-        info = arguments["buffer_info"]
-        if arguments["layout"] not in TOKEN_INDEXED_LAYOUTS:
-            raise KVTunerError(
-                f"kvtuner HiCache supports --hicache-mem-layout "
-                f"{' or '.join(TOKEN_INDEXED_LAYOUTS)}, not {arguments['layout']!r}"
-            )
+        positional, keyword_only, arguments = host_pool_arguments(
+            self, args, kwargs, "kvtuner HiCache"
+        )
         if arguments["draft_buffer_infos"]:
             raise KVTunerError("kvtuner HiCache does not support draft-model KV layers")
         # per layer: bytes of one head's packed row (device buffers: uint8 [rows, heads, row])
-        self.k_row_bytes = tuple(int(b.shape[-1]) for b in info.buffers.k)
-        self.v_row_bytes = tuple(int(b.shape[-1]) for b in info.buffers.v)
-        if info.device.type == "cpu":
-            arguments["pin_memory"] = False  # cudaHostRegister needs a CUDA driver
-        kwonly = {
-            name: arguments.pop(name)
-            for name, p in _PARENT_SIG.parameters.items()
-            if p.kind is p.KEYWORD_ONLY
-        }
-        arguments.pop("self")
-        super().__init__(*arguments.values(), **kwonly)
+        buffers = arguments["buffer_info"].buffers
+        self.k_row_bytes = tuple(int(b.shape[-1]) for b in buffers.k)
+        self.v_row_bytes = tuple(int(b.shape[-1]) for b in buffers.v)
+        super().__init__(*positional, **keyword_only)
 
     # -- geometry ----------------------------------------------------------------------------
     def _view_widths(self) -> list[int]:

@@ -11,6 +11,7 @@ engine, SGLang's own MHA host pool (:class:`CpuMHATokenToKVPoolHost`) copy with 
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -18,10 +19,37 @@ from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 
 from ...errors import KVTunerError
 
-__all__ = ["CpuMHATokenToKVPoolHost", "TorchIndexTransfers", "TOKEN_INDEXED_LAYOUTS"]
+__all__ = [
+    "CpuMHATokenToKVPoolHost",
+    "TOKEN_INDEXED_LAYOUTS",
+    "TorchIndexTransfers",
+    "host_pool_arguments",
+]
 
 # host layouts whose per-layer views ``k_data_refs[l]`` are indexed by host slot
 TOKEN_INDEXED_LAYOUTS = ("layer_first", "page_first")
+_HOST_SIG = inspect.signature(MHATokenToKVPoolHost.__init__)
+
+
+def host_pool_arguments(pool: Any, args: tuple, kwargs: dict, what: str):
+    """``MHATokenToKVPoolHost.__init__``'s arguments bound for ``pool``, checked for index
+    copies: -> (positional, keyword-only, every argument by name). Refuses layouts whose
+    per-layer views are not token-indexed; CPU host memory is not pinned (cudaHostRegister needs
+    a CUDA driver)."""
+    call = _HOST_SIG.bind(pool, *args, **kwargs)
+    call.apply_defaults()
+    arguments = dict(call.arguments)
+    if arguments["layout"] not in TOKEN_INDEXED_LAYOUTS:
+        raise KVTunerError(
+            f"{what} supports --hicache-mem-layout {' or '.join(TOKEN_INDEXED_LAYOUTS)}, "
+            f"not {arguments['layout']!r}"
+        )
+    if arguments["buffer_info"].device.type == "cpu":
+        arguments["pin_memory"] = False
+    names = [n for n in _HOST_SIG.parameters if n != "self"]
+    keyword_only = {n for n, p in _HOST_SIG.parameters.items() if p.kind is p.KEYWORD_ONLY}
+    positional = [arguments[n] for n in names if n not in keyword_only]
+    return positional, {n: arguments[n] for n in keyword_only}, arguments
 
 
 class TorchIndexTransfers:
@@ -67,15 +95,8 @@ class CpuMHATokenToKVPoolHost(TorchIndexTransfers, MHATokenToKVPoolHost):
     """SGLang's MHA host pool on its CPU engine: unpinned host memory, index copies. Layouts
     ``layer_first`` and ``page_first`` (whose per-layer views SGLang builds token-indexed)."""
 
-    def __init__(self, buffer_info: Any, *args: Any, **kwargs: Any) -> None:
-        layout = args[3] if len(args) > 3 else kwargs.get("layout")
-        if layout not in TOKEN_INDEXED_LAYOUTS:
-            raise KVTunerError(
-                f"HiCache on SGLang's CPU engine supports --hicache-mem-layout "
-                f"{' or '.join(TOKEN_INDEXED_LAYOUTS)}, not {layout!r}"
-            )
-        if len(args) > 4:
-            args = (*args[:4], False, *args[5:])
-        else:
-            kwargs["pin_memory"] = False  # cudaHostRegister needs a CUDA driver
-        super().__init__(buffer_info, *args, **kwargs)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        positional, keyword_only, _ = host_pool_arguments(
+            self, args, kwargs, "HiCache on SGLang's CPU engine"
+        )
+        super().__init__(*positional, **keyword_only)

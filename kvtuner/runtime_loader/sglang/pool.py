@@ -233,26 +233,27 @@ class KVTunerMHATokenToKVPool(PoolReads, PoolWrites, PoolSmoothing, MHATokenToKV
         """Packed K and V bytes (the dequant scratch is reported by :meth:`scratch_bytes`)."""
         return (sum(b.numel() for b in self.k_buffer), sum(b.numel() for b in self.v_buffer))
 
+    def _channel_stores(self) -> list[ChannelPages]:
+        """Every channel-axis side's page store, all local layers."""
+        return [side for pair in self._channel if pair for side in pair if side is not None]
+
     def staging_bytes(self) -> int:
         """Bytes of the fp staging of channel-axis sides (0 without them)."""
-        return sum(p.staging_bytes() for pair in self._channel if pair for p in pair if p)
+        return sum(side.staging_bytes() for side in self._channel_stores())
 
     def release_pages(self, *page_ids: torch.Tensor) -> None:
         """SGLang's allocator freed these pages: drop their staged (filling) values."""
-        if not any(self._channel):
+        filling = [side for side in self._channel_stores() if side.staged_pages]
+        if not filling:
             return
         pages = torch.cat([p.reshape(-1) for p in page_ids]).tolist() if page_ids else []
-        for pair in self._channel:
-            for side in pair or ():
-                if side is not None and side.staged_pages:
-                    side.release(pages)
+        for side in filling:
+            side.release(pages)
 
     def clear_staging(self) -> None:
         """SGLang's allocator was cleared: no page is filling."""
-        for pair in self._channel:
-            for side in pair or ():
-                if side is not None:
-                    side.clear()
+        for side in self._channel_stores():
+            side.clear()
 
     def scratch_bytes(self) -> int:
         """Bytes of the dequant scratch (0 in lazy read mode)."""

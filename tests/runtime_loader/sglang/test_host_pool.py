@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_profiles import tiny_profile
+from test_pool import Layer
+from tiny_profiles import pool_over, tiny_profile
 
 from kvtuner.errors import KVTunerError
 from kvtuner.quant import QuantSpec
@@ -22,26 +23,8 @@ SPECS = [  # per layer (k, v): every layer's rows have their own width
 ]
 
 
-class Layer:
-    def __init__(self, layer_id):
-        self.layer_id = layer_id
-
-
 def device_pool(profile):
-    from kvtuner.runtime_loader.sglang.pool import KVTunerMHATokenToKVPool
-
-    return KVTunerMHATokenToKVPool(
-        SIZE,
-        page_size=PAGE,
-        dtype=torch.float32,
-        head_num=HEADS,
-        head_dim=D,
-        layer_num=len(profile.layers),
-        device="cpu",
-        enable_memory_saver=False,
-        profile=profile,
-        read_mode="lazy",
-    )
+    return pool_over(profile, SIZE, page_size=PAGE, read_mode="lazy")
 
 
 def host_pool(pool, layout, profile_hash=None):
