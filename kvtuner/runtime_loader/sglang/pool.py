@@ -70,6 +70,8 @@ class KVTunerMHATokenToKVPool(PoolReads, PoolWrites, PoolSmoothing, PoolChannels
     ``stage_pages``: filling pages the fp staging of channel-axis sides holds (per side).
     ``tp_group`` is the torch.distributed group whose ranks must hold the same profile (None:
     SGLang's TP CPU group when tensor parallelism is on).
+    ``layer_ids``: the global (profile) layer id of each of the pool's layers (None:
+    ``start_layer`` on; SWAKVPool's sub-pools get theirs bound, see :mod:`.pool_layers`).
     """
 
     bound_profile: Profile | None = None

@@ -150,3 +150,27 @@ def test_other_read_modes_are_refused_in_one_line():
 def test_a_profile_with_other_window_layers_is_refused():
     with pytest.raises(KVTunerError, match=r"sliding-window layers are \[0, 1, 2, 3, 4\]"):
         swa_pool(hybrid_profile((S, S, S, S, S, F)))
+
+
+def test_sglang_prices_each_sub_pool_at_its_packed_bytes():
+    """The capacity hooks around HybridSWAPoolConfigurator's per-pool cell prices."""
+    from sglang.srt.model_executor.pool_configurator import HybridSWAPoolConfigurator
+
+    from kvtuner.runtime_loader.sglang.capacity import full_cell_hook, swa_cell_hook
+
+    conf = HybridSWAPoolConfigurator.__new__(HybridSWAPoolConfigurator)
+    conf._fused_full_entry = conf._fused_swa_entry = None
+    conf._full_per_token, conf._swa_per_token = 2048, 2048
+    conf._full_layers_num, conf._swa_layers_num = len(FULL_IDS), len(SWA_IDS)
+    conf._draft_full_layers_num = conf._draft_swa_layers_num = 0
+    full, swa = (
+        HybridSWAPoolConfigurator._full_cell_bytes,
+        HybridSWAPoolConfigurator._swa_cell_bytes,
+    )
+    conf._kvtuner_cells = None  # no profile: SGLang's own prices
+    assert (full_cell_hook(full, conf), swa_cell_hook(swa, conf)) == (2 * 2048, 4 * 2048)
+    cells = sub_pool_cells(
+        hybrid_profile(), heads=HEADS, dtype_bytes=4, full_ids=FULL_IDS, swa_ids=SWA_IDS
+    )
+    conf._kvtuner_cells = cells
+    assert (full_cell_hook(full, conf), swa_cell_hook(swa, conf)) == (cells.full, cells.swa)
