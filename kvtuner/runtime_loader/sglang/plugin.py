@@ -5,10 +5,11 @@ SGLang's ``HookRegistry``, applied by ``load_plugins()`` in the launcher and in 
 - ``ServerArgs.from_cli_args`` (after): makes the path absolute, exports it to child processes
   (``KVTUNER_PROFILE``) and checks the profile against the model's config before anything starts;
   a bad profile prints one line and exits 2.
-- ``DefaultPoolConfigurator._compute_cell_size`` (around): the bytes per token SGLang divides its
-  KV budget by become the profile's packed bytes (plus the read scratch in "scratch" read mode).
-- ``DefaultPoolConfigurator.calculate_pool_sizes`` (around): the fp staging of channel-axis
-  (KIVI) sides comes off the KV budget before SGLang divides it by the cell size.
+- ``DefaultPoolConfigurator._compute_cell_size`` / ``calculate_pool_sizes`` and
+  ``HybridSWAPoolConfigurator``'s cell prices (around, :mod:`.capacity`): the bytes per token
+  SGLang divides its KV budget by become the profile's packed bytes.
+- ``SWAKVPool.__init__`` (around, :mod:`.swa_pool`): SGLang's separate sliding-window pool gets
+  two kvtuner sub-pools, each bound to its layers' global ids; the window one translates reads.
 - ``PagedTokenToKVPoolAllocator._release_page_ids`` / ``clear`` (after): freed pages drop their
   staged values (:meth:`KVTunerMHATokenToKVPool.release_pages`).
 - ``KVCacheConfigurator._resolve_kv_pool_class`` (around): the MHA pool class becomes
@@ -42,13 +43,23 @@ from typing import Any
 import torch
 
 from ...errors import KVTunerError
-from ...profile import ModelFingerprint, Profile
+from ...profile import ModelFingerprint
 from .activation import ENV_VAR, activate, active_profile
 from .backend_choice import choose_packed_backend, register_backend, skip_fused_kv_writes
+from .capacity import (
+    cell_size_hook,
+    full_cell_hook,
+    pool_sizes_hook,
+    scheduler_profile,
+    stage_pages,
+    swa_cell_hook,
+    swa_configurator_init,
+)
 from .cpu_groups import cpu_group_without_pynccl
 from .decode_cache import DEFAULT_DECODE_CACHE_TOKENS
-from .sizing import LAZY_BACKENDS, cell_size, read_mode, stage_pages_for, staging_bytes
-from .support import check_configurator, check_profile_servable, check_staging_bound
+from .sizing import LAZY_BACKENDS, read_mode
+from .support import check_profile_servable, check_staging_bound
+from .swa_pool import kvtuner_sub_pools, swa_pool_init
 from .version import check_sglang_version
 
 logger = logging.getLogger(__name__)
@@ -135,67 +146,7 @@ def _take_flag(server_args: Any, cls: Any, args: Any) -> None:
     )
 
 
-# -- scheduler side --------------------------------------------------------------------------
-def _scheduler_profile(kvc: Any) -> Profile | None:
-    """The active profile, checked against the loaded model and the configuration."""
-    profile = active_profile(kvc.model_config.hf_config)
-    if profile is not None:
-        check_configurator(kvc, profile)
-    return profile
-
-
-def _cell_size_hook(original: Any, self: Any, kvc: Any, num_layers: int) -> int:
-    stock = original(self, kvc, num_layers)
-    profile = _scheduler_profile(kvc)
-    if profile is None:
-        logger.info("kvtuner: no profile; SGLang KV cell size %d B/token", stock)
-        return stock
-    from sglang.srt.runtime_context import get_parallel
-
-    par, mode = get_parallel(), read_mode(kvc.server_args)
-    shape = dict(
-        heads=kvc.model_config.get_num_kv_heads(par.attn_tp_size, par.attn_dcp_size),
-        start_layer=kvc.layer_info.start_layer,
-        num_layers=num_layers,
-        dtype_bytes=torch._utils._element_size(kvc.kv_cache_dtype),
-    )
-    cell = cell_size(profile, **shape, read_mode=mode)
-    # taken off the KV budget by _pool_sizes_hook (a fixed cost, not per token)
-    self._kvtuner_staging_bytes = staging_bytes(
-        profile, **shape, stage_pages=stage_pages(kvc.server_args)
-    )
-    logger.info(
-        "kvtuner: KV cell size %d B/token (packed %d + read scratch %d, %s reads) instead of "
-        "SGLang's %d B/token: %.2fx tokens for the same bytes",
-        cell.total,
-        cell.packed,
-        cell.scratch,
-        mode,
-        stock,
-        stock / cell.total,
-    )
-    if self._kvtuner_staging_bytes:
-        logger.info(
-            "kvtuner: fp staging of filling channel-axis pages: %d bytes (%d pages per side), "
-            "taken off the KV budget",
-            self._kvtuner_staging_bytes,
-            stage_pages(kvc.server_args),
-        )
-    return cell.total
-
-
-def stage_pages(server_args: Any) -> int:
-    """Staged pages per channel-axis side (0 when --max-running-requests is not given: then
-    the profile has no channel-axis side, see check_staging_bound)."""
-    limit = server_args.max_running_requests
-    return 0 if limit is None else stage_pages_for(limit)
-
-
-def _pool_sizes_hook(original: Any, self: Any, available_bytes: int, page_size: int) -> Any:
-    staging = getattr(self, "_kvtuner_staging_bytes", 0)
-    return original(self, max(available_bytes - staging, 0), page_size)
-
-
+# -- scheduler side (capacity hooks: capacity.py) --------------------------------------------
 def _pages_released(result: Any, allocator: Any, *page_ids: torch.Tensor) -> None:
     pool = _kvtuner_pool(allocator)
     if pool is not None and page_ids:
@@ -217,7 +168,7 @@ def _kvtuner_pool(allocator: Any):
 
 def _pool_class_hook(original: Any, self: Any, *, kind: str, default: type) -> type:
     pool_cls = original(self, kind=kind, default=default)
-    profile = _scheduler_profile(self)
+    profile = scheduler_profile(self)
     if profile is None or kind != "mha":
         return pool_cls
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
@@ -267,19 +218,21 @@ def batch_read_slots(forward_batch: Any, req_to_token: torch.Tensor) -> torch.Te
 
 
 def _announce_reads(self: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> None:
-    from .pool import KVTunerMHATokenToKVPool
+    pools = kvtuner_sub_pools(getattr(self, "token_to_kv_pool", None))
+    if not pools or pools[0].read_mode == "packed":
+        return
+    slots = batch_read_slots(forward_batch, self.req_to_token_pool.req_to_token)
+    for pool in pools:  # a window sub-pool translates the full-pool slots itself
+        pool.prepare_reads(slots)
 
-    pool = getattr(self, "token_to_kv_pool", None)
-    if isinstance(pool, KVTunerMHATokenToKVPool) and pool.read_mode != "packed":
-        pool.prepare_reads(batch_read_slots(forward_batch, self.req_to_token_pool.req_to_token))
 
-
+_SWA_CONF = "sglang.srt.model_executor.pool_configurator.HybridSWAPoolConfigurator"
 _HOOKS = (
     ("sglang.srt.server_args.ServerArgs.add_cli_args", _add_flag, "AFTER"),
     ("sglang.srt.server_args.ServerArgs.from_cli_args", _take_flag, "AFTER"),
     (
         "sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator._compute_cell_size",
-        _cell_size_hook,
+        cell_size_hook,
         "AROUND",
     ),
     (
@@ -289,7 +242,7 @@ _HOOKS = (
     ),
     (
         "sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator.calculate_pool_sizes",
-        _pool_sizes_hook,
+        pool_sizes_hook,
         "AROUND",
     ),
     (
@@ -314,6 +267,10 @@ _HOOKS = (
         "AROUND",
     ),
     ("sglang.srt.models.utils.enable_fused_set_kv_buffer", skip_fused_kv_writes, "AROUND"),
+    ("sglang.srt.mem_cache.swa_memory_pool.SWAKVPool.__init__", swa_pool_init, "AROUND"),
+    (f"{_SWA_CONF}.__init__", swa_configurator_init, "AROUND"),
+    (f"{_SWA_CONF}._full_cell_bytes", full_cell_hook, "AROUND"),
+    (f"{_SWA_CONF}._swa_cell_bytes", swa_cell_hook, "AROUND"),
 )
 
 

@@ -40,13 +40,14 @@ from ...errors import KVTunerError
 from ...profile import Profile
 from ...quant import gather_dequantized, scatter_quantized
 from .batch_reads import BatchReads
-from .channel_pages import ChannelPages
 from .decode_cache import DEFAULT_DECODE_CACHE_TOKENS, DecodeCache
 from .kv_pair import pair_spec
+from .pool_channels import PoolChannels
+from .pool_layers import pool_layer_ids
 from .pool_reads import PoolReads
 from .pool_smoothing import PoolSmoothing
 from .pool_writes import PoolWrites
-from .sizing import READ_MODES, cell_size, channel_sides
+from .sizing import READ_MODES, cell_size
 from .support import check_profile_servable, pool_refusal
 from .tp_check import check_same_profile, sglang_rank_group
 from .view import DequantizedView
@@ -59,7 +60,7 @@ _PARENT_SIG = inspect.signature(MHATokenToKVPool.__init__)
 DEFAULT_STAGE_PAGES = 64  # pools built without the plugin (tests); the plugin sizes it
 
 
-class KVTunerMHATokenToKVPool(PoolReads, PoolWrites, PoolSmoothing, MHATokenToKVPool):
+class KVTunerMHATokenToKVPool(PoolReads, PoolWrites, PoolSmoothing, PoolChannels, MHATokenToKVPool):
     """``MHATokenToKVPool(*parent_args, profile=..., read_mode=..., tp_group=...)``.
 
     ``profile`` (a :class:`kvtuner.profile.Profile`, global layer indices) and ``read_mode``
@@ -69,12 +70,16 @@ class KVTunerMHATokenToKVPool(PoolReads, PoolWrites, PoolSmoothing, MHATokenToKV
     ``stage_pages``: filling pages the fp staging of channel-axis sides holds (per side).
     ``tp_group`` is the torch.distributed group whose ranks must hold the same profile (None:
     SGLang's TP CPU group when tensor parallelism is on).
+    ``layer_ids``: the global (profile) layer id of each of the pool's layers (None:
+    ``start_layer`` on; SWAKVPool's sub-pools get theirs bound, see :mod:`.pool_layers`).
     """
 
     bound_profile: Profile | None = None
     bound_read_mode: str = "scratch"
     bound_decode_cache_tokens: int = DEFAULT_DECODE_CACHE_TOKENS
     bound_stage_pages: int = DEFAULT_STAGE_PAGES
+    # global layer ids of the pool's layers (None: start_layer on); SWAKVPool's sub-pools
+    bound_layer_ids: tuple[int, ...] | None = None
     # the quantizer ops (Triton on CUDA, torch on CPU); tests swap in the interpreted kernels
     scatter = staticmethod(scatter_quantized)
     gather = staticmethod(gather_dequantized)
@@ -104,6 +109,7 @@ class KVTunerMHATokenToKVPool(PoolReads, PoolWrites, PoolSmoothing, MHATokenToKV
         decode_cache_tokens: int | None = None,
         stage_pages: int | None = None,
         tp_group: Any = None,
+        layer_ids: tuple[int, ...] | None = None,
         **kwargs: Any,
     ) -> None:
         bound = _PARENT_SIG.bind(self, *args, **kwargs)
@@ -119,7 +125,8 @@ class KVTunerMHATokenToKVPool(PoolReads, PoolWrites, PoolSmoothing, MHATokenToKV
             raise KVTunerError(f"the kvtuner pool does not support {refusal} in v1")
         check_profile_servable(self.profile, bound.arguments["page_size"])
         self.stage_pages = stage_pages if stage_pages is not None else self.bound_stage_pages
-        self._check_shape(bound.arguments)
+        ids = layer_ids if layer_ids is not None else self.bound_layer_ids
+        self.layer_ids = pool_layer_ids(self.profile, bound.arguments, ids)
         group = tp_group if tp_group is not None else sglang_rank_group()
         check_same_profile(self.profile.hash, group)
         self._read_slots: torch.Tensor | None = None
@@ -136,6 +143,7 @@ class KVTunerMHATokenToKVPool(PoolReads, PoolWrites, PoolSmoothing, MHATokenToKV
         self._lams = self._smoothing_factors()  # key smoothing λ per local layer (or None)
         self._codecs = self._write_codecs()  # after _pair_specs: it sets _torch_cpu
         self._host: dict[int, tuple] = {}  # local layer -> numpy views of its packed buffers
+        self.model_layer_ids = self.layer_ids
         self._log_allocation()
 
     def _pair_specs(self) -> list:
@@ -146,41 +154,14 @@ class KVTunerMHATokenToKVPool(PoolReads, PoolWrites, PoolSmoothing, MHATokenToKV
         specs = [self.layer_spec(self.start_layer + i) for i in range(self.layer_num)]
         return [pair_spec(s.k, s.v) if self._torch_cpu else None for s in specs]
 
-    def _check_shape(self, args: dict[str, Any]) -> None:
-        fp = self.profile.fingerprint
-        start = args.get("start_layer") or 0
-        if args["head_dim"] != fp.head_dim:
-            raise KVTunerError(
-                f"profile head_dim {fp.head_dim} != served head_dim {args['head_dim']}"
-            )
-        if start + args["layer_num"] > fp.num_layers:
-            raise KVTunerError(
-                f"pool layers {start}..{start + args['layer_num'] - 1} exceed the "
-                f"profile's {fp.num_layers} layers"
-            )
-
     # -- storage -----------------------------------------------------------------------------
     def layer_spec(self, layer_id: int):
-        """The profile's LayerSpec of global layer ``layer_id``."""
-        return self.profile.layers[layer_id]
+        """The profile's LayerSpec of the pool's layer ``layer_id`` (SGLang's id for it: the
+        global id, or the sub-pool's own index under SWAKVPool; ``layer_ids`` maps it)."""
+        return self.profile.layers[self.layer_ids[layer_id - self.start_layer]]
 
     def _rows(self, spec) -> tuple[int, int, int]:
         return (self.size + self.page_size, self.head_num, spec.row_bytes(self.head_dim))
-
-    def _side_buffer(self, spec) -> tuple[torch.Tensor, ChannelPages | None]:
-        """A layer side's packed buffer and, for a channel-axis spec, its page store."""
-        if spec.axis == "token" or not spec.is_quantized:
-            return torch.zeros(self._rows(spec), dtype=torch.uint8, device=self.device), None
-        pages = ChannelPages(
-            spec,
-            pages=(self.size + self.page_size) // self.page_size,
-            heads=self.head_num,
-            head_dim=self.head_dim,
-            stage_pages=self.stage_pages,
-            dtype=self.dtype,
-            device=self.device,
-        )
-        return pages.blocks, pages
 
     def _create_buffers(self) -> None:
         specs = [self.layer_spec(self.start_layer + i) for i in range(self.layer_num)]
@@ -233,28 +214,6 @@ class KVTunerMHATokenToKVPool(PoolReads, PoolWrites, PoolSmoothing, MHATokenToKV
         """Packed K and V bytes (the dequant scratch is reported by :meth:`scratch_bytes`)."""
         return (sum(b.numel() for b in self.k_buffer), sum(b.numel() for b in self.v_buffer))
 
-    def _channel_stores(self) -> list[ChannelPages]:
-        """Every channel-axis side's page store, all local layers."""
-        return [side for pair in self._channel if pair for side in pair if side is not None]
-
-    def staging_bytes(self) -> int:
-        """Bytes of the fp staging of channel-axis sides (0 without them)."""
-        return sum(side.staging_bytes() for side in self._channel_stores())
-
-    def release_pages(self, *page_ids: torch.Tensor) -> None:
-        """SGLang's allocator freed these pages: drop their staged (filling) values."""
-        filling = [side for side in self._channel_stores() if side.staged_pages]
-        if not filling:
-            return
-        pages = torch.cat([p.reshape(-1) for p in page_ids]).tolist() if page_ids else []
-        for side in filling:
-            side.release(pages)
-
-    def clear_staging(self) -> None:
-        """SGLang's allocator was cleared: no page is filling."""
-        for side in self._channel_stores():
-            side.clear()
-
     def scratch_bytes(self) -> int:
         """Bytes of the dequant scratch (0 in lazy read mode)."""
         scratch = (self._k_scratch, self._v_scratch)
@@ -269,16 +228,16 @@ class KVTunerMHATokenToKVPool(PoolReads, PoolWrites, PoolSmoothing, MHATokenToKV
             num_layers=self.layer_num,
             dtype_bytes=self.dtype.itemsize,
             read_mode=self.read_mode,
+            layer_ids=self.layer_ids,
         )
         logger.info(
-            "kvtuner pool: profile %s, layers %d..%d of %d, #tokens: %d, rows: %d, "
+            "kvtuner pool: profile %s, layers %s of %d, #tokens: %d, rows: %d, "
             "packed KV bytes: %d "
             "(profile predicts %d B/token), read mode %s, dequant scratch bytes: %d, "
             "decode cache: at most %d tokens per layer (%d bytes), "
             "fp staging: %d filling pages per channel-axis side (%d sides, %d bytes)",
             self.profile.hash,
-            self.start_layer,
-            self.start_layer + self.layer_num - 1,
+            _layer_range(self.layer_ids),
             len(self.profile.layers),
             self.size,
             self.size + self.page_size,
@@ -289,7 +248,7 @@ class KVTunerMHATokenToKVPool(PoolReads, PoolWrites, PoolSmoothing, MHATokenToKV
             self._cache.max_tokens,
             self.decode_cache_bound_bytes(),
             self.stage_pages,
-            len(channel_sides(self.profile, self.start_layer, self.layer_num)),
+            len(self._channel_stores()),
             self.staging_bytes(),
         )
 
@@ -312,3 +271,12 @@ class KVTunerMHATokenToKVPool(PoolReads, PoolWrites, PoolSmoothing, MHATokenToKV
 
     def load_cpu_copy(self, *args, **kwargs):
         raise KVTunerError("the kvtuner pool does not support KV CPU offload in v1")
+
+
+def _layer_range(ids: tuple[int, ...]) -> str:
+    """``15..29`` for contiguous ids, else the list (a SWAKVPool sub-pool's layers)."""
+    if not ids:
+        return "none"
+    if ids == tuple(range(ids[0], ids[0] + len(ids))):
+        return f"{ids[0]}..{ids[-1]}"
+    return ",".join(map(str, ids))

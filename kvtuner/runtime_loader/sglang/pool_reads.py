@@ -13,17 +13,30 @@ filling pages' staged fp values), in every mode.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from .kv_pair import dequantize_pair
 from .view import DequantizedView
 
-__all__ = ["PoolReads"]
+__all__ = ["PoolReads", "SlotMap"]
+
+
+class SlotMap(Protocol):
+    """Translates the slots a backend reads with into the pool's own (``swa_pool.WindowSlots``)."""
+
+    def __call__(self, loc: torch.Tensor) -> torch.Tensor: ...
+
+    def forget(self) -> None: ...
 
 
 class PoolReads:
     """Mixin of :class:`KVTunerMHATokenToKVPool`: reads. Needs the packed buffers, ``_pairs``,
     ``gather``, ``_cache``, ``_batch``, ``_views`` and, in scratch mode, the scratch tensors."""
+
+    # full-pool slots -> this pool's slots, for reads (SWAKVPool's window sub-pool; swa_pool.py)
+    read_slot_map: SlotMap | None = None
 
     def read_kv(self, layer_id: int, loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Dequantized K, V [len(loc), heads, head_dim] (model dtype) of slots ``loc``."""
@@ -52,7 +65,10 @@ class PoolReads:
     def read_for_view(self, layer_id: int, which: str, loc: torch.Tensor) -> torch.Tensor:
         """What a :class:`DequantizedView` returns for ``view[loc]`` (``loc``: int [n]): the
         request's cached rows (new slots dequantized), else a range of the announced batch
-        (dequantized once per layer), else a direct read of ``loc``."""
+        (dequantized once per layer), else a direct read of ``loc``. A window sub-pool of
+        SWAKVPool is handed full-pool slots: ``read_slot_map`` translates them first."""
+        if self.read_slot_map is not None:
+            loc = self.read_slot_map(loc)
         if self._cache.enabled:
             kv = self._cached_pair(layer_id, loc)
             if kv is not None:
@@ -75,6 +91,9 @@ class PoolReads:
         """Announce the slots the next forward reads, request by request (int64 [n]).
         Scratch mode: only these are dequantized, None forbids reads. Lazy mode: a speed-up
         (one dequantization of the batch per layer); reads work without it."""
+        if self.read_slot_map is not None and slots is not None:
+            self.read_slot_map.forget()
+            slots = self.read_slot_map(slots)
         self._read_slots = slots
         self._materialized = None
         self._cache.new_step()

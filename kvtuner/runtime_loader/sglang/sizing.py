@@ -14,6 +14,7 @@ the plugin takes off SGLang's KV budget before it divides by the cell size.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,14 +81,19 @@ def cell_size(
     num_layers: int,
     dtype_bytes: int,
     read_mode: str = "scratch",
+    layer_ids: Sequence[int] | None = None,
 ) -> CellSize:
-    """Bytes per token of layers ``[start_layer, start_layer + num_layers)`` with ``heads``
-    KV heads on this rank (SGLang's TP split); scratch in a ``dtype_bytes`` dtype when
-    ``read_mode == "scratch"``, none otherwise."""
+    """Bytes per token of layers ``[start_layer, start_layer + num_layers)`` (or of the global
+    ``layer_ids``: a sub-pool of SGLang's SWAKVPool) with ``heads`` KV heads on this rank
+    (SGLang's TP split); scratch in a ``dtype_bytes`` dtype when ``read_mode == "scratch"``,
+    none otherwise."""
     if read_mode not in READ_MODES:
         raise KVTunerError(f"read_mode must be one of {READ_MODES}, got {read_mode!r}")
     d = profile.fingerprint.head_dim
-    layers = _layers(profile, start_layer, num_layers)
+    if layer_ids is None:
+        layers = _layers(profile, start_layer, num_layers)
+    else:
+        layers = [_layers(profile, i, 1)[0] for i in layer_ids]
     exact = sum(
         heads * (s.k.exact_bytes_per_token(d) + s.v.exact_bytes_per_token(d)) for s in layers
     )

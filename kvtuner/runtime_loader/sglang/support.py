@@ -6,15 +6,13 @@ Channel-axis (KIVI) specs are packed a page at a time (:mod:`.channel_pages`), s
 must be SGLang's ``--page-size``, and the fp staging of filling pages is sized from
 ``--max-running-requests`` (one filling page per running request).
 
-Hybrid sliding-window models are served when SGLang keeps every layer in its one MHA pool: then
-each layer, window or global, is packed at its own spec, and attention applies the window. SGLang
-0.5.23 does that for Gemma 2/3 on its own (``arg_groups/model_overrides/gemma2_gemma3.py`` sets
-``disable_hybrid_swa_memory``) and for any model with ``--disable-hybrid-swa-memory``. Its
-separate window pool (``SWAKVPool``, ``mem_cache/swa_memory_pool.py``) is refused: its sub-pools
-are built with pool-local layer ids (``layer_num`` = the window or the full layer count,
-``set_kv_buffer(..., layer_id_override=...)``), the global ids arriving only after construction
-(``pool.model_layer_ids``), and window layers are read through ``translate_loc_from_full_to_swa``
-slots, not the ``req_to_token`` slots the pool's lazy reads are told about.
+Hybrid sliding-window models: when SGLang keeps every layer in its one MHA pool (SGLang 0.5.23
+does that for Gemma 2/3 on its own, ``arg_groups/model_overrides/gemma2_gemma3.py`` sets
+``disable_hybrid_swa_memory``, and for any model with ``--disable-hybrid-swa-memory``), each
+layer, window or global, is packed at its own spec and attention applies the window. When SGLang
+builds its separate window pool (``SWAKVPool``), both sub-pools are kvtuner pools
+(:mod:`.swa_pool`), served with lazy reads (``torch_native``) only; channel-axis specs, HiCache
+and SGLang's unified memory pool are refused with it.
 """
 
 from __future__ import annotations
@@ -25,6 +23,7 @@ from ...errors import KVTunerError
 from ...profile import Profile
 from .backend_choice import serves_on_cuda
 from .sizing import PACKED_BACKEND, channel_sides, read_mode
+from .swa_pool import swa_refusal
 
 __all__ = [
     "check_configurator",
@@ -62,11 +61,14 @@ def check_staging_bound(profile: Profile, max_running_requests: int | None) -> N
         )
 
 
-def channel_refusal(server_args: Any, profile: Profile) -> str:
+def channel_refusal(server_args: Any, profile: Profile, hybrid_swa: bool = False) -> str:
     """Channel-axis sides live in staged pages (channel_pages.py): only the CPU read paths and
-    the device pool know them, not the CUDA kernels' paged rows nor HiCache's row copies."""
+    the device pool know them, not the CUDA kernels' paged rows nor HiCache's row copies, nor
+    SWAKVPool (its window slots are not filled page by page in token order)."""
     if not channel_sides(profile):
         return ""
+    if hybrid_swa:
+        return "channel-axis (KIVI) specs with SGLang's separate sliding-window KV pool (SWAKVPool)"
     if server_args.enable_hierarchical_cache:
         return (
             "channel-axis (KIVI) specs with --enable-hierarchical-cache (serve a per-token profile)"
@@ -86,10 +88,7 @@ def _refusals(kvc: Any) -> list[str]:
     graphs = get_exec().graph.cuda_graph_config
     return [
         "MLA models" if kvc.use_mla_backend else "",
-        "SGLang's separate sliding-window KV pool (SWAKVPool; add --disable-hybrid-swa-memory: "
-        "the packed pool then holds every layer at its own spec)"
-        if kvc.is_hybrid_swa
-        else "",
+        _swa_pool_refusal(kvc),
         "hybrid linear-attention (Mamba-like) models" if kvc.mambaish_config else "",
         "speculative decoding" if not kvc.spec_algorithm.is_none() else "",
         f"--kv-cache-dtype {kvc.kv_cache_dtype_str}"
@@ -106,6 +105,18 @@ def _refusals(kvc: Any) -> list[str]:
         if serves_on_cuda(sa) and read_mode(sa) != "packed"
         else "",
     ]
+
+
+def _swa_pool_refusal(kvc: Any) -> str:
+    """SWAKVPool's sub-pools are kvtuner pools with lazy reads (swa_pool.py); not with the rest."""
+    if not kvc.is_hybrid_swa:
+        return ""
+    sa, what = kvc.server_args, "SGLang's separate sliding-window KV pool (SWAKVPool)"
+    if sa.enable_hierarchical_cache:
+        return f"{what} with --enable-hierarchical-cache"
+    if getattr(sa, "enable_unified_memory", False):
+        return f"{what} with --enable-unified-memory"
+    return swa_refusal(read_mode(sa))
 
 
 def _graph_refusal(graphs: Any, mode: str) -> str:
@@ -151,7 +162,7 @@ def check_configurator(kvc: Any, profile: Profile) -> None:
         )
     check_profile_servable(profile, kvc.page_size)
     check_staging_bound(profile, kvc.server_args.max_running_requests)
-    refusal = channel_refusal(kvc.server_args, profile)
+    refusal = channel_refusal(kvc.server_args, profile, kvc.is_hybrid_swa)
     if refusal:
         raise KVTunerError(f"--kvtuner-profile does not support {refusal} yet")
 
