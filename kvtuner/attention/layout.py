@@ -43,6 +43,9 @@ class AttentionBatch:
     qo_indptr: torch.Tensor | None = None
     max_q_len: int | None = None
     k_smooth: torch.Tensor | None = None  # fp32 λ [Hkv, D]: key rows hold k / λ
+    window: int | None = None  # query at p attends keys in (p - window, p]
+    logit_cap: float | None = None  # scores become cap · tanh(score / cap)
+    sinks: torch.Tensor | None = None  # float [Hq]: sink logits in the softmax denominator
 
     def __post_init__(self) -> None:
         q, ragged = self.q, self.qo_indptr is not None
@@ -69,6 +72,23 @@ class AttentionBatch:
         self._check_indices()
         self._check_tails()
         self._check_smooth()
+        self._check_softmax()
+
+    def _check_softmax(self) -> None:
+        """Window, soft cap and sinks: what changes the softmax beyond the causal mask."""
+        w, cap, sinks = self.window, self.logit_cap, self.sinks
+        if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
+            raise ValueError(f"window must be an int >= 1 (keys a query sees), got {w!r}")
+        if cap is not None and not (isinstance(cap, (int, float)) and 0 < cap < float("inf")):
+            raise ValueError(f"logit_cap must be a finite number > 0 (or None), got {cap!r}")
+        if sinks is None:
+            return
+        heads, dev = self.q.shape[-2], self.q.device
+        if sinks.shape != (heads,) or sinks.dtype not in _FLOATS or sinks.device != dev:
+            raise ValueError(
+                f"sinks must be float [Hq] = [{heads}] on {dev}, got {sinks.dtype} "
+                f"{tuple(sinks.shape)} on {sinks.device}"
+            )
 
     def _check_smooth(self) -> None:
         lam = self.k_smooth
@@ -207,6 +227,14 @@ class AttentionBatch:
     def max_packed(self) -> int:
         """Upper bound of any request's packed V tokens, known without a device sync."""
         return self.slot_table.shape[1] if self.slot_table is not None else self._packed("v")
+
+    @property
+    def span(self) -> int:
+        """Upper bound of the packed keys one request's queries attend: the width, or with a
+        window at most ``window + Tq - 1`` of them."""
+        if self.window is None:
+            return self.max_packed
+        return min(self.max_packed, self.window + self.q_tokens - 1)
 
     @property
     def v_tail_tokens(self) -> int:
