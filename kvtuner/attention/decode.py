@@ -77,6 +77,8 @@ def extend_attention(
     window: int | None = None,
     logit_cap: float | None = None,
     sinks: torch.Tensor | None = None,
+    k_stage: torch.Tensor | None = None,
+    k_stage_rows: torch.Tensor | None = None,
     num_splits: int | None = None,
     block_tokens: int = 64,
 ) -> torch.Tensor:
@@ -100,13 +102,17 @@ def extend_attention(
     - ``sm_scale`` (default D^-0.5); ``window``: a query at position p attends only keys in
       ``(p - window, p]`` (Gemma/HF ``sliding_window``: itself included); ``logit_cap``: scores
       become ``cap · tanh(score / cap)`` before the softmax (Gemma 2); ``sinks`` float [Hq]:
-      each head's sink logit joins the softmax denominator (GPT-OSS).
+      each head's sink logit joins the softmax denominator (GPT-OSS);
+    - paged channel-axis (KIVI) keys: ``k_rows [pages, Hkv, block]`` (page p holds slots
+      ``p*G .. p*G+G-1``, G the key group), ``k_stage [rows, G, Hkv, D]`` (fp values of pages
+      still filling) and ``k_stage_rows`` int32 [pages] (a page's stage row, -1 once packed).
     num_splits (default: from the device, batch and length) and block_tokens tune the launch.
     Needs CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``.
     """
     batch = AttentionBatch(
         q, k_rows, v_rows, k_spec, v_spec, lengths, slot_table, table_rows, k_tail, v_tail,
-        starts, sm_scale, qo_indptr, max_q_len, k_smooth, window, logit_cap, sinks,
+        starts, sm_scale, qo_indptr, max_q_len, k_smooth, window, logit_cap, sinks, k_stage,
+        k_stage_rows,
     )  # fmt: skip
     if not q.is_cuda and not interpreted():
         raise ValueError("packed attention needs CUDA tensors, or TRITON_INTERPRET=1 on CPU")

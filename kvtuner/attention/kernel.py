@@ -10,7 +10,9 @@ cover only the window of the block's queries. ``_reduce_kernel`` merges the spli
 
 Rows are addressed as ``base + b * stride_b + token * stride_tok + h * stride_head``: a paged
 pool ``[slots, Hkv, R]`` has ``stride_b = 0`` and takes ``token`` from the request's slot table;
-the HF cache's rows ``[B, Hkv, T, R]`` use ``token = t`` directly.
+the HF cache's rows ``[B, Hkv, T, R]`` use ``token = t`` directly. Channel-axis (KIVI) keys
+are blocks of G tokens: ``[B, Hkv, T/G, block]`` (HF), or in a pool one block per page of G
+slots ``[pages, Hkv, block]`` with the filling pages' fp values staged beside them.
 """
 
 from __future__ import annotations
@@ -21,7 +23,14 @@ import triton.language as tl
 
 from ..quant.spec import QuantSpec
 from .layout import AttentionBatch
-from .tiles import _attend, _channel_tile, _kv_tile, _stored_tile, _visible
+from .tiles import (
+    _attend,
+    _channel_tile,
+    _kv_tile,
+    _paged_channel_tile,
+    _stored_tile,
+    _visible,
+)
 
 __all__ = ["launch"]
 
@@ -31,13 +40,14 @@ _LOG2E = 1.4426950408889634
 @triton.jit
 def _attention_kernel(
     q_ptr, k_ptr, v_ptr, kt_ptr, vt_ptr, table_ptr, rows_ptr, len_ptr, start_ptr, qo_ptr, o_ptr,
-    lse_ptr, stride_qb, stride_qt, stride_qh, k_sb, k_st, k_sh, v_sb, v_st, v_sh, kt_sb, kt_sh,
-    kt_st, vt_sb, vt_sh, vt_st, stride_table, q_len, k_delta, v_tail_len, chunk, num_splits,
-    window, score_scale, cap_log2, D: tl.constexpr, GROUP: tl.constexpr, GP: tl.constexpr,
-    BQ: tl.constexpr, BT: tl.constexpr, K_BITS: tl.constexpr, K_G: tl.constexpr,
-    K_SYM: tl.constexpr, K_CHANNEL: tl.constexpr, V_BITS: tl.constexpr, V_G: tl.constexpr,
-    V_SYM: tl.constexpr, PAGED: tl.constexpr, HAS_ROWS: tl.constexpr, HAS_START: tl.constexpr,
-    RAGGED: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, DOT_IEEE: tl.constexpr,
+    lse_ptr, ks_ptr, ksr_ptr, stride_qb, stride_qt, stride_qh, k_sb, k_st, k_sh, v_sb, v_st,
+    v_sh, kt_sb, kt_sh, kt_st, vt_sb, vt_sh, vt_st, ks_sr, ks_sg, ks_sh, stride_table, q_len,
+    k_delta, v_tail_len, chunk, num_splits, window, score_scale, cap_log2, D: tl.constexpr,
+    GROUP: tl.constexpr, GP: tl.constexpr, BQ: tl.constexpr, BT: tl.constexpr, K_BITS: tl.constexpr,
+    K_G: tl.constexpr, K_SYM: tl.constexpr, K_CHANNEL: tl.constexpr, V_BITS: tl.constexpr,
+    V_G: tl.constexpr, V_SYM: tl.constexpr, PAGED: tl.constexpr, HAS_ROWS: tl.constexpr,
+    HAS_START: tl.constexpr, RAGGED: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    DOT_IEEE: tl.constexpr,
 ):  # fmt: skip
     b, h = tl.program_id(0), tl.program_id(1)
     qb, split = tl.program_id(2) // num_splits, tl.program_id(2) % num_splits
@@ -70,6 +80,7 @@ def _attention_kernel(
     acc = tl.zeros([QP, D], tl.float32)
     k_base, v_base = k_ptr + b64 * k_sb + h64 * k_sh, v_ptr + b64 * v_sb + h64 * v_sh
     kt_base, vt_base = kt_ptr + b64 * kt_sb + h64 * kt_sh, vt_ptr + b64 * vt_sb + h64 * vt_sh
+    ks_base = ks_ptr + h64 * ks_sh  # paged channel-axis keys: filling pages' fp values
     both = tl.minimum(k_len, v_len)  # below: K and V both packed (the split-K hot loop)
     lo = base + split * chunk
     hi = tl.minimum(tl.minimum(lo + chunk, both), last + 1)
@@ -82,7 +93,10 @@ def _attention_kernel(
             tok = tl.load(table_ptr + row * stride_table + t, mask=ok, other=0).to(tl.int64)
         else:
             tok = t.to(tl.int64)
-        if K_CHANNEL:
+        if K_CHANNEL and PAGED:
+            k = _paged_channel_tile(k_base, ks_base, ksr_ptr, tok, ok, k_st, ks_sr, ks_sg, D,
+                                    K_BITS, K_G, K_SYM)  # fmt: skip
+        elif K_CHANNEL:
             k = _channel_tile(k_base, t, ok, k_st, D, K_BITS, K_G, K_SYM)
         else:
             k = _kv_tile(k_base, tok * k_st, ok, D, K_BITS, K_G, K_SYM)
@@ -98,8 +112,12 @@ def _attention_kernel(
             tok = tok.to(tl.int64)
         else:
             tok = t.to(tl.int64)
-        k = _stored_tile(k_base, kt_base, t, tok, ok, k_len, k_st, kt_st, D, K_BITS, K_G, K_SYM,
-                         K_CHANNEL)  # fmt: skip
+        if K_CHANNEL and PAGED:  # a paged pool has no tail: all packed
+            k = _paged_channel_tile(k_base, ks_base, ksr_ptr, tok, ok, k_st, ks_sr, ks_sg, D,
+                                    K_BITS, K_G, K_SYM)  # fmt: skip
+        else:
+            k = _stored_tile(k_base, kt_base, t, tok, ok, k_len, k_st, kt_st, D, K_BITS, K_G,
+                             K_SYM, K_CHANNEL)  # fmt: skip
         v = _stored_tile(v_base, vt_base, t, tok, ok, v_len, v_st, vt_st, D, V_BITS, V_G, V_SYM,
                          False)  # fmt: skip
         seen = _visible(t, ok, qpos, window, WINDOW)
@@ -198,11 +216,14 @@ def launch(
     rows = batch.table_rows if batch.table_rows is not None else batch.lengths
     starts = batch.starts if batch.starts is not None else batch.lengths
     qo = batch.qo_indptr if ragged else batch.lengths
+    stage = batch.k_stage if batch.k_stage is not None else empty  # [rows, G, Hkv, D]
+    stage_rows = batch.k_stage_rows if batch.k_stage_rows is not None else batch.lengths
     q_strides = (0, *q.stride()[:2]) if ragged else q.stride()[:3]  # (b, token, head)
     _attention_kernel[(bsz, hkv, triton.cdiv(q_len, bq) * splits)](
         q, k_rows, v_rows, k_tail, v_tail, table, rows, batch.lengths, starts, qo, partial, lse,
-        *q_strides, *_row_strides(k_rows, paged), *_row_strides(v_rows, paged),
-        *k_tail.stride()[:3], *v_tail.stride()[:3], table.stride(0) if paged else 0,
+        stage, stage_rows, *q_strides, *_row_strides(k_rows, paged),
+        *_row_strides(v_rows, paged), *k_tail.stride()[:3], *v_tail.stride()[:3],
+        stage.stride(0), stage.stride(1), stage.stride(2), table.stride(0) if paged else 0,
         q_len, batch.k_delta, batch.v_tail_tokens, chunk, splits, **_softmax_args(batch), D=dim,
         GROUP=group, GP=gp, BQ=bq, BT=block_tokens, **_spec_args(batch.k_spec, "K"),
         K_CHANNEL=batch.k_spec.axis == "channel" and batch.k_spec.is_quantized,

@@ -24,7 +24,11 @@ def request_kv(batch: AttentionBatch, b: int) -> tuple[torch.Tensor, torch.Tenso
     ):
         if batch.slot_table is not None:
             row = b if batch.table_rows is None else int(batch.table_rows[b])
-            mine = rows[batch.slot_table[row, :n].long()].transpose(0, 1)  # [Hkv, n, R]
+            slots = batch.slot_table[row, :n].long()
+            if rows is batch.k_rows and batch.k_stage is not None:
+                out.append(_paged_channel_keys(batch, slots))
+                continue
+            mine = rows[slots].transpose(0, 1)  # [Hkv, n, R]
         elif spec.axis == "channel" and spec.is_quantized:
             mine = rows[b, :, : n // spec.group_size]  # blocks of G tokens
         else:
@@ -34,6 +38,20 @@ def request_kv(batch: AttentionBatch, b: int) -> tuple[torch.Tensor, torch.Tenso
             x = torch.cat([x, tail[b].float()], dim=1)
         out.append(x)
     return out[0], out[1]
+
+
+def _paged_channel_keys(batch: AttentionBatch, slots: torch.Tensor) -> torch.Tensor:
+    """fp32 [Hkv, n, D] keys of pool ``slots``: staged fp values of filling pages, else the
+    dequantized block of the slot's page (page = slot // G)."""
+    spec = batch.k_spec
+    pages, pos = slots // spec.group_size, slots % spec.group_size
+    blocks = batch.k_rows[pages].unsqueeze(2)  # [n, Hkv, 1 block, bytes]
+    keys = dequantize(blocks, spec, batch.head_dim, torch.float32)  # [n, Hkv, G, D]
+    keys = keys[torch.arange(len(slots)), :, pos]  # [n, Hkv, D]
+    rows = batch.k_stage_rows[pages].long()
+    staged = rows >= 0
+    keys[staged] = batch.k_stage[rows[staged], pos[staged]].float()
+    return keys.transpose(0, 1)
 
 
 def _queries(batch: AttentionBatch, b: int) -> torch.Tensor:

@@ -51,6 +51,22 @@ def _channel_tile(base, t, ok, stride_block, D: tl.constexpr, BITS: tl.constexpr
 
 
 @triton.jit
+def _paged_channel_tile(base, stage, stage_rows, slot, ok, stride_page, stride_row, stride_pos,
+                        D: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr,
+                        SYM: tl.constexpr):  # fmt: skip
+    """Keys of pool slots [BT] kept as channel-axis pages (page = slot // G): a full page's
+    block at ``base + page * stride_page``, a filling page's fp values at ``stage + row *
+    stride_row + (slot % G) * stride_pos`` (row = ``stage_rows[page]``, -1 once packed)."""
+    page = slot // G
+    row = tl.load(stage_rows + page, mask=ok, other=-1)
+    staged = ok & (row >= 0)
+    x = _channel_tile(base, slot, ok & (row < 0), stride_page, D, BITS, G, SYM)
+    at = row.to(tl.int64) * stride_row + (slot % G) * stride_pos
+    fp = tl.load(stage + at[:, None] + tl.arange(0, D)[None, :], mask=staged[:, None], other=0.0)
+    return tl.where(staged[:, None], fp.to(tl.float32), x)
+
+
+@triton.jit
 def _stored_tile(base, tail, t, tok, ok, packed, stride_tok, stride_tail, D: tl.constexpr,
                  BITS: tl.constexpr, G: tl.constexpr, SYM: tl.constexpr,
                  CHANNEL: tl.constexpr):  # fmt: skip

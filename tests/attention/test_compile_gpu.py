@@ -1,5 +1,6 @@
-"""No GPU here: the attention kernel (with and without a window and soft cap) and its reduce
-(with sinks) compile for an H100 (sm_90), the kernel with tensor-core dots."""
+"""No GPU here: the attention kernel (with and without a window and soft cap, over rows and
+over a pool's channel-axis key pages) and its reduce (with sinks) compile for an H100 (sm_90),
+the kernel with tensor-core dots."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ COMPILE = textwrap.dedent("""
                       HAS_START=not paged, RAGGED=ragged, WINDOW=gemma, SOFTCAP=gemma,
                       DOT_IEEE=False)
         ptrs = {"q_ptr": "*bf16", "k_ptr": "*u8", "v_ptr": "*u8", "kt_ptr": "*bf16",
-                "vt_ptr": "*bf16", "o_ptr": "*fp32", "lse_ptr": "*fp32"}
+                "vt_ptr": "*bf16", "ks_ptr": "*bf16", "o_ptr": "*fp32", "lse_ptr": "*fp32"}
         sig = {}
         for name in inspect.signature(dk._attention_kernel.fn).parameters:
             if name in consts:
@@ -38,6 +39,7 @@ COMPILE = textwrap.dedent("""
     print("mma" in ptx(QuantSpec(4, axis="channel"), QuantSpec(3), False))
     print("mma" in ptx(QuantSpec(4), QuantSpec(8), True, ragged=True))  # SGLang's extend
     print("mma" in ptx(QuantSpec(4), QuantSpec(4), True, ragged=True, gemma=True))  # window, cap
+    print("mma" in ptx(QuantSpec(4, axis="channel"), QuantSpec(4), True))  # the pool's KIVI pages
     sig = {"o_ptr": "*fp32", "lse_ptr": "*fp32", "sinks_ptr": "*fp32", "out_ptr": "*fp32",
            "num_splits": "i32", "hq": "i32", "D": "constexpr", "S_PAD": "constexpr",
            "HAS_SINKS": "constexpr"}
@@ -52,4 +54,4 @@ def test_attention_kernel_compiles_for_sm90_with_tensor_core_dots():
         [sys.executable, "-c", COMPILE], env=env, capture_output=True, text=True, timeout=600
     )
     assert res.returncode == 0, res.stderr[-3000:]
-    assert res.stdout.split() == ["True"] * 5
+    assert res.stdout.split() == ["True"] * 6
