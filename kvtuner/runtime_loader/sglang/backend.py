@@ -18,7 +18,9 @@ Served layers: causal decoder self-attention, with a sliding window (SGLang's
 torch_native, FlashInfer and FA3 backends and HF's ``sliding_window = W + 1`` do), a tanh
 logit cap (``logit_cap``: Gemma 2) and attention sinks (the ``sinks`` keyword: GPT-OSS). Other
 capping methods, cross and encoder-only attention are refused with one line
-(:func:`layer_refusal`), and so is any other per-call keyword.
+(:func:`layer_refusal`), and so is any other per-call keyword. Channel-axis (KIVI) keys are read
+from the pool's pages (full pages' blocks, filling pages' staged fp values); channel-axis values
+are refused.
 """
 
 from __future__ import annotations
@@ -144,7 +146,9 @@ class KVTunerAttnBackend(AttentionBackend):
     def _check_layer(self, layer: Any) -> None:
         if layer.layer_id in self._checked:
             return
-        refused = layer_refusal(layer)
+        v = self.pool.layer_spec(layer.layer_id).v
+        channel_v = v.axis == "channel" and v.is_quantized
+        refused = "channel-axis (KIVI) values" if channel_v else layer_refusal(layer)
         if refused:
             raise KVTunerError(
                 f"--attention-backend {BACKEND_NAME} does not support {refused} "
@@ -162,9 +166,16 @@ class KVTunerAttnBackend(AttentionBackend):
         q3 = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
         lam = self.pool.key_smoothing(layer.layer_id)  # smoothed keys: rows hold k / λ
         out = attend(q3, k_rows, v_rows, spec.k, spec.v, sm_scale=layer.scaling, k_smooth=lam,
-                     **layer_softmax(layer), **_extras(extras),
+                     **layer_softmax(layer), **_extras(extras), **self._stage(layer.layer_id),
                      **self.forward_metadata.kernel_args())  # fmt: skip
         return out.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
+
+    def _stage(self, layer_id: int) -> dict[str, torch.Tensor]:
+        """Channel-axis keys: the pages still filling (fp) and each page's stage row."""
+        pages = self.pool.channel_keys(layer_id)
+        if pages is None:
+            return {}
+        return dict(k_stage=pages.stage, k_stage_rows=pages.stage_rows)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
         attend = decode_attention
