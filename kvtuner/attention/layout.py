@@ -43,6 +43,11 @@ class AttentionBatch:
     qo_indptr: torch.Tensor | None = None
     max_q_len: int | None = None
     k_smooth: torch.Tensor | None = None  # fp32 λ [Hkv, D]: key rows hold k / λ
+    window: int | None = None  # query at p attends keys in (p - window, p]
+    logit_cap: float | None = None  # scores become cap · tanh(score / cap)
+    sinks: torch.Tensor | None = None  # float [Hq]: sink logits in the softmax denominator
+    k_stage: torch.Tensor | None = None  # paged channel keys: filling pages [rows, G, Hkv, D]
+    k_stage_rows: torch.Tensor | None = None  # int32 [pages]: a page's stage row, -1: packed
 
     def __post_init__(self) -> None:
         q, ragged = self.q, self.qo_indptr is not None
@@ -69,6 +74,50 @@ class AttentionBatch:
         self._check_indices()
         self._check_tails()
         self._check_smooth()
+        self._check_softmax()
+        self._check_stage()
+
+    def _check_stage(self) -> None:
+        """Paged channel-axis keys: one block per page of G slots, filling pages staged."""
+        stage, rows, spec = self.k_stage, self.k_stage_rows, self.k_spec
+        if stage is None and rows is None:
+            return
+        paged_channel = self.slot_table is not None and spec.axis == "channel"
+        if not paged_channel or stage is None or rows is None or self.k_tail is not None:
+            raise ValueError(
+                "k_stage and k_stage_rows come together, for channel-axis keys in a paged pool "
+                "(no tails)"
+            )
+        want = (stage.shape[0], spec.group_size, self.kv_heads, self.head_dim)
+        if tuple(stage.shape) != want or stage.dtype not in _FLOATS or stage.stride(-1) != 1:
+            raise ValueError(
+                f"k_stage must be float [rows, G, Hkv, D] = {list(want)} with contiguous D, "
+                f"got {stage.dtype} {tuple(stage.shape)}"
+            )
+        pages = self.k_rows.shape[0]
+        if rows.dtype != torch.int32 or tuple(rows.shape) != (pages,) or rows.stride(0) != 1:
+            raise ValueError(
+                f"k_stage_rows must be contiguous int32 [pages] = [{pages}], got {rows.dtype} "
+                f"{tuple(rows.shape)}"
+            )
+        if stage.device != self.q.device or rows.device != self.q.device:
+            raise ValueError(f"k_stage and k_stage_rows must be on {self.q.device}")
+
+    def _check_softmax(self) -> None:
+        """Window, soft cap and sinks: what changes the softmax beyond the causal mask."""
+        w, cap, sinks = self.window, self.logit_cap, self.sinks
+        if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
+            raise ValueError(f"window must be an int >= 1 (keys a query sees), got {w!r}")
+        if cap is not None and not (isinstance(cap, (int, float)) and 0 < cap < float("inf")):
+            raise ValueError(f"logit_cap must be a finite number > 0 (or None), got {cap!r}")
+        if sinks is None:
+            return
+        heads, dev = self.q.shape[-2], self.q.device
+        if sinks.shape != (heads,) or sinks.dtype not in _FLOATS or sinks.device != dev:
+            raise ValueError(
+                f"sinks must be float [Hq] = [{heads}] on {dev}, got {sinks.dtype} "
+                f"{tuple(sinks.shape)} on {sinks.device}"
+            )
 
     def _check_smooth(self) -> None:
         lam = self.k_smooth
@@ -88,10 +137,10 @@ class AttentionBatch:
         channel = isinstance(spec, QuantSpec) and spec.axis == "channel" and spec.is_quantized
         if not isinstance(spec, QuantSpec):
             raise ValueError(f"{name}_spec must be a QuantSpec, got {spec!r}")
-        if channel and (name == "v" or paged):
+        if channel and (name == "v" or (paged and self.k_stage_rows is None)):
             raise ValueError(
-                f"{name}_spec: channel-axis blocks are read for keys in contiguous rows only "
-                "(values and paged pools are token-axis)"
+                f"{name}_spec: channel-axis blocks are read for keys only (values are "
+                "token-axis); in a paged pool with their staged pages (k_stage, k_stage_rows)"
             )
         want = 3 if paged else 4
         if rows.dtype != torch.uint8 or rows.dim() != want or rows.stride(-1) != 1:
@@ -207,6 +256,14 @@ class AttentionBatch:
     def max_packed(self) -> int:
         """Upper bound of any request's packed V tokens, known without a device sync."""
         return self.slot_table.shape[1] if self.slot_table is not None else self._packed("v")
+
+    @property
+    def span(self) -> int:
+        """Upper bound of the packed keys one request's queries attend: the width, or with a
+        window at most ``window + Tq - 1`` of them."""
+        if self.window is None:
+            return self.max_packed
+        return min(self.max_packed, self.window + self.q_tokens - 1)
 
     @property
     def v_tail_tokens(self) -> int:

@@ -1,4 +1,5 @@
-"""Torch references of :mod:`.decode`'s kernels: gather, dequantize, then SDPA (fp32)."""
+"""Torch references of :mod:`.decode`'s kernels: gather, dequantize, then SDPA (fp32); with a
+logit soft cap or attention sinks the softmax is written out."""
 
 from __future__ import annotations
 
@@ -23,7 +24,11 @@ def request_kv(batch: AttentionBatch, b: int) -> tuple[torch.Tensor, torch.Tenso
     ):
         if batch.slot_table is not None:
             row = b if batch.table_rows is None else int(batch.table_rows[b])
-            mine = rows[batch.slot_table[row, :n].long()].transpose(0, 1)  # [Hkv, n, R]
+            slots = batch.slot_table[row, :n].long()
+            if rows is batch.k_rows and batch.k_stage is not None:
+                out.append(_paged_channel_keys(batch, slots))
+                continue
+            mine = rows[slots].transpose(0, 1)  # [Hkv, n, R]
         elif spec.axis == "channel" and spec.is_quantized:
             mine = rows[b, :, : n // spec.group_size]  # blocks of G tokens
         else:
@@ -35,6 +40,20 @@ def request_kv(batch: AttentionBatch, b: int) -> tuple[torch.Tensor, torch.Tenso
     return out[0], out[1]
 
 
+def _paged_channel_keys(batch: AttentionBatch, slots: torch.Tensor) -> torch.Tensor:
+    """fp32 [Hkv, n, D] keys of pool ``slots``: staged fp values of filling pages, else the
+    dequantized block of the slot's page (page = slot // G)."""
+    spec = batch.k_spec
+    pages, pos = slots // spec.group_size, slots % spec.group_size
+    blocks = batch.k_rows[pages].unsqueeze(2)  # [n, Hkv, 1 block, bytes]
+    keys = dequantize(blocks, spec, batch.head_dim, torch.float32)  # [n, Hkv, G, D]
+    keys = keys[torch.arange(len(slots)), :, pos]  # [n, Hkv, D]
+    rows = batch.k_stage_rows[pages].long()
+    staged = rows >= 0
+    keys[staged] = batch.k_stage[rows[staged], pos[staged]].float()
+    return keys.transpose(0, 1)
+
+
 def _queries(batch: AttentionBatch, b: int) -> torch.Tensor:
     """Request b's queries [Tq_b, Hq, D] (its newest tokens)."""
     if batch.qo_indptr is None:
@@ -43,12 +62,43 @@ def _queries(batch: AttentionBatch, b: int) -> torch.Tensor:
 
 
 def _allowed(batch: AttentionBatch, b: int, q_len: int, total: int) -> torch.Tensor:
-    """bool [Tq, total]: query i (position total - Tq + i) sees keys in [start, its position]."""
+    """bool [Tq, total]: query i (position p = total - Tq + i) sees keys in [start, p], and
+    with a window only those in (p - window, p]."""
     dev = batch.q.device
     pos = torch.arange(total, device=dev)
     q_pos = total - q_len + torch.arange(q_len, device=dev)
     start = 0 if batch.starts is None else int(batch.starts[b])
-    return (pos[None, :] <= q_pos[:, None]) & (pos[None, :] >= start)
+    allowed = (pos[None, :] <= q_pos[:, None]) & (pos[None, :] >= start)
+    if batch.window is not None:
+        allowed &= pos[None, :] > q_pos[:, None] - batch.window
+    return allowed
+
+
+def _softmax_attention(batch: AttentionBatch, q, k, v, allowed) -> torch.Tensor:
+    """fp32 q [Hq, Tq, D] over k/v [Hkv, T, D] -> [Hq, Tq, D], written out: scores, soft cap,
+    mask, softmax with each head's sink as one more logit (then dropped)."""
+    group = q.shape[0] // k.shape[0]
+    k, v = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)
+    scale = batch.sm_scale if batch.sm_scale is not None else q.shape[-1] ** -0.5
+    s = q @ k.transpose(-1, -2) * scale  # [Hq, Tq, T]
+    if batch.logit_cap is not None:
+        s = batch.logit_cap * torch.tanh(s / batch.logit_cap)
+    s = s.masked_fill(~allowed, -float("inf"))
+    if batch.sinks is not None:
+        sink = batch.sinks.float()[:, None, None].expand(-1, s.shape[1], 1)
+        s = torch.cat([s, sink], dim=-1)
+    return torch.softmax(s, dim=-1)[..., : k.shape[1]] @ v
+
+
+def _attention(batch: AttentionBatch, q, k, v, allowed) -> torch.Tensor:
+    """q [Tq, Hq, D] -> [Tq, Hq, D]: SDPA, or written out with a soft cap or sinks."""
+    if batch.logit_cap is None and batch.sinks is None:
+        att = F.scaled_dot_product_attention(
+            q.transpose(0, 1), k, v, attn_mask=allowed, scale=batch.sm_scale, enable_gqa=True
+        )
+    else:
+        att = _softmax_attention(batch, q.transpose(0, 1), k, v, allowed)
+    return att.transpose(0, 1)
 
 
 def extend_attention_reference(q: torch.Tensor, *args, **kwargs) -> torch.Tensor:
@@ -66,10 +116,7 @@ def extend_attention_reference(q: torch.Tensor, *args, **kwargs) -> torch.Tensor
         seen = allowed.any(-1)  # [Tq_b]
         out = torch.zeros_like(qb)
         if seen.any():
-            att = F.scaled_dot_product_attention(
-                qb.transpose(0, 1), k, v, attn_mask=allowed, scale=batch.sm_scale, enable_gqa=True
-            )
-            out = torch.where(seen[:, None, None], att.transpose(0, 1), 0.0)
+            out = torch.where(seen[:, None, None], _attention(batch, qb, k, v, allowed), 0.0)
         outs.append(out)
     stacked = torch.cat(outs) if batch.qo_indptr is not None else torch.stack(outs)
     return stacked.to(q.dtype)

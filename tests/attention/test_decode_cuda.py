@@ -56,6 +56,29 @@ def test_compiled_kernel_matches_the_reference_at_real_shapes(k_spec, v_spec):
     torch.testing.assert_close(got, ref, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [dict(window=512), dict(window=4096, logit_cap=30.0), dict(window=128, sinks=True)],
+    ids=["window", "gemma2", "gpt-oss"],
+)
+def test_compiled_window_cap_and_sinks_match_the_reference(extra):
+    torch.manual_seed(1)
+    spec, lengths = QuantSpec(4), [3000, 1, 777, 4096]
+    slots = sum(lengths) + 64
+    k_rows, v_rows = (quantize(torch.randn(slots, 8, D, device="cuda"), spec) for _ in range(2))
+    table = torch.randperm(slots, device="cuda").to(torch.int32)[: 4 * 4096].view(4, 4096)
+    kw = dict(lengths=torch.tensor(lengths, dtype=torch.int32, device="cuda"), slot_table=table)
+    if extra.pop("sinks", False):
+        extra["sinks"] = torch.randn(32, device="cuda")
+    args = (k_rows, v_rows, spec, spec)
+    for q in (torch.randn(4, 32, D, device="cuda"), torch.randn(4, 33, 32, D, device="cuda")):
+        fused = decode_attention if q.dim() == 3 else extend_attention
+        reference = decode_attention_reference if q.dim() == 3 else extend_attention_reference
+        got = fused(q.bfloat16(), *args, **kw, **extra).float()
+        ref = reference(q.bfloat16(), *args, **kw, **extra).float()
+        torch.testing.assert_close(got, ref, atol=2e-2, rtol=2e-2)
+
+
 @torch.inference_mode()
 def test_hf_cache_holds_what_nbytes_reports_after_prefill_and_decode():
     model = use_kvtuner_attention(

@@ -13,8 +13,14 @@ static-shape copies from the runner's own buffers); the launch shape depends onl
 size and the ``req_to_token`` width. Eager steps bound the grid by the host lengths SGLang
 already has (``seq_lens_cpu``), never by a device read.
 
-Served layers: causal decoder self-attention. Sliding windows, logit caps, attention sinks,
-cross and encoder-only attention are refused with one line (:func:`layer_refusal`).
+Served layers: causal decoder self-attention, with a sliding window (SGLang's
+``sliding_window_size`` W: a query at position p attends keys p - W .. p, as SGLang's
+torch_native, FlashInfer and FA3 backends and HF's ``sliding_window = W + 1`` do), a tanh
+logit cap (``logit_cap``: Gemma 2) and attention sinks (the ``sinks`` keyword: GPT-OSS). Other
+capping methods, cross and encoder-only attention are refused with one line
+(:func:`layer_refusal`), and so is any other per-call keyword. Channel-axis (KIVI) keys are read
+from the pool's pages (full pages' blocks, filling pages' staged fp values); channel-axis values
+are refused.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from ...attention import decode_attention, extend_attention
 from ...errors import KVTunerError
 from .packed_metadata import PackedMetadata
 
-__all__ = ["BACKEND_NAME", "KVTunerAttnBackend", "layer_refusal"]
+__all__ = ["BACKEND_NAME", "KVTunerAttnBackend", "layer_refusal", "layer_softmax"]
 
 BACKEND_NAME = "kvtuner"
 
@@ -37,14 +43,26 @@ def layer_refusal(layer: Any) -> str | None:
     """What the packed kernels cannot do for this RadixAttention layer, or None."""
     from sglang.srt.layers.radix_attention import AttentionType
 
+    method = getattr(layer, "logit_capping_method", "tanh")
     checks = {
-        "sliding-window attention": (getattr(layer, "sliding_window_size", -1) or -1) > -1,
-        "logit soft-capping": bool(getattr(layer, "logit_cap", 0.0)),
+        f"logit capping method {method!r}": _cap(layer) is not None and method != "tanh",
         "cross attention": bool(getattr(layer, "is_cross_attention", False)),
         "encoder-only attention": getattr(layer, "attn_type", None) == AttentionType.ENCODER_ONLY,
         "different K and V head dims": layer.qk_head_dim != layer.v_head_dim,
     }
     return next((what for what, bad in checks.items() if bad), None)
+
+
+def _cap(layer: Any) -> float | None:
+    cap = getattr(layer, "logit_cap", 0.0) or 0.0
+    return float(cap) if cap > 0 else None
+
+
+def layer_softmax(layer: Any) -> dict[str, Any]:
+    """The kernels' ``window`` (keys a query sees, itself included: SGLang's exclusive
+    ``sliding_window_size`` + 1) and ``logit_cap`` of a RadixAttention layer (None: off)."""
+    w = getattr(layer, "sliding_window_size", -1)
+    return dict(window=w + 1 if w is not None and w > -1 else None, logit_cap=_cap(layer))
 
 
 class KVTunerAttnBackend(AttentionBackend):
@@ -128,7 +146,9 @@ class KVTunerAttnBackend(AttentionBackend):
     def _check_layer(self, layer: Any) -> None:
         if layer.layer_id in self._checked:
             return
-        refused = layer_refusal(layer)
+        v = self.pool.layer_spec(layer.layer_id).v
+        channel_v = v.axis == "channel" and v.is_quantized
+        refused = "channel-axis (KIVI) values" if channel_v else layer_refusal(layer)
         if refused:
             raise KVTunerError(
                 f"--attention-backend {BACKEND_NAME} does not support {refused} "
@@ -137,7 +157,7 @@ class KVTunerAttnBackend(AttentionBackend):
             )
         self._checked.add(layer.layer_id)
 
-    def _attend(self, attend, q, k, v, layer, forward_batch, save_kv_cache) -> torch.Tensor:
+    def _attend(self, attend, q, k, v, layer, forward_batch, save_kv_cache, extras):
         self._check_layer(layer)
         if save_kv_cache and k is not None and v is not None:
             self.pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v)
@@ -146,29 +166,37 @@ class KVTunerAttnBackend(AttentionBackend):
         q3 = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
         lam = self.pool.key_smoothing(layer.layer_id)  # smoothed keys: rows hold k / λ
         out = attend(q3, k_rows, v_rows, spec.k, spec.v, sm_scale=layer.scaling, k_smooth=lam,
+                     **layer_softmax(layer), **_extras(extras), **self._stage(layer.layer_id),
                      **self.forward_metadata.kernel_args())  # fmt: skip
         return out.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
 
+    def _stage(self, layer_id: int) -> dict[str, torch.Tensor]:
+        """Channel-axis keys: the pages still filling (fp) and each page's stage row."""
+        pages = self.pool.channel_keys(layer_id)
+        if pages is None:
+            return {}
+        return dict(k_stage=pages.stage, k_stage_rows=pages.stage_rows)
+
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
-        _no_extras(kwargs)
-        return self._attend(decode_attention, q, k, v, layer, forward_batch, save_kv_cache)
+        attend = decode_attention
+        return self._attend(attend, q, k, v, layer, forward_batch, save_kv_cache, kwargs)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
-        _no_extras(kwargs)
-        return self._attend(extend_attention, q, k, v, layer, forward_batch, save_kv_cache)
+        attend = extend_attention
+        return self._attend(attend, q, k, v, layer, forward_batch, save_kv_cache, kwargs)
 
     def support_triton(self) -> bool:
         return True
 
 
-def _no_extras(kwargs: dict[str, Any]) -> None:
-    """Attention sinks and other per-call extras change the softmax: refused, not ignored."""
-    extra = {k for k, x in kwargs.items() if x is not None}
+def _extras(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Per-call keywords: ``sinks`` (GPT-OSS, [Hq] per rank) is passed on; any other one would
+    change attention unseen, so it is refused, not ignored."""
+    extra = sorted(k for k, x in kwargs.items() if x is not None and k != "sinks")
     if extra:
-        raise KVTunerError(
-            f"--attention-backend {BACKEND_NAME} does not support {sorted(extra)} (e.g. "
-            "attention sinks)"
-        )
+        raise KVTunerError(f"--attention-backend {BACKEND_NAME} does not support {extra}")
+    sinks = kwargs.get("sinks")
+    return {} if sinks is None else {"sinks": sinks}
 
 
 def _radix_layers(model: Any) -> list:

@@ -12,7 +12,10 @@ Storage:
 - ``stage``: model dtype ``[stage_pages, G, heads, D]``, the fp values of pages still filling,
   one row per page; a row is claimed by a page's first write and released when the page fills
   (after it is packed) or is freed by SGLang's allocator (:meth:`release`). Bounded: a full
-  stage raises (the plugin sizes it from ``--max-running-requests``).
+  stage raises (the plugin sizes it from ``--max-running-requests``);
+- ``stage_rows``: int32 ``[pages]`` on the device, each page's stage row (-1: packed or never
+  written), kept beside the host map so the fused attention kernels find filling pages
+  (``kvtuner.attention``'s ``k_stage`` / ``k_stage_rows``).
 
 Reads return a staged page's fp values as stored (a filling page is read unquantized, like
 KIVI's residual window) and a full page's dequantized block. Radix prefix sharing stays
@@ -66,6 +69,7 @@ class ChannelPages:
         self.stage = torch.zeros(
             stage_pages, self.page, heads, head_dim, dtype=dtype, device=device
         )
+        self.stage_rows = torch.full((pages,), -1, dtype=torch.int32, device=device)
         self._rows: dict[int, int] = {}  # filling page -> its stage row
         self._free = list(range(stage_pages - 1, -1, -1))
         self._keys: tuple[torch.Tensor, torch.Tensor] | None = None  # sorted pages, their rows
@@ -112,6 +116,7 @@ class ChannelPages:
                 "more requests are filling pages than --max-running-requests allows"
             )
         row = self._rows[page] = self._free.pop()
+        self.stage_rows[page] = row
         self._keys = None
         return row
 
@@ -121,6 +126,7 @@ class ChannelPages:
             row = self._rows.pop(int(page), None)
             if row is not None:
                 self._free.append(row)
+                self.stage_rows[int(page)] = -1
                 self._keys = None
 
     def clear(self) -> None:

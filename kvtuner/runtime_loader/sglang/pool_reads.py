@@ -17,6 +17,7 @@ from typing import Protocol
 
 import torch
 
+from .channel_pages import ChannelPages
 from .kv_pair import dequantize_pair
 from .view import DequantizedView
 
@@ -112,6 +113,12 @@ class PoolReads:
         self._k_scratch.index_copy_(0, self._read_slots, k)
         self._v_scratch.index_copy_(0, self._read_slots, v)
         self._materialized = layer_id
+
+    def channel_keys(self, layer_id: int) -> ChannelPages | None:
+        """Layer ``layer_id``'s channel-axis key pages (blocks, staged filling pages and their
+        device ``stage_rows``), or None for token-axis keys."""
+        stores = self._channel[layer_id - self.start_layer]
+        return None if stores is None else stores[0]
 
     def packed_rows(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer ``layer_id``'s packed K and V rows, uint8 ``[size + page, heads, row_bytes]``."""

@@ -61,10 +61,14 @@ def check_staging_bound(profile: Profile, max_running_requests: int | None) -> N
         )
 
 
-def channel_refusal(server_args: Any, profile: Profile, hybrid_swa: bool = False) -> str:
-    """Channel-axis sides live in staged pages (channel_pages.py): only the CPU read paths and
-    the device pool know them, not the CUDA kernels' paged rows nor HiCache's row copies, nor
-    SWAKVPool (its window slots are not filled page by page in token order)."""
+def channel_refusal(
+    server_args: Any, profile: Profile, *, hybrid_swa: bool = False, decode_graphs: str = "disabled"
+) -> str:
+    """Channel-axis sides live in staged pages (channel_pages.py): the CPU read paths and the
+    kvtuner backend's kernels read them (keys only); HiCache's row copies do not, nor SWAKVPool
+    (its window slots are not filled page by page in token order). Their pages are written on
+    the host, so the kvtuner backend serves them without decode CUDA graphs (``decode_graphs``:
+    SGLang's decode graph backend)."""
     if not channel_sides(profile):
         return ""
     if hybrid_swa:
@@ -73,10 +77,17 @@ def channel_refusal(server_args: Any, profile: Profile, hybrid_swa: bool = False
         return (
             "channel-axis (KIVI) specs with --enable-hierarchical-cache (serve a per-token profile)"
         )
-    if read_mode(server_args) == "packed":
+    if read_mode(server_args) != "packed":
+        return ""
+    if any(s.v.axis == "channel" and s.v.is_quantized for s in profile.layers):
         return (
-            "channel-axis (KIVI) specs with the kvtuner attention backend on CUDA (its kernels "
-            "read token-axis rows; serve a per-token profile)"
+            "channel-axis (KIVI) values with the kvtuner attention backend on CUDA (its kernels "
+            "read channel-axis keys only; serve token-axis values)"
+        )
+    if decode_graphs != "disabled":
+        return (
+            "channel-axis (KIVI) keys with decode CUDA graphs (their pages are packed on the "
+            "host; add --cuda-graph-backend-decode disabled)"
         )
     return ""
 
@@ -162,7 +173,12 @@ def check_configurator(kvc: Any, profile: Profile) -> None:
         )
     check_profile_servable(profile, kvc.page_size)
     check_staging_bound(profile, kvc.server_args.max_running_requests)
-    refusal = channel_refusal(kvc.server_args, profile, kvc.is_hybrid_swa)
+    from sglang.srt.runtime_context import get_exec
+
+    graphs = str(get_exec().graph.cuda_graph_config.decode.backend)
+    refusal = channel_refusal(
+        kvc.server_args, profile, hybrid_swa=kvc.is_hybrid_swa, decode_graphs=graphs
+    )
     if refusal:
         raise KVTunerError(f"--kvtuner-profile does not support {refusal} yet")
 

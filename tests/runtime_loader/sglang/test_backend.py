@@ -175,8 +175,8 @@ def test_cuda_graph_metadata_reads_lengths_from_static_buffers(sglang_parts):
 @pytest.mark.parametrize(
     "change,what",
     [
-        (dict(sliding_window_size=16), "sliding-window attention"),
-        (dict(logit_cap=30.0), "logit soft-capping"),
+        (dict(logit_cap=30.0, logit_capping_method="clip"), "logit capping method 'clip'"),
+        (dict(is_cross_attention=True), "cross attention"),
     ],
 )
 def test_layers_the_kernels_cannot_serve_are_refused_at_start_with_one_line(

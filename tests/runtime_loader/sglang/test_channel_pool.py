@@ -175,7 +175,7 @@ def test_bf16_pool_stages_and_packs_model_dtype_values():
         (False, "torch_native", ""),
     ],
 )
-def test_channel_axis_is_refused_where_only_token_rows_are_read(hicache, backend, refused):
+def test_channel_axis_is_refused_where_its_pages_are_not_read(hicache, backend, refused):
     from types import SimpleNamespace
 
     from kvtuner.runtime_loader.sglang.support import channel_refusal
@@ -186,3 +186,7 @@ def test_channel_axis_is_refused_where_only_token_rows_are_read(hicache, backend
     message = channel_refusal(args, channel)
     assert (refused in message) and bool(message) == bool(refused)
     assert channel_refusal(args, token) == ""
+    keys_only = tiny_profile(SPECS[:2], heads=HEADS, head_dim=D)  # KIVI keys, token values
+    if backend == "kvtuner":  # its kernels read key pages, without decode CUDA graphs
+        assert channel_refusal(args, keys_only) == ""
+        assert "--cuda-graph-backend-decode disabled" in channel_refusal(args, keys_only, decode_graphs="full")

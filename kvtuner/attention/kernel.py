@@ -1,0 +1,238 @@
+"""The packed attention kernel, its split reduce, and their launcher.
+
+Grid ``(B, Hkv, query blocks × splits)`` (flash decoding): a program owns one KV head of one
+request, a block of its queries and one slice of its packed tokens; it loads each K/V tile once
+for all ``Hq / Hkv`` query heads of that KV head (rows = query token × head, padded to at least
+16, the smallest ``tl.dot``), keeps an online softmax, and writes a normalized partial output
+and its log2-sum-exp. The last split also attends the tail. With a sliding window the splits
+cover only the window of the block's queries. ``_reduce_kernel`` merges the splits of each
+(request, query, head), and adds the head's attention sink to the softmax denominator.
+
+Rows are addressed as ``base + b * stride_b + token * stride_tok + h * stride_head``: a paged
+pool ``[slots, Hkv, R]`` has ``stride_b = 0`` and takes ``token`` from the request's slot table;
+the HF cache's rows ``[B, Hkv, T, R]`` use ``token = t`` directly. Channel-axis (KIVI) keys
+are blocks of G tokens: ``[B, Hkv, T/G, block]`` (HF), or in a pool one block per page of G
+slots ``[pages, Hkv, block]`` with the filling pages' fp values staged beside them.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..quant.spec import QuantSpec
+from .layout import AttentionBatch
+from .tiles import (
+    _attend,
+    _channel_tile,
+    _kv_tile,
+    _paged_channel_tile,
+    _stored_tile,
+    _visible,
+)
+
+__all__ = ["launch"]
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _attention_kernel(
+    q_ptr, k_ptr, v_ptr, kt_ptr, vt_ptr, table_ptr, rows_ptr, len_ptr, start_ptr, qo_ptr, o_ptr,
+    lse_ptr, ks_ptr, ksr_ptr, stride_qb, stride_qt, stride_qh, k_sb, k_st, k_sh, v_sb, v_st,
+    v_sh, kt_sb, kt_sh, kt_st, vt_sb, vt_sh, vt_st, ks_sr, ks_sg, ks_sh, stride_table, q_len,
+    k_delta, v_tail_len, chunk, num_splits, window, score_scale, cap_log2, D: tl.constexpr,
+    GROUP: tl.constexpr, GP: tl.constexpr, BQ: tl.constexpr, BT: tl.constexpr, K_BITS: tl.constexpr,
+    K_G: tl.constexpr, K_SYM: tl.constexpr, K_CHANNEL: tl.constexpr, V_BITS: tl.constexpr,
+    V_G: tl.constexpr, V_SYM: tl.constexpr, PAGED: tl.constexpr, HAS_ROWS: tl.constexpr,
+    HAS_START: tl.constexpr, RAGGED: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    DOT_IEEE: tl.constexpr,
+):  # fmt: skip
+    b, h = tl.program_id(0), tl.program_id(1)
+    qb, split = tl.program_id(2) // num_splits, tl.program_id(2) % num_splits
+    b64, h64 = b.to(tl.int64), h.to(tl.int64)
+    row = tl.load(rows_ptr + b).to(tl.int64) if HAS_ROWS else b64
+    v_len = tl.load(len_ptr + b)  # packed V tokens; K has k_delta more (channel blocks)
+    k_len = v_len + k_delta
+    start = tl.load(start_ptr + b) if HAS_START else 0
+    if RAGGED:  # q [N, Hq, D]: request b's queries are rows qo[b]:qo[b+1]
+        q0 = tl.load(qo_ptr + b).to(tl.int64)
+        n_q = tl.load(qo_ptr + b + 1).to(tl.int64) - q0
+    else:
+        q0 = b64 * q_len
+        n_q = q_len
+    QP: tl.constexpr = BQ * GP if BQ * GP >= 16 else 16  # rows: (query token, head of group)
+    r, d = tl.arange(0, QP), tl.arange(0, D)
+    qi = qb * BQ + r // GP  # query token of each row
+    qh = h64 * GROUP + r % GP  # its query head
+    q_ok = (r % GP < GROUP) & (qi < n_q) & (r < BQ * GP)
+    q_row = qi.to(tl.int64) + q0 if RAGGED else qi.to(tl.int64)  # stride_qb is 0 if RAGGED
+    q_at = q_ptr + b64 * stride_qb + q_row[:, None] * stride_qt
+    q = tl.load(q_at + qh[:, None] * stride_qh + d[None, :], mask=q_ok[:, None], other=0.0)
+    total = v_len + v_tail_len
+    qpos = total - n_q + qi  # global position: the queries are the last tokens
+    last = tl.max(tl.where(q_ok, qpos, -1), 0)  # keys past this one no row of ours attends
+    first = tl.min(tl.where(q_ok, qpos, total), 0)
+    base = tl.maximum(first - window + 1, 0) if WINDOW else 0  # no row attends keys before it
+    m = tl.full([QP], -float("inf"), tl.float32)
+    denom = tl.zeros([QP], tl.float32)
+    acc = tl.zeros([QP, D], tl.float32)
+    k_base, v_base = k_ptr + b64 * k_sb + h64 * k_sh, v_ptr + b64 * v_sb + h64 * v_sh
+    kt_base, vt_base = kt_ptr + b64 * kt_sb + h64 * kt_sh, vt_ptr + b64 * vt_sb + h64 * vt_sh
+    ks_base = ks_ptr + h64 * ks_sh  # paged channel-axis keys: filling pages' fp values
+    both = tl.minimum(k_len, v_len)  # below: K and V both packed (the split-K hot loop)
+    lo = base + split * chunk
+    hi = tl.minimum(tl.minimum(lo + chunk, both), last + 1)
+    # above `both`: packed for one of K/V, tail for the other, or tail for both; last split
+    end = tl.where(split == num_splits - 1, tl.minimum(total, last + 1), both)
+    for t0 in range(lo, hi, BT):
+        t = t0 + tl.arange(0, BT)
+        ok = (t < hi) & (t >= start)
+        if PAGED:
+            tok = tl.load(table_ptr + row * stride_table + t, mask=ok, other=0).to(tl.int64)
+        else:
+            tok = t.to(tl.int64)
+        if K_CHANNEL and PAGED:
+            k = _paged_channel_tile(k_base, ks_base, ksr_ptr, tok, ok, k_st, ks_sr, ks_sg, D,
+                                    K_BITS, K_G, K_SYM)  # fmt: skip
+        elif K_CHANNEL:
+            k = _channel_tile(k_base, t, ok, k_st, D, K_BITS, K_G, K_SYM)
+        else:
+            k = _kv_tile(k_base, tok * k_st, ok, D, K_BITS, K_G, K_SYM)
+        v = _kv_tile(v_base, tok * v_st, ok, D, V_BITS, V_G, V_SYM)
+        seen = _visible(t, ok, qpos, window, WINDOW)
+        m, denom, acc = _attend(q, k, v, seen, m, denom, acc, score_scale, cap_log2, SOFTCAP,
+                                DOT_IEEE)  # fmt: skip
+    for t0 in range(tl.maximum(both, base), end, BT):
+        t = t0 + tl.arange(0, BT)
+        ok = (t < end) & (t >= start)
+        if PAGED:
+            tok = tl.load(table_ptr + row * stride_table + t, mask=ok & (t < v_len), other=0)
+            tok = tok.to(tl.int64)
+        else:
+            tok = t.to(tl.int64)
+        if K_CHANNEL and PAGED:  # a paged pool has no tail: all packed
+            k = _paged_channel_tile(k_base, ks_base, ksr_ptr, tok, ok, k_st, ks_sr, ks_sg, D,
+                                    K_BITS, K_G, K_SYM)  # fmt: skip
+        else:
+            k = _stored_tile(k_base, kt_base, t, tok, ok, k_len, k_st, kt_st, D, K_BITS, K_G,
+                             K_SYM, K_CHANNEL)  # fmt: skip
+        v = _stored_tile(v_base, vt_base, t, tok, ok, v_len, v_st, vt_st, D, V_BITS, V_G, V_SYM,
+                         False)  # fmt: skip
+        seen = _visible(t, ok, qpos, window, WINDOW)
+        m, denom, acc = _attend(q, k, v, seen, m, denom, acc, score_scale, cap_log2, SOFTCAP,
+                                DOT_IEEE)  # fmt: skip
+    seen = denom > 0
+    out = acc / tl.where(seen, denom, 1.0)[:, None]
+    lse = tl.where(seen, m + tl.log2(tl.where(seen, denom, 1.0)), -float("inf"))
+    hq = GROUP * tl.num_programs(1)
+    at = ((q0 + qi) * hq + qh) * num_splits + split  # [rows of q, Hq, splits] index
+    tl.store(lse_ptr + at, lse, mask=q_ok)
+    tl.store(o_ptr + at[:, None] * D + d[None, :], out, mask=q_ok[:, None])
+
+
+@triton.jit
+def _reduce_kernel(o_ptr, lse_ptr, sinks_ptr, out_ptr, num_splits, hq, D: tl.constexpr,
+                   S_PAD: tl.constexpr, HAS_SINKS: tl.constexpr):  # fmt: skip
+    """Merge the splits of one (request, query, head): softmax-weighted by their log2-sum-exp;
+    with sinks, ``exp(sink of the head)`` joins the softmax denominator."""
+    bh = tl.program_id(0).to(tl.int64)
+    s, d = tl.arange(0, S_PAD), tl.arange(0, D)
+    ok = s < num_splits
+    lse = tl.load(lse_ptr + bh * num_splits + s, mask=ok, other=-float("inf"))
+    top = tl.max(lse, 0)
+    top = tl.where(top == -float("inf"), 0.0, top)
+    w = tl.exp2(lse - top)  # empty splits weigh 0
+    o = tl.load(
+        o_ptr + (bh * num_splits + s)[:, None] * D + d[None, :], mask=ok[:, None], other=0.0
+    )
+    total = tl.sum(w, 0)
+    out = tl.sum(w[:, None] * o, 0) / tl.where(total > 0, total, 1.0)
+    if HAS_SINKS:  # out · Σexp / (Σexp + exp(sink)), in log2 units; nothing seen: stays 0
+        sink = tl.load(sinks_ptr + bh % hq) * 1.4426950408889634
+        out = out / (1.0 + tl.exp2(sink - top - tl.log2(tl.where(total > 0, total, 1.0))))
+    tl.store(out_ptr + bh * D + d, out)
+
+
+def _rows_view(rows: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """What the kernel indexes: packed uint8 rows, or 16-bit rows as fp16 elements."""
+    return rows if spec.is_quantized else rows.view(torch.float16)
+
+
+def _row_strides(rows: torch.Tensor, paged: bool) -> tuple[int, int, int]:
+    """(stride_b, stride_tok, stride_head) of ``[slots, Hkv, R]`` or ``[B, Hkv, T, R]``."""
+    if paged:
+        return 0, rows.stride(0), rows.stride(1)
+    return rows.stride(0), rows.stride(2), rows.stride(1)
+
+
+def _spec_args(spec: QuantSpec, prefix: str) -> dict:
+    sym = spec.symmetric if spec.is_quantized else False
+    return {f"{prefix}_BITS": spec.bits, f"{prefix}_G": spec.group_size, f"{prefix}_SYM": sym}
+
+
+def _softmax_args(batch: AttentionBatch) -> dict:
+    """Scores' scale (log2 units), soft cap and window as the kernel takes them."""
+    sm_scale = batch.sm_scale if batch.sm_scale is not None else batch.head_dim**-0.5
+    cap = batch.logit_cap
+    scale = sm_scale / cap if cap else sm_scale * _LOG2E
+    return dict(window=batch.window or 0, score_scale=scale, cap_log2=(cap or 0.0) * _LOG2E,
+                WINDOW=batch.window is not None, SOFTCAP=cap is not None)  # fmt: skip
+
+
+def _chunk(batch: AttentionBatch, splits: int, block_tokens: int) -> tuple[int, int]:
+    """(tokens per split, splits): the packed width, or with a window only the span of keys
+    one block of queries can see, cut in ``splits`` multiples of ``block_tokens``."""
+    span = max(batch.span, 1)
+    chunk = triton.cdiv(triton.cdiv(span, splits), block_tokens) * block_tokens
+    return chunk, max(1, triton.cdiv(span, chunk))
+
+
+def launch(
+    batch: AttentionBatch,
+    q: torch.Tensor,
+    k_tail: torch.Tensor | None,
+    v_tail: torch.Tensor | None,
+    splits: int,
+    block_tokens: int,
+) -> torch.Tensor:
+    """Partial outputs of every split, merged: fp32 [B, Tq, Hq, D] (ragged: [N, Hq, D]).
+    ``q`` and the tails as the kernel reads them (rotated, smoothed); the rest from ``batch``."""
+    bsz, q_len, hq, dim = batch.batch_size, batch.q_tokens, q.shape[-2], batch.head_dim
+    ragged, paged = batch.qo_indptr is not None, batch.slot_table is not None
+    hkv, group = batch.kv_heads, hq // batch.kv_heads
+    gp = triton.next_power_of_2(group)
+    bq = min(triton.next_power_of_2(q_len), max(1, 64 // gp))  # about 64 rows per program
+    chunk, splits = _chunk(batch, splits, block_tokens)
+    dev = q.device
+    rows_of_q = q.shape[0] if ragged else bsz * q_len  # one per query token
+    partial = torch.empty(rows_of_q, hq, splits, dim, dtype=torch.float32, device=dev)
+    lse = torch.empty(rows_of_q, hq, splits, dtype=torch.float32, device=dev)
+    k_rows, v_rows = _rows_view(batch.k_rows, batch.k_spec), _rows_view(batch.v_rows, batch.v_spec)
+    empty = torch.zeros(1, 1, 1, dim, dtype=q.dtype, device=dev)
+    k_tail, v_tail = (empty, empty) if k_tail is None else (k_tail, v_tail)
+    table = batch.slot_table if paged else batch.lengths  # unused pointers: any int tensor
+    rows = batch.table_rows if batch.table_rows is not None else batch.lengths
+    starts = batch.starts if batch.starts is not None else batch.lengths
+    qo = batch.qo_indptr if ragged else batch.lengths
+    stage = batch.k_stage if batch.k_stage is not None else empty  # [rows, G, Hkv, D]
+    stage_rows = batch.k_stage_rows if batch.k_stage_rows is not None else batch.lengths
+    q_strides = (0, *q.stride()[:2]) if ragged else q.stride()[:3]  # (b, token, head)
+    _attention_kernel[(bsz, hkv, triton.cdiv(q_len, bq) * splits)](
+        q, k_rows, v_rows, k_tail, v_tail, table, rows, batch.lengths, starts, qo, partial, lse,
+        stage, stage_rows, *q_strides, *_row_strides(k_rows, paged),
+        *_row_strides(v_rows, paged), *k_tail.stride()[:3], *v_tail.stride()[:3],
+        stage.stride(0), stage.stride(1), stage.stride(2), table.stride(0) if paged else 0,
+        q_len, batch.k_delta, batch.v_tail_tokens, chunk, splits, **_softmax_args(batch), D=dim,
+        GROUP=group, GP=gp, BQ=bq, BT=block_tokens, **_spec_args(batch.k_spec, "K"),
+        K_CHANNEL=batch.k_spec.axis == "channel" and batch.k_spec.is_quantized,
+        **_spec_args(batch.v_spec, "V"), PAGED=paged, HAS_ROWS=batch.table_rows is not None,
+        HAS_START=batch.starts is not None, RAGGED=ragged, DOT_IEEE=q.dtype == torch.float32,
+    )  # fmt: skip
+    out = torch.empty(rows_of_q, hq, dim, dtype=torch.float32, device=dev)
+    sinks = batch.sinks.float().contiguous() if batch.sinks is not None else lse
+    _reduce_kernel[(rows_of_q * hq,)](partial, lse, sinks, out, splits, hq, D=dim,
+                                      S_PAD=triton.next_power_of_2(splits),
+                                      HAS_SINKS=batch.sinks is not None)  # fmt: skip
+    return out if ragged else out.view(bsz, q_len, hq, dim)

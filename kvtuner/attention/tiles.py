@@ -1,0 +1,121 @@
+"""Triton device functions of the packed attention kernel (:mod:`.kernel`): K/V tiles read and
+dequantized in registers from packed rows, channel-axis blocks or an unpacked tail, and one step
+of the online softmax (optional logit soft cap, sliding-window mask)."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..quant.triton_kernels import _load_codes, _load_fp16
+
+
+@triton.jit
+def _kv_tile(ptr, off, ok, D: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr,
+             SYM: tl.constexpr):  # fmt: skip
+    """Rows at ``ptr + off`` ([BT] element offsets; ``ok`` masks them) -> fp32 [BT, D].
+    16 bits: ``ptr`` is fp16 elements; else uint8 packed rows (codes, scales, zeros)."""
+    BT: tl.constexpr = off.shape[0]
+    if BITS == 16:
+        d = tl.arange(0, D)
+        return tl.load(ptr + off[:, None] + d[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+    NB: tl.constexpr = D * BITS // 8
+    NG: tl.constexpr = D // G
+    HALF: tl.constexpr = (1 << (BITS - 1)) - 1
+    src = ptr + off
+    codes = tl.reshape(_load_codes(src, ok, NB, D // 8, BITS), [BT, NG, G])
+    meta = src[:, None] + NB + 2 * tl.arange(0, NG)[None, :]  # [BT, NG] fp16 scale bytes
+    scale = _load_fp16(meta, ok[:, None])[:, :, None]  # once per group and row
+    if SYM:
+        vals = tl.math.div_rn((codes - HALF) * scale, HALF * 1.0)
+    else:
+        vals = _load_fp16(meta + 2 * NG, ok[:, None])[:, :, None] + codes * scale
+    return tl.reshape(vals, [BT, D])
+
+
+@triton.jit
+def _channel_tile(base, t, ok, stride_block, D: tl.constexpr, BITS: tl.constexpr,
+                  G: tl.constexpr, SYM: tl.constexpr):  # fmt: skip
+    """Tokens t [BT] of channel-axis blocks at ``base`` (block i at ``i * stride_block``: the
+    codes of G tokens, then D scales, D zeros) -> fp32 [BT, D]."""
+    BT: tl.constexpr = t.shape[0]
+    NB: tl.constexpr = D * BITS // 8  # code bytes of one token in a block
+    HALF: tl.constexpr = (1 << (BITS - 1)) - 1
+    block = base + (t // G).to(tl.int64) * stride_block  # [BT]
+    codes = tl.reshape(_load_codes(block + (t % G) * NB, ok, NB, D // 8, BITS), [BT, D])
+    meta = block[:, None] + G * NB + 2 * tl.arange(0, D)[None, :]  # [BT, D] scale bytes
+    scale = _load_fp16(meta, ok[:, None])
+    if SYM:
+        return tl.math.div_rn((codes - HALF) * scale, HALF * 1.0)
+    return _load_fp16(meta + 2 * D, ok[:, None]) + codes * scale
+
+
+@triton.jit
+def _paged_channel_tile(base, stage, stage_rows, slot, ok, stride_page, stride_row, stride_pos,
+                        D: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr,
+                        SYM: tl.constexpr):  # fmt: skip
+    """Keys of pool slots [BT] kept as channel-axis pages (page = slot // G): a full page's
+    block at ``base + page * stride_page``, a filling page's fp values at ``stage + row *
+    stride_row + (slot % G) * stride_pos`` (row = ``stage_rows[page]``, -1 once packed)."""
+    page = slot // G
+    row = tl.load(stage_rows + page, mask=ok, other=-1)
+    staged = ok & (row >= 0)
+    x = _channel_tile(base, slot, ok & (row < 0), stride_page, D, BITS, G, SYM)
+    at = row.to(tl.int64) * stride_row + (slot % G) * stride_pos
+    fp = tl.load(stage + at[:, None] + tl.arange(0, D)[None, :], mask=staged[:, None], other=0.0)
+    return tl.where(staged[:, None], fp.to(tl.float32), x)
+
+
+@triton.jit
+def _stored_tile(base, tail, t, tok, ok, packed, stride_tok, stride_tail, D: tl.constexpr,
+                 BITS: tl.constexpr, G: tl.constexpr, SYM: tl.constexpr,
+                 CHANNEL: tl.constexpr):  # fmt: skip
+    """Positions t [BT] of one K or V: packed rows below ``packed`` tokens, the tail (rows at
+    ``tail + i * stride_tail``) from there on -> fp32 [BT, D]."""
+    in_rows = ok & (t < packed)
+    if CHANNEL:
+        x = _channel_tile(base, t, in_rows, stride_tok, D, BITS, G, SYM)
+    else:
+        x = _kv_tile(base, tok * stride_tok, in_rows, D, BITS, G, SYM)
+    in_tail = (ok & (t >= packed))[:, None]
+    at = tail + (t - packed).to(tl.int64)[:, None] * stride_tail + tl.arange(0, D)[None, :]
+    return tl.where(in_tail, tl.load(at, mask=in_tail, other=0.0).to(tl.float32), x)
+
+
+@triton.jit
+def _visible(t, ok, qpos, window, WINDOW: tl.constexpr):
+    """bool [QP, BT]: key positions t [BT] each query row (position qpos [QP]) attends: causal,
+    and with a window only the last ``window`` positions, its own included."""
+    seen = ok[None, :] & (t[None, :] <= qpos[:, None])
+    if WINDOW:
+        seen = seen & (t[None, :] > qpos[:, None] - window)
+    return seen
+
+
+@triton.jit
+def _tanh(x):
+    return 2.0 * tl.sigmoid(2.0 * x) - 1.0
+
+
+@triton.jit
+def _attend(q, k, v, ok, m, denom, acc, score_scale, cap_log2, SOFTCAP: tl.constexpr,
+            DOT_IEEE: tl.constexpr):  # fmt: skip
+    """One tile of the online softmax: q [QP, D], k/v fp32 [BT, D], ok [QP, BT]. Scores in
+    log2 units: ``q·k * score_scale`` (= sm_scale·log2 e), or with a soft cap
+    ``cap_log2 * tanh(q·k * score_scale)`` (score_scale = sm_scale / cap)."""
+    if DOT_IEEE:
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k.to(q.dtype)))
+    s = cap_log2 * _tanh(s * score_scale) if SOFTCAP else s * score_scale
+    s = tl.where(ok, s, -float("inf"))  # [QP, BT]
+    m_new = tl.maximum(m, tl.max(s, 1))
+    m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)  # nothing seen yet: no rescale
+    alpha = tl.exp2(m - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    denom = denom * alpha + tl.sum(p, 1)
+    if DOT_IEEE:
+        pv = tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(q.dtype), v.to(q.dtype))
+    return m_new, denom, acc * alpha[:, None] + pv

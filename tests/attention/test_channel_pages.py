@@ -1,0 +1,99 @@
+"""Channel-axis (KIVI) keys in a paged pool: one block per full page of G slots, the filling
+pages' fp values staged (the SGLang pool's ChannelPages), read by the fused kernel under
+TRITON_INTERPRET against the reference, and the reference against SDPA over what the page store
+itself reads back."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_decode import D, gen
+from test_ragged import ragged_q
+
+from kvtuner.attention import (
+    decode_attention,
+    decode_attention_reference,
+    extend_attention,
+    extend_attention_reference,
+)
+from kvtuner.quant import QuantSpec, dequantize, quantize
+from kvtuner.runtime_loader.sglang.channel_pages import ChannelPages
+
+G, HEADS, PAGES = 16, 2, 12
+LENGTHS = [40, 9, 23, 33]  # full and filling pages; request 1 has only a filling page
+PAGE_OF = [[3, 7, 1], [5], [9, 0], [2, 11, 4]]  # each request's pages, in order
+
+
+def pool(k_spec, v_spec, seed=0):
+    """(key pages, V rows [slots, Hkv, R], slot table): each request written in two chunks."""
+    g = gen(seed)
+    keys = ChannelPages(k_spec, pages=PAGES, heads=HEADS, head_dim=D, stage_pages=8,
+                        dtype=torch.float32, device="cpu")  # fmt: skip
+    slots = PAGES * G
+    v_rows = quantize(torch.randn(slots, HEADS, D, generator=g), v_spec)
+    table = torch.zeros(len(LENGTHS), max(LENGTHS), dtype=torch.int32)
+    for b, (n, pages) in enumerate(zip(LENGTHS, PAGE_OF, strict=True)):
+        loc = torch.cat([torch.arange(p * G, p * G + G) for p in pages])[:n]
+        table[b, :n] = loc.int()
+        k = torch.randn(n, HEADS, D, generator=g) * 2
+        cut = n // 2  # a page filled across two writes is packed on the second
+        keys.write(loc[:cut], k[:cut])
+        keys.write(loc[cut:], k[cut:])
+    return keys, v_rows, table
+
+
+def args(keys, v_rows, table, k_spec, v_spec):
+    lens = torch.tensor(LENGTHS, dtype=torch.int32)
+    index = dict(lengths=lens, slot_table=table, k_stage=keys.stage, k_stage_rows=keys.stage_rows)
+    return (keys.blocks, v_rows, k_spec, v_spec), index
+
+
+@pytest.mark.parametrize(
+    "k_spec,v_spec",
+    [
+        (QuantSpec(4, group_size=G, axis="channel"), QuantSpec(4)),
+        (QuantSpec(2, group_size=G, axis="channel", symmetric=True), QuantSpec(8, group_size=16)),
+    ],
+    ids=lambda s: s.short(),
+)
+def test_decode_reads_full_and_filling_pages(k_spec, v_spec):
+    keys, v_rows, table = pool(k_spec, v_spec)
+    assert keys.staged_pages > 0 and (keys.stage_rows >= 0).sum() == keys.staged_pages
+    rows, index = args(keys, v_rows, table, k_spec, v_spec)
+    q = torch.randn(4, 8, D, generator=gen(1))
+    got = decode_attention(q, *rows, **index, block_tokens=16, num_splits=2)
+    ref = decode_attention_reference(q, *rows, **index)
+    torch.testing.assert_close(got, ref, atol=2e-5, rtol=2e-5)
+    for b, n in enumerate(LENGTHS):  # the reference is SDPA over what the store reads back
+        loc = table[b, :n]
+        k = keys.read(loc).transpose(0, 1)
+        v = dequantize(v_rows[loc.long()], v_spec, D, torch.float32).transpose(0, 1)
+        want = F.scaled_dot_product_attention(q[b, :, None], k, v, enable_gqa=True)[:, 0]
+        torch.testing.assert_close(ref[b], want, atol=2e-5, rtol=2e-5)
+
+
+def test_ragged_extend_with_a_window():
+    k_spec, v_spec = QuantSpec(4, group_size=G, axis="channel"), QuantSpec(3, symmetric=True)
+    keys, v_rows, table = pool(k_spec, v_spec, seed=2)
+    rows, index = args(keys, v_rows, table, k_spec, v_spec)
+    q, indptr = ragged_q([5, 9, 1, 0], 4, seed=3)
+    index.update(qo_indptr=indptr, max_q_len=9, window=12)
+    got = extend_attention(q, *rows, **index, block_tokens=16, num_splits=2)
+    ref = extend_attention_reference(q, *rows, **index)
+    torch.testing.assert_close(got, ref, atol=2e-5, rtol=2e-5)
+
+
+def test_stage_arguments_are_checked_with_one_line():
+    k_spec, v_spec = QuantSpec(4, group_size=G, axis="channel"), QuantSpec(4)
+    keys, v_rows, table = pool(k_spec, v_spec)
+    rows, index = args(keys, v_rows, table, k_spec, v_spec)
+    q = torch.randn(4, 8, D)
+    for change, match in (
+        (dict(k_stage=None), "come together"),
+        (dict(k_stage_rows=keys.stage_rows.long()), "int32"),
+        (dict(k_stage=keys.stage[:, :8]), r"\[rows, G, Hkv, D\]"),
+    ):
+        with pytest.raises(ValueError, match=match) as info:
+            decode_attention(q, *rows, **{**index, **change})
+        assert "\n" not in str(info.value)
