@@ -97,9 +97,19 @@ PRESET_VIEWS = {"kivi-hadv": ("kchan", "vhad"), "per-token-smooth": ("ksmooth", 
 PROFILE_VARIANTS = ((0, "-"), (3, "scale2"), (3, "fisher"), (4, "fisher"))
 
 
+def profile_layers(name: str, probe_layers: int) -> dict:
+    """An exported profile by file stem, or ``PRESET:kXvY``: every layer at K X, V Y bits."""
+    if ":" not in name:
+        return json.loads((SMOOTH.parent / f"{name}.json").read_text())
+    preset, widths = name.split(":")
+    kb, vb = map(int, widths[1:].split("v"))
+    layer = {"k": {"bits": kb}, "v": {"bits": vb}}
+    return {"budget": {"preset": preset}, "layers": [layer] * probe_layers}
+
+
 def profile_rows(probe: Probe, kv, ev, fp_lp, fp_nll: float, fits: dict, name: str) -> list:
     """The exported profile ``name``'s per-layer widths, codebooks on layers of <= N bits."""
-    data = json.loads((SMOOTH.parent / f"{name}.json").read_text())
+    data = profile_layers(name, probe.layers)
     views = PRESET_VIEWS[data["budget"]["preset"]]
     rows, base = [], None
     for upto, weight in PROFILE_VARIANTS:
