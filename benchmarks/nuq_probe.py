@@ -93,7 +93,11 @@ def configs(bits: int) -> list[tuple[str, str, str, str]]:
     return rows + ([("smooth", "KV", "scale2", "std")] if bits == 3 else [])
 
 
-PRESET_VIEWS = {"kivi-hadv": ("kchan", "vhad"), "per-token-smooth": ("ksmooth", "v")}
+PRESET_VIEWS = {
+    "kivi-hadv": ("kchan", "vhad"),
+    "per-token-smooth": ("ksmooth", "v"),
+    "per-token": ("khad", "v"),
+}
 PROFILE_VARIANTS = ((0, "-"), (3, "scale2"), (3, "fisher"), (4, "fisher"))
 
 
