@@ -39,6 +39,7 @@ from kvtuner.calibration import Sensitivity, calibrate, load_calibration_data, l
 from kvtuner.calibration.batches import DEFAULT_NUM_SAMPLES, DEFAULT_SEQ_LEN
 from kvtuner.calibration.runner import decoder_layers
 from kvtuner.calibration.sweep import layer_forwards
+from kvtuner.errors import KVTunerError
 from kvtuner.placement import peak_memory_bytes, placement, synchronize
 from kvtuner.profile import write_json_atomic
 from kvtuner.search_spaces import load_preset
@@ -280,4 +281,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KVTunerError as err:  # e.g. --device cuda without a GPU: one line, exit 2
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)

@@ -31,6 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
+from bench_device import prepare_device
 from torch.utils.benchmark import Timer
 
 from kvtuner.profile import write_json_atomic
@@ -163,8 +164,7 @@ def kernel_table(results: list[dict]) -> str:
 
 def run_kernels(args: argparse.Namespace) -> None:
     device = torch.device(args.device if args.device != "auto" else "cuda")
-    if device.type == "cpu":
-        os.environ["TRITON_INTERPRET"] = "1"  # before triton is first imported
+    prepare_device(device.type)  # CPU: the interpreter, before triton is first imported
     shapes = [tuple(args.shape)] if args.shape_given else KERNEL_SHAPES
     torch.manual_seed(0)
     results = [measure_kernels(shape, spec, device) for shape in shapes for spec in KERNEL_SPECS]

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The GPU measurements in three stages, each one device call (under its 10-minute limit).
+#
+# On a development machine, once (the GPU machine has no optuna, gguf, or network):
+#   echo /.whl/ >> .git/info/exclude
+#   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+#     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+#     --platform manylinux2014_x86_64 -d .whl optuna alembic colorlog mako sqlalchemy gguf
+# On the GPU machine, from the repo root, with .whl carried:
+#   bash scripts/gpu_session.sh kernels   # pytest -m cuda, pack/unpack, fused decode, SGLang step
+#   bash scripts/gpu_session.sh hf        # HF generate with the packed cache vs Dynamic/Static
+#   bash scripts/gpu_session.sh search    # kvtuner search --budget 4bit, Llama-3.1-8B's shape
+# Results (JSON) and one log per stage go to $OUT (the device tool brings them back); every step
+# has its own time limit, so a slow step leaves the others' results.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+stage=${1:-}
+case "$stage" in
+  kernels | hf | search) ;;
+  *) echo "usage: scripts/gpu_session.sh {kernels|hf|search}" >&2 && exit 2 ;;
+esac
+out=${OUT:-/tmp/kvtuner-gpu}
+mkdir -p "$out"
+log="$out/$stage.log"
+
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+fi
+export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
+step() {  # step SECONDS COMMAND...: run it under a time limit, log it, never stop the stage
+  local limit=$1
+  shift
+  echo "== $(date -u +%T) $*" | tee -a "$log"
+  timeout "$limit" "$@" >>"$log" 2>&1
+  echo "== exit $?" | tee -a "$log"
+}
+
+case "$stage" in
+  kernels)
+    nvidia-smi -L >>"$log" 2>&1
+    step 180 python3 -m pytest -m cuda -q -p no:cacheprovider tests
+    step 120 python3 benchmarks/quant_throughput.py --device cuda \
+      --output "$out/quant_throughput_kernels.json"
+    step 120 python3 benchmarks/attention_decode.py --device cuda \
+      --output "$out/attention_decode.json"
+    step 120 python3 benchmarks/sglang_backend_step.py --device cuda \
+      --output "$out/sglang_backend_step.json"
+    ;;
+  hf)
+    step 270 python3 benchmarks/hf_decode.py --device cuda --output "$out/hf_decode.json"
+    step 270 python3 benchmarks/hf_decode.py --device cuda --pack-reserve 256 \
+      --output "$out/hf_decode_reserve256.json"
+    ;;
+  search)
+    step 570 python3 benchmarks/calibration_time.py --what search --device cuda \
+      --model llama-3.1-8b-shape --json "$out/search_time_llama-3.1-8b-shape.json"
+    ;;
+esac
+tail -n 60 "$log"
