@@ -189,4 +189,6 @@ def test_channel_axis_is_refused_where_its_pages_are_not_read(hicache, backend, 
     keys_only = tiny_profile(SPECS[:2], heads=HEADS, head_dim=D)  # KIVI keys, token values
     if backend == "kvtuner":  # its kernels read key pages, without decode CUDA graphs
         assert channel_refusal(args, keys_only) == ""
-        assert "--cuda-graph-backend-decode disabled" in channel_refusal(args, keys_only, decode_graphs="full")
+        assert "--cuda-graph-backend-decode disabled" in channel_refusal(
+            args, keys_only, decode_graphs="full"
+        )
