@@ -7,7 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..quant.triton_kernels import _load_codes, _load_fp16
+from ..quant.triton_codes import load_codes, load_fp16
 
 
 @triton.jit
@@ -23,13 +23,13 @@ def _kv_tile(ptr, off, ok, D: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr,
     NG: tl.constexpr = D // G
     HALF: tl.constexpr = (1 << (BITS - 1)) - 1
     src = ptr + off
-    codes = tl.reshape(_load_codes(src, ok, NB, D // 8, BITS), [BT, NG, G])
+    codes = tl.reshape(load_codes(src, ok, NB, D // 8, BITS), [BT, NG, G])
     meta = src[:, None] + NB + 2 * tl.arange(0, NG)[None, :]  # [BT, NG] fp16 scale bytes
-    scale = _load_fp16(meta, ok[:, None])[:, :, None]  # once per group and row
+    scale = load_fp16(meta, ok[:, None])[:, :, None]  # once per group and row
     if SYM:
         vals = tl.math.div_rn((codes - HALF) * scale, HALF * 1.0)
     else:
-        vals = _load_fp16(meta + 2 * NG, ok[:, None])[:, :, None] + codes * scale
+        vals = load_fp16(meta + 2 * NG, ok[:, None])[:, :, None] + codes * scale
     return tl.reshape(vals, [BT, D])
 
 
@@ -42,12 +42,12 @@ def _channel_tile(base, t, ok, stride_block, D: tl.constexpr, BITS: tl.constexpr
     NB: tl.constexpr = D * BITS // 8  # code bytes of one token in a block
     HALF: tl.constexpr = (1 << (BITS - 1)) - 1
     block = base + (t // G).to(tl.int64) * stride_block  # [BT]
-    codes = tl.reshape(_load_codes(block + (t % G) * NB, ok, NB, D // 8, BITS), [BT, D])
+    codes = tl.reshape(load_codes(block + (t % G) * NB, ok, NB, D // 8, BITS), [BT, D])
     meta = block[:, None] + G * NB + 2 * tl.arange(0, D)[None, :]  # [BT, D] scale bytes
-    scale = _load_fp16(meta, ok[:, None])
+    scale = load_fp16(meta, ok[:, None])
     if SYM:
         return tl.math.div_rn((codes - HALF) * scale, HALF * 1.0)
-    return _load_fp16(meta + 2 * D, ok[:, None]) + codes * scale
+    return load_fp16(meta + 2 * D, ok[:, None]) + codes * scale
 
 
 @triton.jit

@@ -26,48 +26,11 @@ import triton.language as tl
 
 from .reference import hadamard
 from .spec import QuantSpec
+from .triton_codes import NAN_FP16, fp16_directed, load_codes, load_fp16, store_codes, store_fp16
 
 __all__ = ["interpreted", "triton_gather_dequantized", "triton_scatter_quantized"]
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
-_NAN_FP16 = tl.constexpr(0x7E00)  # the format's NaN: what torch stores for float("nan").half()
-
-
-@triton.jit
-def _fp16_directed(v, UP: tl.constexpr):
-    """fp32 [..] -> fp32 holding the smallest fp16 >= v (UP) or largest fp16 <= v; zero is +0."""
-    r = v.to(tl.float16)
-    bits = r.to(tl.int16, bitcast=True).to(tl.int32)
-    is_zero = r == 0.0
-    if UP:
-        wrong = r.to(tl.float32) < v
-        step = tl.where(bits >= 0, 1, -1)  # sign bit clear: magnitude up; set: magnitude down
-        nxt = tl.where(is_zero, 1, bits + step)
-    else:
-        wrong = r.to(tl.float32) > v
-        step = tl.where(bits >= 0, -1, 1)
-        nxt = tl.where(is_zero, -32767, bits + step)  # -32767 = 0x8001, -smallest subnormal
-    bits = tl.where(wrong, nxt, bits)
-    out = bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-    return tl.where(out == 0.0, 0.0, out)
-
-
-@triton.jit
-def _store_fp16(ptr, value, ok, mask):
-    """Store fp32 ``value`` [BLOCK] (fp16-exact) as 2 little-endian bytes; NaN where not ``ok``."""
-    bits = value.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
-    bits = tl.where(ok, bits, _NAN_FP16)
-    tl.store(ptr, (bits & 0xFF).to(tl.uint8), mask=mask)
-    tl.store(ptr + 1, ((bits >> 8) & 0xFF).to(tl.uint8), mask=mask)
-
-
-@triton.jit
-def _load_fp16(ptr, mask):
-    """2 little-endian bytes at ``ptr`` [..] -> fp32."""
-    lo = tl.load(ptr, mask=mask, other=0).to(tl.int32)
-    hi = tl.load(ptr + 1, mask=mask, other=0).to(tl.int32)
-    bits = (hi << 8) | lo
-    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
 
 
 @triton.jit
@@ -141,69 +104,23 @@ def _scatter_kernel(
     meta = dst[:, None] + NB + 2 * g[None, :]  # [BLOCK, NG_PAD] fp16 scale slots
     meta_ok = row_ok[:, None] & (g < NG)[None, :]
     if SYMMETRIC:
-        scale = _fp16_directed(tl.max(tl.abs(safe), 2), True)
+        scale = fp16_directed(tl.max(tl.abs(safe), 2), True)
         ok = (bad == 0) & (scale < float("inf"))
         step = tl.where(scale > 0, scale, 1.0)[:, :, None]
         ratio = tl.where(scale[:, :, None] > 0, tl.math.div_rn(safe, step), 0.0)
         q = tl.floor(ratio * HALF + 0.5) + HALF
         q = tl.minimum(tl.maximum(q, 0.0), 2.0 * HALF)
     else:
-        zero = _fp16_directed(tl.min(safe, 2), False)
-        scale = _fp16_directed(tl.math.div_rn(tl.max(safe, 2) - zero, QMAX * 1.0), True)
+        zero = fp16_directed(tl.min(safe, 2), False)
+        scale = fp16_directed(tl.math.div_rn(tl.max(safe, 2) - zero, QMAX * 1.0), True)
         ok = (bad == 0) & (tl.abs(zero) < float("inf")) & (scale < float("inf"))
-        _store_fp16(meta + 2 * NG, zero, ok, meta_ok)
+        store_fp16(meta + 2 * NG, zero, ok, meta_ok)
         step = tl.where(scale > 0, scale, 1.0)[:, :, None]
         q = tl.floor(tl.math.div_rn(safe - zero[:, :, None], step) + 0.5)
         q = tl.minimum(tl.maximum(q, 0.0), QMAX * 1.0)
-    _store_fp16(meta, scale, ok, meta_ok)
+    store_fp16(meta, scale, ok, meta_ok)
     q = tl.where(ok[:, :, None], q, 0.0).to(tl.int32)
-    _store_codes(dst, tl.reshape(q, [BLOCK, NW_PAD, 8]), row_ok, NB, BITS)
-
-
-@triton.jit
-def _store_codes(dst, q, row_ok, NB: tl.constexpr, BITS: tl.constexpr):
-    """Codes q int32 [BLOCK, NW_PAD, 8] -> the little-endian bit stream at ``dst`` [BLOCK]:
-    code i of a row at stream bits [i*BITS, (i+1)*BITS), NB bytes."""
-    BLOCK: tl.constexpr = q.shape[0]
-    NW_PAD: tl.constexpr = q.shape[1]
-    if 8 % BITS == 0:  # 2/4/8 bits: bytes of P whole codes, in int32
-        P: tl.constexpr = 8 // BITS
-        c = tl.reshape(q, [BLOCK, NW_PAD * BITS, P])
-        packed = tl.sum(c << (tl.arange(0, P) * BITS)[None, None, :], axis=2)
-        j = tl.arange(0, NW_PAD * BITS)  # [NB_PAD] byte index
-        ok = row_ok[:, None] & (j < NB)[None]
-        tl.store(dst[:, None] + j[None, :], packed.to(tl.uint8), mask=ok)
-    else:  # 3/5/6 bits: 8 codes make one word of BITS bytes (at most 48 bits)
-        k = tl.arange(0, 8)
-        word = tl.sum(q.to(tl.int64) << (k * BITS).to(tl.int64)[None, None, :], axis=2)
-        byte = (word[:, :, None] >> (k * 8).to(tl.int64)[None, None, :]) & 0xFF  # k < BITS used
-        w = tl.arange(0, NW_PAD)
-        at = dst[:, None, None] + (w * BITS)[None, :, None] + k[None, None, :]
-        ok = row_ok[:, None, None] & (w * BITS < NB)[None, :, None] & (k < BITS)[None, None, :]
-        tl.store(at, byte.to(tl.uint8), mask=ok)
-
-
-@triton.jit
-def _load_codes(src, row_ok, NB: tl.constexpr, NW_PAD: tl.constexpr, BITS: tl.constexpr):
-    """Inverse of :func:`_store_codes`: codes as fp32 [BLOCK, NW_PAD, 8]."""
-    BLOCK: tl.constexpr = row_ok.shape[0]
-    MASK: tl.constexpr = (1 << BITS) - 1
-    if 8 % BITS == 0:
-        P: tl.constexpr = 8 // BITS
-        j = tl.arange(0, NW_PAD * BITS)
-        b = tl.load(src[:, None] + j[None, :], mask=row_ok[:, None] & (j < NB)[None], other=0)
-        q = (b.to(tl.int32)[:, :, None] >> (tl.arange(0, P) * BITS)[None, None, :]) & MASK
-        q = tl.reshape(q, [BLOCK, NW_PAD, 8])
-    else:  # code k of a word starts in byte lo = k*BITS // 8 and may run into byte lo + 1
-        k = tl.arange(0, 8)
-        lo = (k * BITS) // 8
-        w = tl.arange(0, NW_PAD)
-        at = src[:, None, None] + (w * BITS)[None, :, None] + lo[None, None, :]
-        ok = row_ok[:, None, None] & (w * BITS < NB)[None, :, None]
-        b = tl.load(at, mask=ok, other=0).to(tl.int32)
-        hi = tl.load(at + 1, mask=ok & (lo + 1 < BITS)[None, None, :], other=0).to(tl.int32)
-        q = ((b | (hi << 8)) >> ((k * BITS) % 8)[None, None, :]) & MASK
-    return q.to(tl.float32)
+    store_codes(dst, tl.reshape(q, [BLOCK, NW_PAD, 8]), row_ok, NB, BITS)
 
 
 @triton.jit
@@ -222,16 +139,16 @@ def _gather_kernel(
     HALF: tl.constexpr = (1 << (BITS - 1)) - 1
     w = tl.arange(0, NW_PAD)
     e = w[:, None] * 8 + tl.arange(0, 8)[None, :]  # [NW_PAD, 8]
-    q = _load_codes(src, row_ok, NB, NW_PAD, BITS)  # [BLOCK, NW_PAD, 8]
+    q = load_codes(src, row_ok, NB, NW_PAD, BITS)  # [BLOCK, NW_PAD, 8]
     q = tl.reshape(q, [BLOCK, NG_PAD, G])
     g = tl.arange(0, NG_PAD)
     meta = src[:, None] + NB + 2 * g[None, :]  # [BLOCK, NG_PAD]: one load per group and row
     meta_ok = row_ok[:, None] & (g < NG)[None, :]
-    scale = _load_fp16(meta, meta_ok)[:, :, None]
+    scale = load_fp16(meta, meta_ok)[:, :, None]
     if SYMMETRIC:  # noqa: SIM108 (constexpr branch: only one side is compiled)
         out = tl.math.div_rn((q - HALF) * scale, HALF * 1.0)
     else:
-        out = _load_fp16(meta + 2 * NG, meta_ok)[:, :, None] + q * scale
+        out = load_fp16(meta + 2 * NG, meta_ok)[:, :, None] + q * scale
     out = tl.reshape(out, [BLOCK, NW_PAD, 8])
     if ROTATE:  # undo the rotation: H is its own inverse
         out = _rotated(out, h_ptr, D)
@@ -252,7 +169,7 @@ def _scatter_fp16_kernel(
     at = _x_offsets(rows, heads, stride_xt, stride_xh)
     x = tl.load(x_ptr + at[:, None] + e[None], mask=mask, other=0.0).to(tl.float32)
     bits = x.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)  # [BLOCK, D_PAD]
-    bits = tl.where(x == x, bits, _NAN_FP16)  # the format's NaN, whatever the GPU's cvt gives
+    bits = tl.where(x == x, bits, NAN_FP16)  # the format's NaN, whatever the GPU's cvt gives
     tl.store(dst[:, None] + 2 * e[None], (bits & 0xFF).to(tl.uint8), mask=mask)
     tl.store(dst[:, None] + 2 * e[None] + 1, ((bits >> 8) & 0xFF).to(tl.uint8), mask=mask)
 
@@ -267,7 +184,7 @@ def _gather_fp16_kernel(
     )
     e = tl.arange(0, D_PAD)
     mask = row_ok[:, None] & (e < D)[None]
-    x = _load_fp16(src[:, None] + 2 * e[None], mask)
+    x = load_fp16(src[:, None] + 2 * e[None], mask)
     _store_out(out_ptr + rows[:, None] * D + e[None], x, mask, OUT_BF16)
 
 

@@ -33,6 +33,12 @@ from .budget import Budget
 from .confirmation import Confirmed, confirm_on_held_back, held_back
 from .report import Baseline, format_summary, plot_pareto, write_pareto_dir
 from .results import Measured, best_measured, measured_trials, pareto_set
+from .sensitivity_file import (
+    calibrated_smoothing,
+    load_or_calibrate,
+    sensitivity_path,
+    smoothing_provenance,
+)
 from .study import StudySettings, run_study
 
 __all__ = ["SearchOutcome", "default_storage", "search"]
@@ -54,82 +60,6 @@ class SearchOutcome:
 def default_storage(output: Path) -> str:
     """``sqlite:///<output without .json>.optuna.db`` beside the profile."""
     return f"sqlite:///{output.resolve().with_suffix('.optuna.db')}"
-
-
-def _sensitivity_path(output: Path) -> Path:
-    return output.with_suffix(".sensitivity.json")
-
-
-def _matches(path: Path, fp: ModelFingerprint, data: dict, settings: dict) -> bool:
-    """Is the cached sensitivity file for this model, these tokens and these specs?"""
-    if not path.exists():
-        return False
-    doc = read_json(path, "sensitivity file")
-    same_model = doc.get("model", {}).get("fingerprint", {}).get("hash") == fp.hash
-    same_data = all(doc.get("data", {}).get(k) == v for k, v in data.items())
-    same_specs = all(doc.get("settings", {}).get(k) == v for k, v in settings.items())
-    return same_model and same_data and same_specs
-
-
-def _load_sensitivity(path: Path, fp: ModelFingerprint, preset_settings: dict, log) -> Any:
-    from ..calibration import Sensitivity
-
-    doc = read_json(path, "sensitivity file")
-    theirs = doc.get("model", {}).get("fingerprint", {}).get("hash")
-    if theirs != fp.hash:
-        raise KVTunerError(
-            f"sensitivity file {path} was measured on another model "
-            f"(fingerprint {theirs}, this model {fp.hash})"
-        )
-    if any(doc.get("settings", {}).get(k) != v for k, v in preset_settings.items()):
-        log(
-            f"note: {path} was calibrated with other K/V specs than this preset; it only guides "
-            "pruning and seeding, every trial is still measured with the preset's specs"
-        )
-    return Sensitivity.load(path)
-
-
-def _calibrate(lm, model_id: str, data, preset, bits, path: Path, log, progress, batch_size):
-    from ..calibration import calibrate
-
-    log(
-        f"calibrating: per-layer K/V sensitivity at {bits} bits on {data.tokens.numel()} "
-        f"tokens ({data.dataset}) ..."
-    )
-    sensitivity = calibrate(
-        lm,
-        data,
-        model_id=model_id,
-        bits=bits,
-        key_spec=preset.key,
-        value_spec=preset.value,
-        key_smoothing=preset.smoothing,
-        progress=progress,
-        batch_size=batch_size,
-    )
-    sensitivity.save(path)
-    log(f"wrote {path}")
-    return sensitivity
-
-
-def _calibrated_smoothing(lm, preset, data, log, batch_size):
-    """The preset with λ calibrated on the calibration tokens (unchanged without smoothing)."""
-    if preset.smooth_alpha is None:
-        return preset
-    from ..calibration.smoothing import calibrate_key_smoothing
-
-    log(f"calibrating key smoothing (alpha {preset.smooth_alpha}) on the calibration tokens ...")
-    lams = calibrate_key_smoothing(
-        lm, data.tokens, alpha=preset.smooth_alpha, batch_size=batch_size
-    )
-    return preset.with_smoothing(lams)
-
-
-def _smoothing_provenance(preset) -> dict:
-    from ..calibration.smoothing import DEFAULT_QUANTILE, smoothing_digest
-
-    return {"alpha": preset.smooth_alpha, "statistic": f"quantile {DEFAULT_QUANTILE} of |k|",
-            "digest": smoothing_digest(preset.smoothing)}  # fmt: skip
 
 
 def _baselines(study, space: SearchSpace, measured: list[Measured], evaluate, extra: bool):
@@ -299,17 +229,21 @@ def search(
         tokenizer, dataset=dataset, num_samples=num_samples, seq_len=seq_len, seed=data_seed
     )
     held = held_back(tokenizer, dataset, data, confirm_samples) if confirm_samples else None
-    search_preset = _calibrated_smoothing(lm, search_preset, data, log, batch_size)
-    sens_path = Path(sensitivity) if sensitivity else _sensitivity_path(output)
-    wanted = {**search_preset.settings(), "bits": list(bits or DEFAULT_BITS)}
-    if sensitivity or _matches(sens_path, fp, data.describe(), wanted):
-        log(f"sensitivity: {sens_path}")
-        sens = _load_sensitivity(sens_path, fp, search_preset.settings(), log)
-    else:
-        widths = bits or DEFAULT_BITS
-        sens = _calibrate(
-            lm, model, data, search_preset, widths, sens_path, log, progress, batch_size
-        )
+    search_preset = calibrated_smoothing(lm, search_preset, data, log, batch_size)
+    sens_path = Path(sensitivity) if sensitivity else sensitivity_path(output)
+    sens = load_or_calibrate(
+        lm,
+        model_id=model,
+        fp=fp,
+        data=data,
+        preset=search_preset,
+        bits=bits or DEFAULT_BITS,
+        path=sens_path,
+        given=sensitivity is not None,
+        log=log,
+        progress=progress,
+        batch_size=batch_size,
+    )
     space = build_space(
         LossTable.from_sensitivity(sens, fp.num_layers),
         search_preset,
@@ -342,7 +276,7 @@ def search(
     extra = _confirm_metrics(held, confirmation)
     calibration = {**data.describe(), **where.describe(), "sensitivity": sens_path.name}
     if search_preset.smoothing is not None:
-        calibration["key_smoothing"] = _smoothing_provenance(search_preset)
+        calibration["key_smoothing"] = smoothing_provenance(search_preset)
     profile = _profile(model, space, best, calibration, budget, study, st, base, fp_ppl, extra)
     save_profile(profile, output)
     front = tuple(pareto_set(measured))

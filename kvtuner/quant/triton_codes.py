@@ -1,0 +1,97 @@
+"""Triton device functions of the packed format, shared by the pool kernels
+(:mod:`.triton_kernels`) and the attention kernels (:mod:`kvtuner.attention.tiles`): fp16
+metadata stored and loaded as int16 bits (directed rounding, the format's NaN), and codes packed
+into / read from a row's little-endian bit stream (see :mod:`.triton_kernels` for the layout).
+Importing this module imports triton."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+__all__ = ["NAN_FP16", "fp16_directed", "load_codes", "load_fp16", "store_codes", "store_fp16"]
+
+NAN_FP16 = tl.constexpr(0x7E00)  # the format's NaN: what torch stores for float("nan").half()
+
+
+@triton.jit
+def fp16_directed(v, UP: tl.constexpr):
+    """fp32 [..] -> fp32 holding the smallest fp16 >= v (UP) or largest fp16 <= v; zero is +0."""
+    r = v.to(tl.float16)
+    bits = r.to(tl.int16, bitcast=True).to(tl.int32)
+    is_zero = r == 0.0
+    if UP:
+        wrong = r.to(tl.float32) < v
+        step = tl.where(bits >= 0, 1, -1)  # sign bit clear: magnitude up; set: magnitude down
+        nxt = tl.where(is_zero, 1, bits + step)
+    else:
+        wrong = r.to(tl.float32) > v
+        step = tl.where(bits >= 0, -1, 1)
+        nxt = tl.where(is_zero, -32767, bits + step)  # -32767 = 0x8001, -smallest subnormal
+    bits = tl.where(wrong, nxt, bits)
+    out = bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return tl.where(out == 0.0, 0.0, out)
+
+
+@triton.jit
+def store_fp16(ptr, value, ok, mask):
+    """Store fp32 ``value`` [BLOCK] (fp16-exact) as 2 little-endian bytes; NaN where not ``ok``."""
+    bits = value.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
+    bits = tl.where(ok, bits, NAN_FP16)
+    tl.store(ptr, (bits & 0xFF).to(tl.uint8), mask=mask)
+    tl.store(ptr + 1, ((bits >> 8) & 0xFF).to(tl.uint8), mask=mask)
+
+
+@triton.jit
+def load_fp16(ptr, mask):
+    """2 little-endian bytes at ``ptr`` [..] -> fp32."""
+    lo = tl.load(ptr, mask=mask, other=0).to(tl.int32)
+    hi = tl.load(ptr + 1, mask=mask, other=0).to(tl.int32)
+    bits = (hi << 8) | lo
+    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def store_codes(dst, q, row_ok, NB: tl.constexpr, BITS: tl.constexpr):
+    """Codes q int32 [BLOCK, NW_PAD, 8] -> the little-endian bit stream at ``dst`` [BLOCK]:
+    code i of a row at stream bits [i*BITS, (i+1)*BITS), NB bytes."""
+    BLOCK: tl.constexpr = q.shape[0]
+    NW_PAD: tl.constexpr = q.shape[1]
+    if 8 % BITS == 0:  # 2/4/8 bits: bytes of P whole codes, in int32
+        P: tl.constexpr = 8 // BITS
+        c = tl.reshape(q, [BLOCK, NW_PAD * BITS, P])
+        packed = tl.sum(c << (tl.arange(0, P) * BITS)[None, None, :], axis=2)
+        j = tl.arange(0, NW_PAD * BITS)  # [NB_PAD] byte index
+        ok = row_ok[:, None] & (j < NB)[None]
+        tl.store(dst[:, None] + j[None, :], packed.to(tl.uint8), mask=ok)
+    else:  # 3/5/6 bits: 8 codes make one word of BITS bytes (at most 48 bits)
+        k = tl.arange(0, 8)
+        word = tl.sum(q.to(tl.int64) << (k * BITS).to(tl.int64)[None, None, :], axis=2)
+        byte = (word[:, :, None] >> (k * 8).to(tl.int64)[None, None, :]) & 0xFF  # k < BITS used
+        w = tl.arange(0, NW_PAD)
+        at = dst[:, None, None] + (w * BITS)[None, :, None] + k[None, None, :]
+        ok = row_ok[:, None, None] & (w * BITS < NB)[None, :, None] & (k < BITS)[None, None, :]
+        tl.store(at, byte.to(tl.uint8), mask=ok)
+
+
+@triton.jit
+def load_codes(src, row_ok, NB: tl.constexpr, NW_PAD: tl.constexpr, BITS: tl.constexpr):
+    """Inverse of :func:`store_codes`: codes as fp32 [BLOCK, NW_PAD, 8]."""
+    BLOCK: tl.constexpr = row_ok.shape[0]
+    MASK: tl.constexpr = (1 << BITS) - 1
+    if 8 % BITS == 0:
+        P: tl.constexpr = 8 // BITS
+        j = tl.arange(0, NW_PAD * BITS)
+        b = tl.load(src[:, None] + j[None, :], mask=row_ok[:, None] & (j < NB)[None], other=0)
+        q = (b.to(tl.int32)[:, :, None] >> (tl.arange(0, P) * BITS)[None, None, :]) & MASK
+        q = tl.reshape(q, [BLOCK, NW_PAD, 8])
+    else:  # code k of a word starts in byte lo = k*BITS // 8 and may run into byte lo + 1
+        k = tl.arange(0, 8)
+        lo = (k * BITS) // 8
+        w = tl.arange(0, NW_PAD)
+        at = src[:, None, None] + (w * BITS)[None, :, None] + lo[None, None, :]
+        ok = row_ok[:, None, None] & (w * BITS < NB)[None, :, None]
+        b = tl.load(at, mask=ok, other=0).to(tl.int32)
+        hi = tl.load(at + 1, mask=ok & (lo + 1 < BITS)[None, None, :], other=0).to(tl.int32)
+        q = ((b | (hi << 8)) >> ((k * BITS) % 8)[None, None, :]) & MASK
+    return q.to(tl.float32)
