@@ -101,6 +101,28 @@ def evaluate(model, ev, specs, fp_lp, n_k: int, n_v: int, mode: str, skip: int) 
     return out
 
 
+@torch.inference_mode()
+def attention_mass(model, ev, path: str, command: str) -> None:
+    """fp model, eager attention: mean attention weight on key positions 0..7 (over heads and
+    queries >= 8), per layer and averaged over layers; prints it and writes ``path``."""
+    model.set_attn_implementation("eager")
+    per_layer = []
+    for r in ev:
+        att = model(r[None], output_attentions=True).attentions
+        per_layer.append(torch.stack([a[0, :, 8:, :8].mean((0, 1)) for a in att]))
+    m = torch.stack(per_layer).mean(0)  # [layers, 8]
+    out = dict(
+        command=command,
+        threads=torch.get_num_threads(),
+        windows=len(ev),
+        mean_over_layers=m.mean(0).tolist(),
+        per_layer_pos0=m[:, 0].tolist(),
+    )
+    print("mass on positions 0..7, mean over layers:", [f"{x:.4f}" for x in m.mean(0)])
+    print("mass on position 0 per layer:", [f"{x:.2f}" for x in m[:, 0]])
+    Path(path).write_text(json.dumps(out, indent=1) + "\n")
+
+
 def mean_se(d: list[float]) -> tuple[float, float]:
     m = sum(d) / len(d)
     if len(d) < 2:
@@ -138,10 +160,18 @@ def main() -> None:
     )
     ap.add_argument("--skip", type=int, default=8, help="late metrics: positions >= this")
     ap.add_argument("--json", default=str(OUT))
+    ap.add_argument(
+        "--attention-mass",
+        action="store_true",
+        help="only measure the fp model's attention on positions 0..7",
+    )
     args = ap.parse_args()
     start = time.monotonic()
     model, tok = load_model("smollm2-135m", device="cpu", dtype="float32")
     ev = load_eval_windows(tok, num_windows=args.eval_windows).tokens
+    if args.attention_mass:
+        cmd = "OMP_NUM_THREADS=1 python benchmarks/sink_probe.py " + " ".join(sys.argv[1:])
+        return attention_mass(model, ev, args.json, cmd)
     with torch.inference_mode():
         fp_lp = [torch.log_softmax(model(r[None]).logits.float(), -1) for r in ev]
     fp: dict[str, list[float]] = {"nll": [], "nll_late": []}
