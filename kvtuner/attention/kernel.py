@@ -150,7 +150,7 @@ def _reduce_kernel(o_ptr, lse_ptr, sinks_ptr, out_ptr, num_splits, hq, D: tl.con
     total = tl.sum(w, 0)
     out = tl.sum(w[:, None] * o, 0) / tl.where(total > 0, total, 1.0)
     if HAS_SINKS:  # out · Σexp / (Σexp + exp(sink)), in log2 units; nothing seen: stays 0
-        sink = tl.load(sinks_ptr + bh % hq) * 1.4426950408889634
+        sink = tl.load(sinks_ptr + bh % hq)  # log2 units (the launcher scales by log2 e)
         out = out / (1.0 + tl.exp2(sink - top - tl.log2(tl.where(total > 0, total, 1.0))))
     tl.store(out_ptr + bh * D + d, out)
 
@@ -231,7 +231,7 @@ def launch(
         HAS_START=batch.starts is not None, RAGGED=ragged, DOT_IEEE=q.dtype == torch.float32,
     )  # fmt: skip
     out = torch.empty(rows_of_q, hq, dim, dtype=torch.float32, device=dev)
-    sinks = batch.sinks.float().contiguous() if batch.sinks is not None else lse
+    sinks = batch.sinks.float() * _LOG2E if batch.sinks is not None else lse  # [Hq], log2 units
     _reduce_kernel[(rows_of_q * hq,)](partial, lse, sinks, out, splits, hq, D=dim,
                                       S_PAD=triton.next_power_of_2(splits),
                                       HAS_SINKS=batch.sinks is not None)  # fmt: skip
