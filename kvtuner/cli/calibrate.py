@@ -41,7 +41,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--preset",
         default="per-token",
         help="per-token (Hadamard keys, token axis, g32), per-token-g64, kivi (channel keys "
-        "g32), kivi-hadv (kivi, Hadamard values) or a preset JSON file; the flags below "
+        "g32), kivi-hadv (kivi, Hadamard values), kivi-prerope-hadv (kivi-hadv, keys stored "
+        "before RoPE) or a preset JSON file; the flags below "
         "override it",
     )
     p.add_argument("--key-axis", choices=("token", "channel"))

@@ -32,8 +32,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--preset",
         default="per-token",
-        help="per-token or per-token-g64 (SGLang-servable), kivi or kivi-hadv (HF only) or a "
-        "JSON file of specs",
+        help="per-token, per-token-g64 or per-token-smooth (SGLang-servable), kivi, kivi-hadv "
+        "or kivi-prerope-hadv (pre-RoPE keys, HF only) or a JSON file of specs",
     )
     add_bits_argument(
         p,

@@ -22,8 +22,8 @@ from ..quant.smoothing import KeySmoothing
 from ..quant.spec import V1_BITS, QuantSpec
 from .fingerprint import ModelFingerprint
 
-SCHEMA_VERSION = 3  # the newest this kvtuner reads and writes
-SCHEMA_VERSIONS = (1, 2, 3)
+SCHEMA_VERSION = 4  # the newest this kvtuner reads and writes
+SCHEMA_VERSIONS = (1, 2, 3, 4)
 PRODUCER_NAME = "kvtuner"
 
 
@@ -46,8 +46,12 @@ class LayerSpec:
     def __post_init__(self) -> None:
         if isinstance(self.layer, bool) or not isinstance(self.layer, int) or self.layer < 0:
             raise KVTunerError(f"layer index must be a non-negative int, got {self.layer!r}")
+        if self.v.pre_rope:
+            raise KVTunerError(f"layer {self.layer}: pre_rope applies to keys only")
         if self.k_smooth is None:
             return
+        if self.k.pre_rope:
+            raise KVTunerError(f"layer {self.layer}: key smoothing and pre_rope do not combine")
         if not isinstance(self.k_smooth, KeySmoothing):
             raise KVTunerError(f"layer {self.layer}: k_smooth must be a KeySmoothing")
         if not self.k.is_quantized or self.k.axis != "token":
@@ -114,15 +118,21 @@ def check_schema_version(version: Any, *, allow_none: bool = False) -> None:
 
 
 def required_schema_version(layers: tuple[LayerSpec, ...]) -> int:
-    """3 when a layer smooths its keys, else 1 when every K/V spec uses bits v1 knows
-    (2/4/8/16), else 2."""
+    """4 when a layer stores its keys pre-RoPE, else 3 when a layer smooths its keys, else
+    1 when every K/V spec uses bits v1 knows (2/4/8/16), else 2."""
+    if any(spec.k.pre_rope for spec in layers):
+        return 4
     if any(spec.k_smooth is not None for spec in layers):
         return 3
     bits = {qs.bits for spec in layers for qs in (spec.k, spec.v)}
     return 1 if bits <= set(V1_BITS) else 2
 
 
-_VERSION_HOLDS = {1: "bits 2/4/8/16 only", 2: "no key smoothing (k_smooth)"}
+_VERSION_HOLDS = {
+    1: "bits 2/4/8/16 only",
+    2: "no key smoothing (k_smooth)",
+    3: "no pre-RoPE keys (pre_rope)",
+}
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,10 @@ class QuantSpec:
     axis: "token" (the only axis a paged pool can quantize at write time) or "channel".
     rotation: "hadamard" rotates each head_dim vector by an orthonormal Hadamard matrix before
         quantizing (undone on dequantize); spreads outlier channels over the whole group.
+    pre_rope: keys only, HF runtime only (profile schema v4). The runtime rotates each key back
+        to position 0 with the model's rotary frequencies before quantizing and forward again on
+        read (exact: a rotation), so a channel keeps one scale along the tokens instead of
+        swinging with the position (KVQuant's pre-RoPE keys; pays for channel-axis keys).
     """
 
     bits: int
@@ -34,6 +38,7 @@ class QuantSpec:
     symmetric: bool = False
     axis: str = "token"
     rotation: str = "none"
+    pre_rope: bool = False
 
     def __post_init__(self) -> None:
         if type(self.bits) is not int or self.bits not in SUPPORTED_BITS:  # 4.0 == 4: reject floats
@@ -48,6 +53,8 @@ class QuantSpec:
             raise ValueError(f"axis must be one of {AXES}, got {self.axis!r}")
         if self.rotation not in ROTATIONS:
             raise ValueError(f"rotation must be one of {ROTATIONS}, got {self.rotation!r}")
+        if not isinstance(self.pre_rope, bool):
+            raise ValueError(f"pre_rope must be a bool, got {self.pre_rope!r}")
 
     @property
     def is_quantized(self) -> bool:
@@ -105,13 +112,17 @@ class QuantSpec:
         return 8.0 * self.bytes_per_token(head_dim) / head_dim
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields, ``pre_rope`` only when set (so older profiles keep their bytes and hash)."""
+        out = asdict(self)
+        if not self.pre_rope:
+            del out["pre_rope"]
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> QuantSpec:
         if not isinstance(data, dict):
             raise ValueError(f"a quant spec must be an object, got {type(data).__name__}")
-        unknown = set(data) - {"bits", "group_size", "symmetric", "axis", "rotation"}
+        unknown = set(data) - {"bits", "group_size", "symmetric", "axis", "rotation", "pre_rope"}
         if unknown:
             raise ValueError(f"unknown quant spec field(s): {', '.join(sorted(unknown))}")
         if "bits" not in data:
@@ -124,4 +135,5 @@ class QuantSpec:
             return "16b"
         sym = "sym" if self.symmetric else "asym"
         rot = "/had" if self.rotation == "hadamard" else ""
-        return f"{self.bits}b/g{self.group_size}/{sym}/{self.axis}{rot}"
+        rope = "/prerope" if self.pre_rope else ""
+        return f"{self.bits}b/g{self.group_size}/{sym}/{self.axis}{rot}{rope}"

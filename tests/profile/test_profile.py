@@ -1,4 +1,4 @@
-"""Profile schema v1/v2: round trip, canonical hash, accounting, and every rejection case."""
+"""Profile schema v1–v4: round trip, canonical hash, accounting, and every rejection case."""
 
 from __future__ import annotations
 
@@ -74,6 +74,24 @@ def test_hash_covers_the_smoothing_factors():
     assert _smoothed().hash == _smoothed([row[:] for row in LAM]).hash
     unsmoothed = Profile("tiny", FP, [LayerSpec(s.layer, s.k, s.v) for s in _smoothed().layers])
     assert unsmoothed.schema_version == 1 and unsmoothed.hash != _smoothed().hash
+
+
+def _prerope(k_bits: int = 4) -> Profile:
+    k = QuantSpec(k_bits, 32, axis="channel", pre_rope=True)
+    layers = (LayerSpec(0, QuantSpec(8, 32), V2), LayerSpec(1, k, QuantSpec(16)))
+    return Profile("tiny", FP, layers, created="2026-01-01T00:00:00+00:00").with_accounting()
+
+
+def test_prerope_keys_need_v4_round_trip_and_change_the_hash(tmp_path):
+    p = _prerope()
+    assert p.schema_version == 4
+    d = p.to_dict()
+    assert d["layers"][1]["k"]["pre_rope"] is True and "pre_rope" not in d["layers"][0]["k"]
+    assert load_profile(save_profile(p, tmp_path / "v4.json")) == p
+    plain = Profile("tiny", FP, [LayerSpec(s.layer, s.k, s.v) for s in p.layers][:1]
+                    + [LayerSpec(1, QuantSpec(4, 32, axis="channel"), QuantSpec(16))])  # fmt: skip
+    assert plain.schema_version == 1 and plain.hash != p.hash
+    assert plain.bytes_per_token == p.bytes_per_token  # the rotation costs no bytes
 
 
 def test_fields_are_exactly_the_schema(tmp_path):
@@ -166,9 +184,18 @@ REJECTIONS = {
         "unsupported profile schema_version 0",
     ),
     "newer_version": (
-        _edit(lambda d: d.update(schema_version=4)),
-        r"profile schema_version 4 is newer than this kvtuner reads \(versions 1, 2, 3\); "
+        _edit(lambda d: d.update(schema_version=5)),
+        r"profile schema_version 5 is newer than this kvtuner reads \(versions 1, 2, 3, 4\); "
         "upgrade kvtuner",
+    ),
+    "prerope_in_v3": (
+        _edit(lambda d: d.update(schema_version=3) or d["layers"][1]["k"].update(pre_rope=True)),
+        r"schema_version 3 profiles hold no pre-RoPE keys \(pre_rope\); these layers need "
+        "schema_version 4",
+    ),
+    "prerope_values": (
+        _edit(lambda d: d.update(schema_version=4) or d["layers"][1]["v"].update(pre_rope=True)),
+        "layer 1: pre_rope applies to keys only",
     ),
     "smoothing_in_v2": (
         _edit(lambda d: d.update(schema_version=2) or d["layers"][1].update(k_smooth=LAM)),

@@ -20,6 +20,7 @@ from kvtuner.quant import QuantSpec
         (dict(bits=4, symmetric="yes"), "symmetric"),
         (dict(bits=4, axis="head"), "axis"),
         (dict(bits=4, rotation="random"), "rotation"),
+        (dict(bits=4, pre_rope=1), "pre_rope"),
     ],
 )
 def test_invalid_fields_name_field_and_value(kwargs, field):
@@ -78,6 +79,9 @@ def test_dict_round_trip_and_rejections():
     spec = QuantSpec(4, 64, True, "channel", "hadamard")
     assert QuantSpec.from_dict(spec.to_dict()) == spec
     assert QuantSpec.from_dict({"bits": 8}) == QuantSpec(8)
+    assert "pre_rope" not in spec.to_dict()  # unset: older profiles keep their bytes and hash
+    pre = QuantSpec(3, 32, axis="channel", pre_rope=True)
+    assert pre.to_dict()["pre_rope"] is True and QuantSpec.from_dict(pre.to_dict()) == pre
     with pytest.raises(ValueError, match="unknown quant spec field"):
         QuantSpec.from_dict({"bits": 4, "nbits": 4})
     with pytest.raises(ValueError, match="missing 'bits'"):
@@ -90,3 +94,4 @@ def test_short_labels():
     assert QuantSpec(16).short() == "16b"
     assert QuantSpec(4, 32).short() == "4b/g32/asym/token"
     assert QuantSpec(2, 64, True, rotation="hadamard").short() == "2b/g64/sym/token/had"
+    assert QuantSpec(3, 32, axis="channel", pre_rope=True).short() == "3b/g32/asym/channel/prerope"

@@ -42,6 +42,10 @@ def test_presets():
     assert hadv.k == QuantSpec(4, 32, axis="channel")
     assert hadv.v == QuantSpec(3, 32, rotation="hadamard")
     assert pt.layer_spec(0, 16, 16).k == QuantSpec(16)
+    pre = PRESETS["kivi-prerope-hadv"]
+    assert pre.layer_spec(0, 3, 4).k == QuantSpec(3, 32, axis="channel", pre_rope=True)
+    assert pre.layer_spec(0, 16, 4).k == QuantSpec(16)  # 16 bits: stored as the model gives it
+    assert not PRESETS["kivi-prerope"].servable_by_sglang
 
 
 def test_g64_preset_halves_the_metadata_of_per_token():
@@ -65,6 +69,8 @@ def test_user_preset_file(tmp_path):
     preset = load_preset(path)
     assert preset.name == "g64sym" and preset.servable_by_sglang
     assert preset.layer_spec(0, 8, 4).k == QuantSpec(8, 64, symmetric=True)
+    path.write_text(json.dumps({"key": {"pre_rope": True}, "value": {}}))
+    assert not load_preset(path).servable_by_sglang  # the pool receives keys after RoPE
     path.write_text(json.dumps({"key": {"axis": "sideways"}, "value": {}}))
     with pytest.raises(KVTunerError, match="axis"):
         load_preset(path)

@@ -11,6 +11,7 @@ from ...errors import KVTunerError
 from ...profile import LayerSpec, ModelFingerprint, Profile
 from .attention import DECODE_KERNEL_MODES, KernelDispatch
 from .layer import KVTunerLayer
+from .rope import KeyRope, key_rope_of
 from .sliding_layer import KVTunerSlidingLayer
 from .stream import predicted_stream_nbytes
 
@@ -38,7 +39,9 @@ class KVTunerCache(Cache):
         pack_chunk: int = 1,
         pack_reserve: int = 0,
         dispatch: KernelDispatch | None = None,
+        ropes: Sequence[KeyRope | None] | None = None,
     ):
+        ropes = ropes or [None] * len(specs)
         kw = dict(
             residual_length=residual_length,
             keep_dequantized=keep_dequantized,
@@ -46,7 +49,8 @@ class KVTunerCache(Cache):
             pack_reserve=pack_reserve,
             dispatch=dispatch,
         )
-        super().__init__(layers=[_layer(s, fingerprint, **kw) for s in specs])
+        layers = [_layer(s, fingerprint, rope=r, **kw) for s, r in zip(specs, ropes, strict=True)]
+        super().__init__(layers=layers)
         self.specs = tuple(specs)
         self.fingerprint = fingerprint
         self.residual_length = residual_length
@@ -174,4 +178,5 @@ def make_cache(
         pack_chunk=pack_chunk,
         pack_reserve=pack_reserve,
         dispatch=KernelDispatch(decode_kernel, config),
+        ropes=[key_rope_of(model, s.layer) if s.k.pre_rope else None for s in specs],
     )

@@ -7,6 +7,7 @@ from transformers.cache_utils import DynamicLayer
 
 from ...profile import LayerSpec
 from .attention import KernelDispatch, tag
+from .rope import KeyRope
 from .stream import PackedStream
 
 
@@ -19,6 +20,9 @@ class KVTunerLayer(DynamicLayer):
     A decode step that ``dispatch`` sends to the fused kernel returns the new key tagged with
     this layer instead (:mod:`.attention` then calls :meth:`attend`): no history is dequantized.
     Rolling back tokens (``crop``) is not supported: a packed block cannot be partially undone.
+    ``rope``: keys are stored pre-RoPE (:mod:`.rope`); the stored key at index i sits at
+    position ``first_position + i`` (a sliding-window layer's dropped tokens move it on), and
+    ``self.keys`` then holds pre-RoPE keys.
     """
 
     is_croppable = False
@@ -33,10 +37,13 @@ class KVTunerLayer(DynamicLayer):
         pack_chunk: int = 1,
         pack_reserve: int = 0,
         dispatch: KernelDispatch | None = None,
+        rope: KeyRope | None = None,
     ):
         super().__init__()
         self.spec = spec
         self.dispatch = dispatch or KernelDispatch("never")
+        self.rope = rope
+        self.first_position = 0
         self._args = (head_dim, residual_length, keep_dequantized, pack_chunk, pack_reserve)
         self.k = PackedStream(spec.k, *self._args, smoothing=spec.k_smooth)
         self.v = PackedStream(spec.v, *self._args)
@@ -46,22 +53,31 @@ class KVTunerLayer(DynamicLayer):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        self.k.store(key_states)
+        self.k.store(self._to_stored(key_states))
         self.v.store(value_states)
         self.keys, self.values = self.k.tail, self.v.tail
         if self.dispatch.wants(key_states) and self._fusable():
             return tag(key_states, self), value_states
         return self.history(key_states.dtype)
 
+    def _to_stored(self, keys: torch.Tensor) -> torch.Tensor:
+        if self.rope is None:
+            return keys
+        return self.rope.rotate(keys, self.first_position + self.k.num_tokens, forward=False)
+
     def history(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V [B, H, T, D] as attention must read them (dequantized packed rows + tail)."""
-        return self.k.read(dtype), self.v.read(dtype)
+        keys = self.k.read(dtype)
+        if self.rope is not None:
+            keys = self.rope.rotate(keys, self.first_position, forward=True)
+        return keys, self.v.read(dtype)
 
     def _fusable(self) -> bool:
         """The fused kernel reads this layer: token-axis (or 16-bit) values, keys of either
-        axis, a power-of-two head_dim >= 16."""
+        axis, a power-of-two head_dim >= 16; keys stored post-RoPE (the kernel does not rotate)."""
         d, v = self.k.head_dim, self.spec.v
-        return (v.axis == "token" or not v.is_quantized) and d >= 16 and not d & (d - 1)
+        plain_values = v.axis == "token" or not v.is_quantized
+        return plain_values and self.rope is None and d >= 16 and not d & (d - 1)
 
     def attend(
         self, q: torch.Tensor, *, starts: torch.Tensor | None, sm_scale: float | None
@@ -86,6 +102,7 @@ class KVTunerLayer(DynamicLayer):
     def reset(self) -> None:
         self.k = PackedStream(self.spec.k, *self._args, smoothing=self.spec.k_smooth)
         self.v = PackedStream(self.spec.v, *self._args)
+        self.first_position = 0
         super().reset()
 
     def crop(self, tokens_to_remove: int) -> None:

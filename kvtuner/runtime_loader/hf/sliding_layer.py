@@ -32,6 +32,7 @@ class KVTunerSlidingLayer(KVTunerLayer):
         if excess > 0:
             self.k.drop_oldest(excess)
             self.v.drop_oldest(excess)
+            self.first_position += excess
             self.keys, self.values = self.k.tail, self.v.tail
         return keys, values
 

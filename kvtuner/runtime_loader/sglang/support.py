@@ -39,9 +39,15 @@ HICACHE_STORAGE_BACKENDS = (None, "file")
 
 def check_profile_servable(profile: Profile, page_size: int | None) -> None:
     """Token-axis specs are quantized token by token at write time; channel-axis specs a page
-    at a time, so their group size must be the page size (``None``: SGLang's default, 1)."""
+    at a time, so their group size must be the page size (``None``: SGLang's default, 1).
+    Pre-RoPE keys are refused."""
     page_size = page_size or 1
     for spec in profile.layers:
+        if spec.k.pre_rope:
+            raise KVTunerError(
+                f"layer {spec.layer} K is stored pre-RoPE (pre_rope), which only the HF runtime "
+                "reads (the pool receives keys after RoPE); serve a profile without pre_rope"
+            )
         for name, qs in (("K", spec.k), ("V", spec.v)):
             if qs.axis == "channel" and qs.is_quantized and qs.group_size != page_size:
                 raise KVTunerError(
