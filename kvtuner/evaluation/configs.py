@@ -9,7 +9,10 @@ pays the same metadata: 8 bytes of fp16 scale+zero per 32 elements = +1 bit per 
 - a rotation prefix rotates over head_dim with a Hadamard matrix: ``had-`` K and V, ``hadk-``
   keys only (the ``per-token`` search preset's format), ``hadv-`` values only; it combines with
   KIVI-style keys after ``kivi-``: ``kivi-hadv-kv4`` = KIVI keys, rotated per-token values (the
-  ``kivi-hadv`` search preset's format).
+  ``kivi-hadv`` search preset's format);
+- ``prerope-`` (after ``kivi-``, before a rotation prefix) stores the keys before RoPE
+  (``QuantSpec.pre_rope``): ``kivi-prerope-kv4``, ``kivi-prerope-hadv-kv3`` (the ``kivi-prerope``
+  and ``kivi-prerope-hadv`` presets' formats).
 Group 32 (not DESIGN.md's first table's 64) because the search presets and the SGLang pool use 32.
 """
 
@@ -27,7 +30,7 @@ KINDS = ("fp", "uniform", "profile", "hf-quanto")
 GROUP_SIZE = 32
 DEFAULT_UNIFORM = ("kv8", "kv4", "kv2", "k8v4", "k4v2", "kivi4", "kivi2")
 QUANTO_BITS = (4, 2)
-_NAME = re.compile(r"^(kivi-)?(?:(had|hadk|hadv)-)?(?:kv(\d+)|k(\d+)v(\d+))$")
+_NAME = re.compile(r"^(kivi-)?(prerope-)?(?:(had|hadk|hadv)-)?(?:kv(\d+)|k(\d+)v(\d+))$")
 _ROTATED = {None: (), "had": ("k", "v"), "hadk": ("k",), "hadv": ("v",)}  # prefix -> tensors
 
 __all__ = ["DEFAULT_UNIFORM", "EvalConfig", "parse_uniform", "profile_config", "uniform_specs"]
@@ -84,9 +87,13 @@ class EvalConfig:
         }
 
 
-def _spec(name: str, bits: int, axis: str = "token", rotation: str = "none") -> QuantSpec:
+def _spec(
+    name: str, bits: int, axis: str = "token", rotation: str = "none", pre_rope: bool = False
+) -> QuantSpec:
     try:
-        return QuantSpec(bits, GROUP_SIZE, False, axis if bits < 16 else "token", rotation)
+        if bits == 16:
+            return QuantSpec(16, GROUP_SIZE, False, "token", rotation)
+        return QuantSpec(bits, GROUP_SIZE, False, axis, rotation, pre_rope)
     except ValueError as exc:
         raise KVTunerError(f"unknown uniform config {name!r}: {exc}") from None
 
@@ -99,12 +106,13 @@ def uniform_specs(name: str, fingerprint: ModelFingerprint) -> tuple[LayerSpec, 
     if not m:
         raise KVTunerError(
             f"unknown uniform config {name!r} (use kvB, kBvC, kiviB, kivi-kBvC, optionally "
-            "rotated: had-/hadk-/hadv-kvB, kivi-hadv-kvB; B, C in 2, 3, 4, 5, 6, 8, 16)"
+            "rotated: had-/hadk-/hadv-kvB, kivi-hadv-kvB, keys before RoPE: kivi-prerope-kvB; "
+            "B, C in 2, 3, 4, 5, 6, 8, 16)"
         )
-    kivi, rotation, both, kb, vb = m.groups()
+    kivi, prerope, rotation, both, kb, vb = m.groups()
     k_bits, v_bits = (int(both), int(both)) if both else (int(kb), int(vb))
     rot = {t: "hadamard" if t in _ROTATED[rotation] else "none" for t in ("k", "v")}
-    k = _spec(name, k_bits, "channel" if kivi else "token", rot["k"])
+    k = _spec(name, k_bits, "channel" if kivi else "token", rot["k"], bool(prerope))
     v = _spec(name, v_bits, "token", rot["v"])
     return tuple(LayerSpec(i, k, v) for i in range(fingerprint.num_layers))
 

@@ -29,6 +29,12 @@ FP = ModelFingerprint("LlamaForCausalLM", 3, 2, 64)
             QuantSpec(3, rotation="hadamard"),
         ),
         ("k16v4", QuantSpec(16), QuantSpec(4)),
+        ("kivi-prerope-kv4", QuantSpec(4, axis="channel", pre_rope=True), QuantSpec(4)),
+        (
+            "kivi-prerope-hadv-k16v3",
+            QuantSpec(16),  # 16 bits: stored as the model gives it
+            QuantSpec(3, rotation="hadamard"),
+        ),
     ],
 )
 def test_uniform_names_map_to_documented_specs(name, k, v):
@@ -38,7 +44,8 @@ def test_uniform_names_map_to_documented_specs(name, k, v):
 
 
 @pytest.mark.parametrize(
-    "name", ["kv7", "kvx", "q4", "kivi", "had-kivi4", "hadv-kivi4", "hadq-kv4", "kv32"]
+    "name",
+    ["kv7", "kvx", "q4", "kivi", "had-kivi4", "hadv-kivi4", "hadq-kv4", "kv32", "prerope-kivi4"],
 )
 def test_unknown_uniform_names_are_one_line_errors(name):
     with pytest.raises(KVTunerError) as info:
