@@ -114,7 +114,9 @@ def main() -> None:
     tables = rope_tables(model, ev.shape[1])
     with torch.inference_mode():
         fp_lp = [torch.log_softmax(model(r[None]).logits.float(), -1) for r in ev]
-    fp_nll = [float(-lp[0, :-1].gather(-1, r[1:, None]).sum()) for lp, r in zip(fp_lp, ev)]
+    fp_nll = [
+        float(-lp[0, :-1].gather(-1, r[1:, None]).sum()) for lp, r in zip(fp_lp, ev, strict=True)
+    ]
     tokens = len(ev) * (ev.shape[1] - 1)
     print("| row | keys stored | KL | KL vs post-RoPE | Δppl % |\n|---|---|---:|---:|---:|")
     rows = []
