@@ -6,7 +6,8 @@ scale s (and zero z): x = z + s·c (symmetric: x = s·(c - HALF)/HALF, i.e. s' =
 z' = -s). Instead of dequantizing every element before ``tl.dot`` (:func:`.tiles._kv_tile`),
 the dots run on the raw codes, and s and z are applied once per (query row, token, group):
 
-- scores: q·x_t = Σ_g s_{t,g}·(q_g·c_{t,g}) + z_{t,g}·Σq_g (one batched dot per group);
+- scores: q·x_t = Σ_g s_{t,g}·(q_g·c_{t,g}) + z_{t,g}·Σq_g (one 3-D ``tl.dot``, the groups
+  its batch dimension);
 - values: out_d = Σ_t (p_t·s_{t,g(d)})·c_{t,d} + Σ_t p_t·z_{t,g(d)}; the zero term is a
   [NG, QP] sum, carried beside the accumulator and spread over each group's channels once at
   the end (:func:`_spread_groups`).
@@ -16,7 +17,8 @@ Codes become the dot's dtype exactly (integers < 2**BITS): fp16 by the exponent 
 (128 + code, codes < 128: BITS <= 7), else by a convert. Needs G >= 16 (``tl.dot``'s smallest
 K): the launcher keeps other groups, channel-axis keys, 16-bit rows and the unpacked tail on
 the element-wise path (:mod:`.tiles`). The bf16 trick runs on GPUs only (on CPU the launcher
-hands the interpreter fp32 queries; its bf16 bitcast is wrong anyway).
+hands the interpreter fp32 queries; its bf16 bitcast is wrong anyway): the CPU tests compile it
+for sm_90, ``pytest -m cuda tests/attention`` checks its results.
 """
 
 from __future__ import annotations

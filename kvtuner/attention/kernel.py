@@ -13,6 +13,11 @@ pool ``[slots, Hkv, R]`` has ``stride_b = 0`` and takes ``token`` from the reque
 the HF cache's rows ``[B, Hkv, T, R]`` use ``token = t`` directly. Channel-axis (KIVI) keys
 are blocks of G tokens: ``[B, Hkv, T/G, block]`` (HF), or in a pool one block per page of G
 slots ``[pages, Hkv, block]`` with the filling pages' fp values staged beside them.
+
+Two variants of the loop over tiles where K and V are both packed (``K_AFTER_DOT`` and
+``V_AFTER_DOT``, per operand, chosen by :func:`launch`): element-wise (dequantize each tile,
+then ``tl.dot``) or scale-after-dot (:mod:`.after_dot`: dot the raw codes, apply scale and zero
+per group after it). The loop over the tail and K/V boundary is element-wise in both.
 """
 
 from __future__ import annotations
