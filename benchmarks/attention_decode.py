@@ -6,10 +6,15 @@ spec. ``µs`` per call (CUDA: ``triton.testing.do_bench``; CPU: wall clock, Trit
 for proving the script on tiny shapes only), ``GB/s`` = K+V bytes read / time (packed bytes for
 the kernel, bf16 bytes for SDPA), ``× bf16`` = SDPA µs / kernel µs, ``% bw`` = kernel GB/s over
 the device's copy bandwidth (a 1 GiB ``clone()``, read + write, measured in the same run).
-Before timing, each spec's kernel output is checked against the torch reference (dequantize,
-then SDPA) at the smallest shape.
+Each kernel variant (``--variants``, default both: ``baseline`` dequantizes every element
+before ``tl.dot``, ``scale-after-dot`` dots the raw codes and applies scales and zeros per
+group after it) is timed at every point of the same run; ``× base`` = baseline µs / variant µs.
+``--dtype float16`` runs q (and SDPA's K/V, same bytes as bf16: the ``*_bf16_*`` keys keep
+their names) in fp16.
+Before timing, each spec's kernel output (every variant) is checked against the torch
+reference (dequantize, then SDPA) at the smallest shape.
 
-    python benchmarks/attention_decode.py --device cuda
+    python benchmarks/attention_decode.py --device cuda --variants baseline,scale-after-dot
     python benchmarks/attention_decode.py --device cpu --batch 2 --context 64 --heads 4 \\
         --kv-heads 2 --head-dim 32   # interpreter: proves the script, times nothing useful
 """
@@ -32,6 +37,15 @@ SPECS = {  # label: (K spec kwargs, V spec kwargs)
     "KV8 g64": (dict(bits=8, group_size=64), dict(bits=8, group_size=64)),
     "K8V4 (mixed)": (dict(bits=8, group_size=64), dict(bits=4)),
 }
+VARIANTS = {"baseline": False, "scale-after-dot": True}  # label: the launcher's scale_after_dot
+
+
+def variant_list(text: str) -> list[str]:
+    names = [v.strip() for v in text.split(",") if v.strip()]
+    unknown = sorted(set(names) - set(VARIANTS))
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"variants are {','.join(VARIANTS)}, got {text!r}")
+    return list(dict.fromkeys(names))
 
 
 def parse_args() -> argparse.Namespace:
@@ -40,6 +54,18 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])
     p.add_argument("--context", type=int, nargs="+", default=[1024, 8192, 32768])
     p.add_argument("--specs", nargs="+", choices=list(SPECS), default=list(SPECS))
+    p.add_argument(
+        "--variants",
+        type=variant_list,
+        default=list(VARIANTS),
+        help="kernel variants timed in one run, comma-separated (default: both)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=["bfloat16", "float16"],
+        default="bfloat16",
+        help="q, and SDPA's K/V (float16: codes by the 0x6400 exponent trick)",
+    )
     p.add_argument("--heads", type=int, default=32, help="query heads")
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=128)
@@ -100,8 +126,8 @@ def copy_gbps(device: str, seconds) -> float:
     return 2 * x.numel() / seconds(lambda: x.clone()) / 1e9
 
 
-def check(args, k_spec, v_spec) -> float:
-    """Max |fused - reference| at batch 2 × 100 tokens (ragged), bf16 q."""
+def check(args, k_spec, v_spec, variant: str) -> float:
+    """Max |fused - reference| at batch 2 × 100 tokens (ragged), q in ``--dtype``."""
     import torch
 
     from kvtuner.attention import decode_attention, decode_attention_reference
@@ -112,14 +138,24 @@ def check(args, k_spec, v_spec) -> float:
     v_rows = random_rows(200, args.kv_heads, v_spec, d, dev)
     table = torch.randperm(200, device=dev).view(2, 100).to(torch.int32)
     lengths = torch.tensor([100, 37], dtype=torch.int32, device=dev)
-    q = torch.randn(2, args.heads, d, device=dev, dtype=torch.bfloat16)
+    q = torch.randn(2, args.heads, d, device=dev, dtype=getattr(torch, args.dtype))
     kw = dict(lengths=lengths, slot_table=table)
-    got = decode_attention(q, k_rows, v_rows, k_spec, v_spec, **kw).float()
+    on = VARIANTS[variant]
+    got = decode_attention(q, k_rows, v_rows, k_spec, v_spec, **kw, scale_after_dot=on).float()
     ref = decode_attention_reference(q, k_rows, v_rows, k_spec, v_spec, **kw).float()
     return (got - ref).abs().max().item()
 
 
-def measure(args, seconds, batch: int, context: int, label: str) -> dict:
+def after_dot_operands(k_spec, v_spec) -> str:
+    """Which of K and V the scale-after-dot variant reads that way (the rest element-wise)."""
+    from kvtuner.attention.after_dot import takes_after_dot
+
+    names = [n for n, s in (("K", k_spec), ("V", v_spec)) if takes_after_dot(s, True)]
+    return "+".join(names) or "none"
+
+
+def measure(args, seconds, batch: int, context: int, label: str) -> list[dict]:
+    """One row per variant: the kernel's time at this point, and bf16 SDPA's (shared)."""
     import torch
     import torch.nn.functional as F
 
@@ -131,48 +167,64 @@ def measure(args, seconds, batch: int, context: int, label: str) -> dict:
     k_rows, v_rows = (random_rows(n, hkv, s, d, dev) for s in (k_spec, v_spec))
     table = torch.arange(n, dtype=torch.int32, device=dev).view(batch, context)
     lengths = torch.full((batch,), context, dtype=torch.int32, device=dev)
-    q = torch.randn(batch, args.heads, d, device=dev, dtype=torch.bfloat16)
+    dtype = getattr(torch, args.dtype)
+    q = torch.randn(batch, args.heads, d, device=dev, dtype=dtype)
     kw = dict(lengths=lengths, slot_table=table, num_splits=args.num_splits,
               block_tokens=args.block_tokens)  # fmt: skip
-    fused = seconds(lambda: decode_attention(q, k_rows, v_rows, k_spec, v_spec, **kw))
-    k, v = (torch.randn(batch, hkv, context, d, device=dev, dtype=torch.bfloat16) for _ in "kv")
+    fused = {
+        name: seconds(lambda on=VARIANTS[name]: decode_attention(
+            q, k_rows, v_rows, k_spec, v_spec, **kw, scale_after_dot=on))
+        for name in args.variants
+    }  # fmt: skip
+    k, v = (torch.randn(batch, hkv, context, d, device=dev, dtype=dtype) for _ in "kv")
     q4 = q.unsqueeze(2)
     sdpa = seconds(lambda: F.scaled_dot_product_attention(q4, k, v, enable_gqa=True))
     packed_bytes = n * hkv * (k_spec.row_bytes(d) + v_spec.row_bytes(d))
     bf16_bytes = n * hkv * d * 2 * 2
-    return {
-        "batch": batch,
-        "context": context,
-        "spec": label,
-        "fused_us": fused * 1e6,
-        "fused_gbps": packed_bytes / fused / 1e9,
-        "sdpa_bf16_us": sdpa * 1e6,
-        "sdpa_bf16_gbps": bf16_bytes / sdpa / 1e9,
-        "speedup_vs_bf16": sdpa / fused,
-        "packed_bytes": packed_bytes,
-        "bf16_bytes": bf16_bytes,
-    }
+    base = fused.get("baseline")
+    return [
+        {
+            "batch": batch,
+            "context": context,
+            "spec": label,
+            "variant": name,
+            "after_dot": after_dot_operands(k_spec, v_spec) if VARIANTS[name] else "none",
+            "fused_us": t * 1e6,
+            "fused_gbps": packed_bytes / t / 1e9,
+            "sdpa_bf16_us": sdpa * 1e6,
+            "sdpa_bf16_gbps": bf16_bytes / sdpa / 1e9,
+            "speedup_vs_bf16": sdpa / t,
+            "speedup_vs_baseline": base / t if base else None,
+            "packed_bytes": packed_bytes,
+            "bf16_bytes": bf16_bytes,
+        }
+        for name, t in fused.items()
+    ]
 
 
 def table(rows: list[dict], bandwidth: float) -> str:
     lines = [
-        "| batch × context | spec | fused µs (GB/s) | % bw | bf16 SDPA µs (GB/s) | × bf16 |",
-        "|---|---|---:|---:|---:|---:|",
+        "| batch × context | spec | variant | fused µs (GB/s) | % bw | SDPA µs (GB/s) | × bf16 "
+        "| × base |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
+        base = r["speedup_vs_baseline"]
         lines.append(
-            f"| {r['batch']} × {r['context']} | {r['spec']} | {r['fused_us']:.1f} "
-            f"({r['fused_gbps']:.0f}) | {100 * r['fused_gbps'] / bandwidth:.0f} | "
-            f"{r['sdpa_bf16_us']:.1f} ({r['sdpa_bf16_gbps']:.0f}) | {r['speedup_vs_bf16']:.2f} |"
+            f"| {r['batch']} × {r['context']} | {r['spec']} | {r['variant']} | "
+            f"{r['fused_us']:.1f} ({r['fused_gbps']:.0f}) | {100 * r['fused_gbps'] / bandwidth:.0f}"
+            f" | {r['sdpa_bf16_us']:.1f} ({r['sdpa_bf16_gbps']:.0f}) | "
+            f"{r['speedup_vs_bf16']:.2f} | {'-' if base is None else f'{base:.2f}'} |"
         )
     return "\n".join(lines)
 
 
-def hardware(device: str, bandwidth: float) -> dict:
+def hardware(args, bandwidth: float) -> dict:
     import torch
 
-    info = {"device": device, "torch": torch.__version__, "copy_gbps": round(bandwidth, 1)}
-    if device == "cuda":
+    info = {"device": args.device, "torch": torch.__version__, "copy_gbps": round(bandwidth, 1),
+            "variants": args.variants, "dtype": args.dtype}  # fmt: skip
+    if args.device == "cuda":
         info["gpu"] = torch.cuda.get_device_name()
     else:
         info.update(cores=os.cpu_count(), torch_threads=torch.get_num_threads(), interpreter=True)
@@ -188,14 +240,18 @@ def main() -> None:
     seconds = timer(args.device)
     bandwidth = copy_gbps(args.device, seconds)
     try:
-        errors = {s: check(args, *specs_for(s, args.head_dim)) for s in args.specs}
-        print("max |fused - reference| (bf16 q):", {s: f"{e:.2e}" for s, e in errors.items()})
+        errors = {
+            s: {v: check(args, *specs_for(s, args.head_dim), v) for v in args.variants}
+            for s in args.specs
+        }
+        print(f"max |fused - reference| ({args.dtype} q):",
+              {s: {v: f"{e:.2e}" for v, e in by.items()} for s, by in errors.items()})  # fmt: skip
         grid = [(b, c, s) for b in args.batch for c in args.context for s in args.specs]
-        rows = [measure(args, seconds, *point) for point in grid]
+        rows = [row for point in grid for row in measure(args, seconds, *point)]
     except ValueError as exc:  # shapes the kernel refuses: one line, exit 2
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
-    info = hardware(args.device, bandwidth)
+    info = hardware(args, bandwidth)
     print(info)
     print(table(rows, bandwidth))
     command = " ".join(["python", "benchmarks/attention_decode.py", *sys.argv[1:]])

@@ -8,6 +8,7 @@
 #     --platform manylinux2014_x86_64 -d .whl optuna alembic colorlog mako sqlalchemy gguf
 # On the GPU machine, from the repo root, with .whl carried:
 #   bash scripts/gpu_session.sh kernels   # pytest -m cuda, pack/unpack, fused decode, SGLang step
+#   bash scripts/gpu_session.sh attention # fused decode: baseline vs scale-after-dot, bf16 + fp16
 #   bash scripts/gpu_session.sh hf        # HF generate with the packed cache vs Dynamic/Static
 #   bash scripts/gpu_session.sh search    # kvtuner search --budget 4bit, Llama-3.1-8B's shape
 # Results (JSON) and one log per stage go to $OUT (the device tool brings them back); every step
@@ -17,8 +18,8 @@ cd "$(dirname "$0")/.."
 
 stage=${1:-}
 case "$stage" in
-  kernels | hf | search) ;;
-  *) echo "usage: scripts/gpu_session.sh {kernels|hf|search}" >&2 && exit 2 ;;
+  kernels | attention | hf | search) ;;
+  *) echo "usage: scripts/gpu_session.sh {kernels|attention|hf|search}" >&2 && exit 2 ;;
 esac
 out=${OUT:-/tmp/kvtuner-gpu}
 mkdir -p "$out"
@@ -43,10 +44,18 @@ case "$stage" in
     step 180 python3 -m pytest -m cuda -q -p no:cacheprovider tests
     step 120 python3 benchmarks/quant_throughput.py --device cuda \
       --output "$out/quant_throughput_kernels.json"
-    step 120 python3 benchmarks/attention_decode.py --device cuda \
-      --output "$out/attention_decode.json"
+    step 180 python3 benchmarks/attention_decode.py --device cuda \
+      --variants baseline,scale-after-dot --output "$out/attention_decode.json"
     step 120 python3 benchmarks/sglang_backend_step.py --device cuda \
       --output "$out/sglang_backend_step.json"
+    ;;
+  attention)  # both kernel variants checked on the GPU, then timed in the same run
+    nvidia-smi -L >>"$log" 2>&1
+    step 150 python3 -m pytest -m cuda -q -p no:cacheprovider tests/attention
+    step 220 python3 benchmarks/attention_decode.py --device cuda \
+      --variants baseline,scale-after-dot --output "$out/attention_decode_variants.json"
+    step 220 python3 benchmarks/attention_decode.py --device cuda --dtype float16 \
+      --variants baseline,scale-after-dot --output "$out/attention_decode_variants_fp16.json"
     ;;
   hf)
     step 270 python3 benchmarks/hf_decode.py --device cuda --output "$out/hf_decode.json"

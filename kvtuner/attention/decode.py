@@ -81,6 +81,7 @@ def extend_attention(
     k_stage_rows: torch.Tensor | None = None,
     num_splits: int | None = None,
     block_tokens: int = 64,
+    scale_after_dot: bool | None = None,
 ) -> torch.Tensor:
     """Causal attention of each request's newest Tq tokens over its packed K/V (and tail)
     -> [B, Tq, Hq, D] (ragged: [N, Hq, D]) in q's dtype.
@@ -106,7 +107,11 @@ def extend_attention(
     - paged channel-axis (KIVI) keys: ``k_rows [pages, Hkv, block]`` (page p holds slots
       ``p*G .. p*G+G-1``, G the key group), ``k_stage [rows, G, Hkv, D]`` (fp values of pages
       still filling) and ``k_stage_rows`` int32 [pages] (a page's stage row, -1 once packed).
-    num_splits (default: from the device, batch and length) and block_tokens tune the launch.
+    num_splits (default: from the device, batch and length) and block_tokens tune the launch;
+    ``scale_after_dot`` picks the kernel variant (default None: the environment variable
+    ``KVTUNER_SCALE_AFTER_DOT=1`` turns it on, else off): on, packed token-axis rows with
+    groups >= 16 channels are not dequantized element-wise, their codes go into ``tl.dot``
+    and the scales and zeros are applied per group after it (:mod:`.after_dot`).
     Needs CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``.
     """
     batch = AttentionBatch(
@@ -120,7 +125,9 @@ def extend_attention(
         raise ValueError(f"block_tokens must be a power of two >= 16, got {block_tokens}")
     programs = batch.batch_size * batch.q_tokens  # about: rows of queries per KV head
     splits = num_splits or choose_splits(programs, batch.kv_heads, batch.span, q.device)
-    out = launch(batch, *_kernel_inputs(batch), splits, block_tokens)  # in V's rotated basis
+    inputs = _kernel_inputs(batch)
+    out = launch(batch, *inputs, splits, block_tokens, scale_after_dot=scale_after_dot)
+    # out is in V's rotated basis
     if v_spec.is_quantized and v_spec.rotation == "hadamard":
         out = out @ hadamard(q.shape[-1], q.device)
     return out.to(q.dtype)

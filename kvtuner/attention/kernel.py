@@ -13,6 +13,11 @@ pool ``[slots, Hkv, R]`` has ``stride_b = 0`` and takes ``token`` from the reque
 the HF cache's rows ``[B, Hkv, T, R]`` use ``token = t`` directly. Channel-axis (KIVI) keys
 are blocks of G tokens: ``[B, Hkv, T/G, block]`` (HF), or in a pool one block per page of G
 slots ``[pages, Hkv, block]`` with the filling pages' fp values staged beside them.
+
+Two variants of the loop over tiles where K and V are both packed (``K_AFTER_DOT`` and
+``V_AFTER_DOT``, per operand, chosen by :func:`launch`): element-wise (dequantize each tile,
+then ``tl.dot``) or scale-after-dot (:mod:`.after_dot`: dot the raw codes, apply scale and zero
+per group after it). The loop over the tail and K/V boundary is element-wise in both.
 """
 
 from __future__ import annotations
@@ -22,12 +27,22 @@ import triton
 import triton.language as tl
 
 from ..quant.spec import QuantSpec
+from .after_dot import (
+    _group_scores,
+    _group_tile,
+    _group_values,
+    _query_groups,
+    _spread_groups,
+    takes_after_dot,
+    wanted,
+)
 from .layout import AttentionBatch
 from .tiles import (
-    _attend,
     _channel_tile,
+    _dot,
     _kv_tile,
     _paged_channel_tile,
+    _softmax_step,
     _stored_tile,
     _visible,
 )
@@ -47,7 +62,7 @@ def _attention_kernel(
     K_G: tl.constexpr, K_SYM: tl.constexpr, K_CHANNEL: tl.constexpr, V_BITS: tl.constexpr,
     V_G: tl.constexpr, V_SYM: tl.constexpr, PAGED: tl.constexpr, HAS_ROWS: tl.constexpr,
     HAS_START: tl.constexpr, RAGGED: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-    DOT_IEEE: tl.constexpr,
+    DOT_IEEE: tl.constexpr, K_AFTER_DOT: tl.constexpr, V_AFTER_DOT: tl.constexpr,
 ):  # fmt: skip
     b, h = tl.program_id(0), tl.program_id(1)
     qb, split = tl.program_id(2) // num_splits, tl.program_id(2) % num_splits
@@ -86,6 +101,9 @@ def _attention_kernel(
     hi = tl.minimum(tl.minimum(lo + chunk, both), last + 1)
     # above `both`: packed for one of K/V, tail for the other, or tail for both; last split
     end = tl.where(split == num_splits - 1, tl.minimum(total, last + 1), both)
+    if K_AFTER_DOT:  # q's key groups [NG, QP, G] and their sums [NG, QP], once
+        q_g, q_sum = _query_groups(q, K_G)
+    acc_z = tl.zeros([D // V_G if V_AFTER_DOT else 1, QP], tl.float32)  # Σ p·zero [NG, QP]
     for t0 in range(lo, hi, BT):
         t = t0 + tl.arange(0, BT)
         ok = (t < hi) & (t >= start)
@@ -93,17 +111,31 @@ def _attention_kernel(
             tok = tl.load(table_ptr + row * stride_table + t, mask=ok, other=0).to(tl.int64)
         else:
             tok = t.to(tl.int64)
-        if K_CHANNEL and PAGED:
+        if K_AFTER_DOT:  # codes [BT, NG, G] in q's dtype, scale and zero [NG, BT]
+            kc, ks, kz = _group_tile(k_base, tok * k_st, ok, D, K_BITS, K_G, K_SYM, q.dtype)
+        elif K_CHANNEL and PAGED:
             k = _paged_channel_tile(k_base, ks_base, ksr_ptr, tok, ok, k_st, ks_sr, ks_sg, D,
                                     K_BITS, K_G, K_SYM)  # fmt: skip
         elif K_CHANNEL:
             k = _channel_tile(k_base, t, ok, k_st, D, K_BITS, K_G, K_SYM)
         else:
             k = _kv_tile(k_base, tok * k_st, ok, D, K_BITS, K_G, K_SYM)
-        v = _kv_tile(v_base, tok * v_st, ok, D, V_BITS, V_G, V_SYM)
+        if V_AFTER_DOT:
+            vc, vs, vz = _group_tile(v_base, tok * v_st, ok, D, V_BITS, V_G, V_SYM, q.dtype)
+        else:
+            v = _kv_tile(v_base, tok * v_st, ok, D, V_BITS, V_G, V_SYM)
         seen = _visible(t, ok, qpos, window, WINDOW)
-        m, denom, acc = _attend(q, k, v, seen, m, denom, acc, score_scale, cap_log2, SOFTCAP,
-                                DOT_IEEE)  # fmt: skip
+        if K_AFTER_DOT:
+            s = _group_scores(q_g, q_sum, kc, ks, kz, DOT_IEEE)
+        else:
+            s = _dot(q, tl.trans(k.to(q.dtype)), DOT_IEEE)
+        m, denom, alpha, p = _softmax_step(s, seen, m, denom, score_scale, cap_log2, SOFTCAP)
+        if V_AFTER_DOT:
+            pv, pz = _group_values(p, vc, vs, vz, DOT_IEEE)
+            acc_z = acc_z * alpha[None, :] + pz
+        else:
+            pv = _dot(p.to(q.dtype), v.to(q.dtype), DOT_IEEE)
+        acc = acc * alpha[:, None] + pv
     for t0 in range(tl.maximum(both, base), end, BT):
         t = t0 + tl.arange(0, BT)
         ok = (t < end) & (t >= start)
@@ -120,9 +152,14 @@ def _attention_kernel(
                              K_SYM, K_CHANNEL)  # fmt: skip
         v = _stored_tile(v_base, vt_base, t, tok, ok, v_len, v_st, vt_st, D, V_BITS, V_G, V_SYM,
                          False)  # fmt: skip
-        seen = _visible(t, ok, qpos, window, WINDOW)
-        m, denom, acc = _attend(q, k, v, seen, m, denom, acc, score_scale, cap_log2, SOFTCAP,
-                                DOT_IEEE)  # fmt: skip
+        seen = _visible(t, ok, qpos, window, WINDOW)  # the tail: element-wise tiles only
+        s = _dot(q, tl.trans(k.to(q.dtype)), DOT_IEEE)
+        m, denom, alpha, p = _softmax_step(s, seen, m, denom, score_scale, cap_log2, SOFTCAP)
+        acc = acc * alpha[:, None] + _dot(p.to(q.dtype), v.to(q.dtype), DOT_IEEE)
+        if V_AFTER_DOT:
+            acc_z = acc_z * alpha[None, :]
+    if V_AFTER_DOT:
+        acc += _spread_groups(acc_z, V_G)  # each value group's Σ p·zero on its channels
     seen = denom > 0
     out = acc / tl.where(seen, denom, 1.0)[:, None]
     lse = tl.where(seen, m + tl.log2(tl.where(seen, denom, 1.0)), -float("inf"))
@@ -196,9 +233,18 @@ def launch(
     v_tail: torch.Tensor | None,
     splits: int,
     block_tokens: int,
+    *,
+    scale_after_dot: bool | None = None,
 ) -> torch.Tensor:
     """Partial outputs of every split, merged: fp32 [B, Tq, Hq, D] (ragged: [N, Hq, D]).
-    ``q`` and the tails as the kernel reads them (rotated, smoothed); the rest from ``batch``."""
+    ``q`` and the tails as the kernel reads them (rotated, smoothed); the rest from ``batch``.
+
+    ``scale_after_dot`` picks the kernel variant (None: the environment variable
+    ``KVTUNER_SCALE_AFTER_DOT``, "1" for on; unset: off). Off: every tile is dequantized
+    element-wise before its ``tl.dot``. On: quantized token-axis K/V rows with groups >= 16
+    channels dot their raw codes and apply scale and zero per group after the dot
+    (:mod:`.after_dot`); channel-axis keys, groups < 16, 16-bit rows and unpacked tails stay
+    element-wise."""
     bsz, q_len, hq, dim = batch.batch_size, batch.q_tokens, q.shape[-2], batch.head_dim
     ragged, paged = batch.qo_indptr is not None, batch.slot_table is not None
     hkv, group = batch.kv_heads, hq // batch.kv_heads
@@ -219,6 +265,7 @@ def launch(
     stage = batch.k_stage if batch.k_stage is not None else empty  # [rows, G, Hkv, D]
     stage_rows = batch.k_stage_rows if batch.k_stage_rows is not None else batch.lengths
     q_strides = (0, *q.stride()[:2]) if ragged else q.stride()[:3]  # (b, token, head)
+    on = wanted(scale_after_dot)
     _attention_kernel[(bsz, hkv, triton.cdiv(q_len, bq) * splits)](
         q, k_rows, v_rows, k_tail, v_tail, table, rows, batch.lengths, starts, qo, partial, lse,
         stage, stage_rows, *q_strides, *_row_strides(k_rows, paged),
@@ -229,6 +276,8 @@ def launch(
         K_CHANNEL=batch.k_spec.axis == "channel" and batch.k_spec.is_quantized,
         **_spec_args(batch.v_spec, "V"), PAGED=paged, HAS_ROWS=batch.table_rows is not None,
         HAS_START=batch.starts is not None, RAGGED=ragged, DOT_IEEE=q.dtype == torch.float32,
+        K_AFTER_DOT=takes_after_dot(batch.k_spec, on),
+        V_AFTER_DOT=takes_after_dot(batch.v_spec, on),
     )  # fmt: skip
     out = torch.empty(rows_of_q, hq, dim, dtype=torch.float32, device=dev)
     sinks = batch.sinks.float() * _LOG2E if batch.sinks is not None else lse  # [Hq], log2 units

@@ -98,24 +98,23 @@ def _tanh(x):
 
 
 @triton.jit
-def _attend(q, k, v, ok, m, denom, acc, score_scale, cap_log2, SOFTCAP: tl.constexpr,
-            DOT_IEEE: tl.constexpr):  # fmt: skip
-    """One tile of the online softmax: q [QP, D], k/v fp32 [BT, D], ok [QP, BT]. Scores in
-    log2 units: ``q·k * score_scale`` (= sm_scale·log2 e), or with a soft cap
-    ``cap_log2 * tanh(q·k * score_scale)`` (score_scale = sm_scale / cap)."""
-    if DOT_IEEE:
-        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision="ieee")
-    else:
-        s = tl.dot(q, tl.trans(k.to(q.dtype)))
+def _dot(a, b, IEEE: tl.constexpr):
+    """tl.dot; exact fp32 (``ieee``) for fp32 operands (the CPU interpreter's queries)."""
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    return tl.dot(a, b)
+
+
+@triton.jit
+def _softmax_step(s, ok, m, denom, score_scale, cap_log2, SOFTCAP: tl.constexpr):
+    """One tile of the online softmax: raw scores s = q·k fp32 [QP, BT], ok [QP, BT] ->
+    (m, denom) updated, alpha [QP] (rescales what was accumulated), p fp32 [QP, BT]. Scores in
+    log2 units: ``s * score_scale`` (= sm_scale·log2 e), or with a soft cap
+    ``cap_log2 * tanh(s * score_scale)`` (score_scale = sm_scale / cap)."""
     s = cap_log2 * _tanh(s * score_scale) if SOFTCAP else s * score_scale
     s = tl.where(ok, s, -float("inf"))  # [QP, BT]
     m_new = tl.maximum(m, tl.max(s, 1))
     m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)  # nothing seen yet: no rescale
     alpha = tl.exp2(m - m_safe)
     p = tl.exp2(s - m_safe[:, None])
-    denom = denom * alpha + tl.sum(p, 1)
-    if DOT_IEEE:
-        pv = tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision="ieee")
-    else:
-        pv = tl.dot(p.to(q.dtype), v.to(q.dtype))
-    return m_new, denom, acc * alpha[:, None] + pv
+    return m_new, denom * alpha + tl.sum(p, 1), alpha, p

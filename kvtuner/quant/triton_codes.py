@@ -9,7 +9,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["NAN_FP16", "fp16_directed", "load_codes", "load_fp16", "store_codes", "store_fp16"]
+__all__ = [
+    "NAN_FP16",
+    "fp16_directed",
+    "load_code_ints",
+    "load_codes",
+    "load_fp16",
+    "store_codes",
+    "store_fp16",
+]
 
 NAN_FP16 = tl.constexpr(0x7E00)  # the format's NaN: what torch stores for float("nan").half()
 
@@ -75,8 +83,9 @@ def store_codes(dst, q, row_ok, NB: tl.constexpr, BITS: tl.constexpr):
 
 
 @triton.jit
-def load_codes(src, row_ok, NB: tl.constexpr, NW_PAD: tl.constexpr, BITS: tl.constexpr):
-    """Inverse of :func:`store_codes`: codes as fp32 [BLOCK, NW_PAD, 8]."""
+def load_code_ints(src, row_ok, NB: tl.constexpr, NW_PAD: tl.constexpr, BITS: tl.constexpr):
+    """Inverse of :func:`store_codes`: codes as int32 [BLOCK, NW_PAD, 8] in ``[0, 2**BITS)``
+    (for callers that convert them their own way, e.g. by the fp16 exponent trick)."""
     BLOCK: tl.constexpr = row_ok.shape[0]
     MASK: tl.constexpr = (1 << BITS) - 1
     if 8 % BITS == 0:
@@ -94,4 +103,10 @@ def load_codes(src, row_ok, NB: tl.constexpr, NW_PAD: tl.constexpr, BITS: tl.con
         b = tl.load(at, mask=ok, other=0).to(tl.int32)
         hi = tl.load(at + 1, mask=ok & (lo + 1 < BITS)[None, None, :], other=0).to(tl.int32)
         q = ((b | (hi << 8)) >> ((k * BITS) % 8)[None, None, :]) & MASK
-    return q.to(tl.float32)
+    return q
+
+
+@triton.jit
+def load_codes(src, row_ok, NB: tl.constexpr, NW_PAD: tl.constexpr, BITS: tl.constexpr):
+    """Inverse of :func:`store_codes`: codes as fp32 [BLOCK, NW_PAD, 8]."""
+    return load_code_ints(src, row_ok, NB, NW_PAD, BITS).to(tl.float32)

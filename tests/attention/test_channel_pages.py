@@ -20,6 +20,8 @@ from kvtuner.attention import (
 from kvtuner.quant import QuantSpec, dequantize, quantize
 from kvtuner.runtime_loader.sglang.channel_pages import ChannelPages
 
+pytestmark = pytest.mark.usefixtures("attention_variant")  # both kernel variants
+
 G, HEADS, PAGES = 16, 2, 12
 LENGTHS = [40, 9, 23, 33]  # full and filling pages; request 1 has only a filling page
 PAGE_OF = [[3, 7, 1], [5], [9, 0], [2, 11, 4]]  # each request's pages, in order

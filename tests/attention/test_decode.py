@@ -11,7 +11,10 @@ from kvtuner.attention import (
     extend_attention,
     extend_attention_reference,
 )
+from kvtuner.attention.after_dot import ENV, takes_after_dot, wanted
 from kvtuner.quant import QuantSpec, quantize
+
+pytestmark = pytest.mark.usefixtures("attention_variant")  # both kernel variants
 
 D = 32
 RAGGED = [70, 1, 37]  # several tiles and splits, a length-1 request, a partial tile
@@ -126,15 +129,18 @@ def test_a_tail_alone_and_a_request_with_nothing_to_attend():
     assert torch.equal(got[0], torch.zeros_like(got[0]))
 
 
-def test_bf16_queries_match_within_bf16_rounding():
-    spec = QuantSpec(4)
-    k_rows, v_rows, table, lens = paged_pool(RAGGED, 2, spec, spec)
-    q = torch.randn(3, 8, D, generator=gen(6)).bfloat16()
-    both(q, k_rows, v_rows, spec, spec, lengths=lens, slot_table=table, tol=3e-2)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_queries_match_within_half_rounding(dtype):
+    """bf16 runs as fp32 on CPU; fp16 dots fp16 (scale-after-dot: codes by the 0x6400 trick)."""
+    k_spec, v_spec = QuantSpec(4), QuantSpec(8, group_size=16, symmetric=True)
+    k_rows, v_rows, table, lens = paged_pool(RAGGED, 2, k_spec, v_spec)
+    q = torch.randn(3, 8, D, generator=gen(6)).to(dtype)
+    both(q, k_rows, v_rows, k_spec, v_spec, lengths=lens, slot_table=table, tol=3e-2)
 
 
-def test_nan_poisoned_groups_stay_local():
-    k_spec, v_spec = QuantSpec(4), QuantSpec(4, group_size=8)
+@pytest.mark.parametrize("v_group", [8, 16])  # 16: values scaled after the dot too
+def test_nan_poisoned_groups_stay_local(v_group):
+    k_spec, v_spec = QuantSpec(4), QuantSpec(4, group_size=v_group)
     k_rows, v_rows, table, lens = paged_pool(RAGGED, 2, k_spec, v_spec)
     nan = torch.tensor([0x00, 0x7E], dtype=torch.uint8)  # fp16 NaN, little-endian
     at = k_spec.code_bytes(D)
@@ -149,7 +155,8 @@ def test_nan_poisoned_groups_stay_local():
     got, _ = both(q, *args, lengths=lens, slot_table=table, block_tokens=16, num_splits=3)
     nan = got.isnan()
     assert nan[0, :4].all() and not nan[0, 4:].any()  # K: every query head of KV head 0
-    assert nan[2, 4:, 8:16].all() and nan[2].sum() == 4 * 8  # V: its 8 channels, KV head 1
+    channels = slice(v_group, 2 * v_group)  # V: that group's channels, KV head 1
+    assert nan[2, 4:, channels].all() and nan[2].sum() == 4 * v_group
     assert not nan[1].any()
 
 
@@ -188,6 +195,33 @@ def test_values_packed_past_keys_and_16bit_keys_all_in_the_tail():
     tails["k_tail"] = tails["k_tail"][:, :, 1:]
     with pytest.raises(ValueError, match="same token"):
         decode_attention(q, *args, **tails)
+
+
+def test_scale_after_dot_takes_token_axis_groups_of_16_or_more():
+    """Rows the variant reads: quantized token-axis, groups >= 16 channels, any bit width; the
+    rest stays element-wise, and everything with the variant off."""
+    for bits in (2, 3, 4, 5, 6, 8):
+        assert takes_after_dot(QuantSpec(bits, group_size=16), True)
+        assert takes_after_dot(QuantSpec(bits, symmetric=True), True)
+        assert not takes_after_dot(QuantSpec(bits), False)
+    for spec in (QuantSpec(4, group_size=8), QuantSpec(4, axis="channel"), QuantSpec(16)):
+        assert not takes_after_dot(spec, True)
+
+
+def test_the_keyword_overrides_the_environment(monkeypatch):
+    spec = QuantSpec(4)
+    args, index = pool_args(RAGGED, 2, spec, spec)
+    q = torch.randn(3, 8, D, generator=gen(13))
+    monkeypatch.setenv(ENV, "1")
+    assert wanted(None) and not wanted(False)
+    env_on = decode_attention(q, *args, **index, block_tokens=16)
+    off = decode_attention(q, *args, **index, block_tokens=16, scale_after_dot=False)
+    monkeypatch.delenv(ENV)
+    assert not wanted(None) and wanted(True)
+    on = decode_attention(q, *args, **index, block_tokens=16, scale_after_dot=True)
+    assert torch.equal(on, env_on)
+    assert not torch.equal(on, off)  # another order of operations: not bitwise equal, but
+    torch.testing.assert_close(on, off, atol=2e-5, rtol=2e-5)  # equal within the tolerance
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ from kvtuner.attention import (
 from kvtuner.quant import quantize
 from kvtuner.runtime_loader.hf import make_cache, use_kvtuner_attention
 
-pytestmark = pytest.mark.cuda
+pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("attention_variant")]  # both variants
 D = 128
 
 
@@ -68,6 +68,7 @@ def test_compiled_window_cap_and_sinks_match_the_reference(extra):
     k_rows, v_rows = (quantize(torch.randn(slots, 8, D, device="cuda"), spec) for _ in range(2))
     table = torch.randperm(slots, device="cuda").to(torch.int32)[: 4 * 4096].view(4, 4096)
     kw = dict(lengths=torch.tensor(lengths, dtype=torch.int32, device="cuda"), slot_table=table)
+    extra = dict(extra)  # the parametrized dict is shared by every variant
     if extra.pop("sinks", False):
         extra["sinks"] = torch.randn(32, device="cuda")
     args = (k_rows, v_rows, spec, spec)

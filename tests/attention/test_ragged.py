@@ -9,6 +9,8 @@ from test_decode import D, gen, paged_pool
 from kvtuner.attention import extend_attention, extend_attention_reference
 from kvtuner.quant import QuantSpec
 
+pytestmark = pytest.mark.usefixtures("attention_variant")  # both kernel variants
+
 LENGTHS = [70, 6, 37, 1, 20]  # stored tokens per request (prefix + new)
 NEW = [5, 6, 1, 1, 0]  # new tokens: a whole request, a decode-like one, an empty one
 

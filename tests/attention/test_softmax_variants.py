@@ -19,6 +19,8 @@ from kvtuner.attention import (
 from kvtuner.attention.reference import request_kv
 from kvtuner.quant import QuantSpec
 
+pytestmark = pytest.mark.usefixtures("attention_variant")  # both kernel variants
+
 LENGTHS = [70, 1, 37, 20]  # several tiles and splits, a length-1 request
 SPECS = (QuantSpec(4), QuantSpec(3, group_size=16, symmetric=True))
 GEMMA = dict(window=20, logit_cap=1.5)  # a cap small enough to bend the scores
@@ -52,6 +54,7 @@ def test_ragged_extend(extra):
     """SGLang's extend batch: one request new, one decode-like, one with no new token."""
     k_rows, v_rows, table, lens = paged_pool([70, 6, 37, 20], 2, *SPECS)
     q, indptr = ragged_q([5, 6, 1, 0], 8, seed=4)
+    extra = dict(extra)  # the parametrized dict is shared by every variant
     if extra.pop("sinks", False):
         extra["sinks"] = sinks(8)
     index = dict(lengths=lens, slot_table=table, qo_indptr=indptr, max_q_len=6, **extra)
