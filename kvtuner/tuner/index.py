@@ -30,7 +30,9 @@ def _page_sizes(profile: Profile) -> set[int]:
 
 
 def _servable(profile: Profile) -> bool:
-    return len(_page_sizes(profile)) <= 1
+    """One page size at most, and no pre-RoPE keys (the pool receives keys after RoPE)."""
+    prerope = any(spec.k.pre_rope for spec in profile.layers)
+    return len(_page_sizes(profile)) <= 1 and not prerope
 
 
 def _page_size(profile: Profile) -> int | None:

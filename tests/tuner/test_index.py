@@ -10,8 +10,9 @@ from kvtuner.tuner.index import build_index, main
 FP = ModelFingerprint("LlamaForCausalLM", num_layers=3, num_kv_heads=2, head_dim=64)
 
 
-def profile(k, v, kl, axis="token"):
-    p = Profile.uniform("tiny", FP, QuantSpec(k, 32, axis=axis), QuantSpec(v, 32))
+def profile(k, v, kl, axis="token", pre_rope=False):
+    key = QuantSpec(k, 32, axis=axis, pre_rope=pre_rope)
+    p = Profile.uniform("tiny", FP, key, QuantSpec(v, 32))
     return Profile(p.model_id, FP, p.layers, metrics={"kl": kl}).with_accounting(
         asked=f"{(k + v) / 2:g}bit", preset="kivi" if axis == "channel" else "per-token"
     )
@@ -20,13 +21,17 @@ def profile(k, v, kl, axis="token"):
 def test_index_lists_every_profile_with_budget_and_quality(tmp_path):
     save_profile(profile(4, 4, 0.01), tmp_path / "tiny" / "per-token-4bit.json")
     save_profile(profile(4, 2, 0.05, axis="channel"), tmp_path / "tiny" / "kivi-3bit.json")
+    pre = profile(3, 3, 0.04, axis="channel", pre_rope=True)
+    save_profile(pre, tmp_path / "tiny" / "kivi-prerope-3bit.json")
     assert main([str(tmp_path)]) == 0
     index = json.loads((tmp_path / "index.json").read_text())
     assert index == build_index(tmp_path)  # regenerating is stable and skips index.json
     entries = index["models"]["tiny"]["profiles"]
-    assert [e["file"] for e in entries] == ["tiny/per-token-4bit.json", "tiny/kivi-3bit.json"]
-    assert [e["sglang_servable"] for e in entries] == [True, True]  # KIVI: pages of 32 tokens
-    assert [e["sglang_page_size"] for e in entries] == [None, 32]
+    names = ["tiny/per-token-4bit.json", "tiny/kivi-3bit.json", "tiny/kivi-prerope-3bit.json"]
+    assert sorted(e["file"] for e in entries) == sorted(names)
+    servable = {e["file"]: (e["sglang_servable"], e["sglang_page_size"]) for e in entries}
+    assert servable[names[0]] == (True, None) and servable[names[1]] == (True, 32)  # KIVI pages
+    assert not servable[names[2]][0]  # the pool receives keys after RoPE
     assert entries[0]["kl"] == 0.01 and entries[0]["nominal_bits"] == 4.0
     md = (tmp_path / "index.md").read_text()
     assert "[tiny/kivi-3bit.json](tiny/kivi-3bit.json) | kivi | 3bit | 3.000" in md
