@@ -1,5 +1,6 @@
 """attn_implementation="kvtuner": decode through the fused kernel (forced on CPU, interpreter)
-gives the greedy tokens of the dequantize-then-SDPA path."""
+gives the greedy tokens of the dequantize-then-SDPA path (pre-RoPE keys included: the kernel
+rotates them forward from the layer's first position)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from conftest import tiny_model
 import kvtuner.attention.decode as fused_decode
 from kvtuner import KVTunerError, ModelFingerprint, Profile, QuantSpec
 from kvtuner.runtime_loader.hf import make_cache, use_kvtuner_attention
+
+KIVI_PREROPE = QuantSpec(3, group_size=8, axis="channel", pre_rope=True)
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +62,12 @@ def same_generation(got, ref) -> None:
         (QuantSpec(4, group_size=8, axis="channel"), QuantSpec(4), {}),  # KIVI, filling block
         (QuantSpec(2, group_size=8, axis="channel"), QuantSpec(16), {"residual_length": 3}),
         (QuantSpec(5), QuantSpec(4, group_size=16), {"pack_reserve": 2}),  # rows: a buffer's prefix
+        (KIVI_PREROPE, QuantSpec(4), {}),  # pre-RoPE keys: the kernel rotates blocks and tail
+        (
+            QuantSpec(4, pre_rope=True),
+            QuantSpec(4, 16, rotation="hadamard"),
+            {"residual_length": 3},
+        ),
     ],
 )
 def test_fused_decode_gives_the_dequantize_then_sdpa_tokens(
@@ -73,13 +82,14 @@ def test_fused_decode_gives_the_dequantize_then_sdpa_tokens(
     assert len(calls) == 5 * 2  # every decode step of both layers, none for the prefill
 
 
-def test_left_padded_batch_reads_from_each_requests_first_token(kvtuner_llama, monkeypatch):
+@pytest.mark.parametrize("k", [QuantSpec(4), KIVI_PREROPE])
+def test_left_padded_batch_reads_from_each_requests_first_token(kvtuner_llama, monkeypatch, k):
     ids = torch.randint(0, 256, (3, 12), generator=torch.Generator().manual_seed(2))
     mask = torch.ones_like(ids)
     mask[0, :5] = 0
     mask[2, :2] = 0
     ids = ids.masked_fill(mask == 0, 0)
-    profile = uniform(kvtuner_llama, QuantSpec(4), QuantSpec(4))
+    profile = uniform(kvtuner_llama, k, QuantSpec(4))
     ref = generate(kvtuner_llama, profile, ids, mask, decode_kernel="never", residual_length=3)
     calls = kernel_calls(monkeypatch)
     got = generate(kvtuner_llama, profile, ids, mask, decode_kernel="always", residual_length=3)
