@@ -95,13 +95,16 @@ class KVTunerLayer(DynamicLayer):
         from ...attention import decode_attention
 
         k, v = self.k, self.v
+        rope = {} if self.rope is None else self._rope_args(q.device)
         return decode_attention(
             q, k.rows(), v.rows(), k.spec, v.spec, k_tail=k.attended_tail(),
             v_tail=v.attended_tail(), starts=starts, sm_scale=sm_scale,
-            k_smooth=None if k.smoothing is None else k.smoothing.tensor(q.device),
-            rope_freq=None if self.rope is None else self.rope.inv_freq.to(q.device),
-            rope_offset=self.first_position,  # stored key i sits at first_position + i
+            k_smooth=None if k.smoothing is None else k.smoothing.tensor(q.device), **rope,
         )  # fmt: skip
+
+    def _rope_args(self, device: torch.device) -> dict:
+        """Pre-RoPE keys: the kernel rotates stored key i to position ``first_position + i``."""
+        return dict(rope_freq=self.rope.inv_freq.to(device), rope_offset=self.first_position)
 
     def get_seq_length(self) -> int:
         return self.k.num_tokens
