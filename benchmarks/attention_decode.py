@@ -10,7 +10,8 @@ Each kernel variant (``--variants``, default both: ``baseline`` dequantizes ever
 before ``tl.dot``, ``scale-after-dot`` dots the raw codes and applies scales and zeros per
 group after it) is timed at every point of the same run; ``× base`` = baseline µs / variant µs.
 ``--dtype float16`` runs q (and SDPA's K/V, same bytes as bf16: the ``*_bf16_*`` keys keep
-their names) in fp16.
+their names) in fp16. ``--specs "KV4 g32 pre-RoPE"`` (not in the default list) times keys
+stored pre-RoPE: every K tile rotated forward in the kernel, element-wise in both variants.
 Before timing, each spec's kernel output (every variant) is checked against the torch
 reference (dequantize, then SDPA) at the smallest shape.
 
@@ -36,7 +37,9 @@ SPECS = {  # label: (K spec kwargs, V spec kwargs)
     "KV4 g32": (dict(bits=4), dict(bits=4)),
     "KV8 g64": (dict(bits=8, group_size=64), dict(bits=8, group_size=64)),
     "K8V4 (mixed)": (dict(bits=8, group_size=64), dict(bits=4)),
+    "KV4 g32 pre-RoPE": (dict(bits=4, pre_rope=True), dict(bits=4)),  # opt-in (--specs)
 }
+DEFAULT_SPECS = [label for label in SPECS if "pre-RoPE" not in label]
 VARIANTS = {"baseline": False, "scale-after-dot": True}  # label: the launcher's scale_after_dot
 
 
@@ -53,7 +56,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])
     p.add_argument("--context", type=int, nargs="+", default=[1024, 8192, 32768])
-    p.add_argument("--specs", nargs="+", choices=list(SPECS), default=list(SPECS))
+    p.add_argument("--specs", nargs="+", choices=list(SPECS), default=DEFAULT_SPECS)
     p.add_argument(
         "--variants",
         type=variant_list,
@@ -102,6 +105,18 @@ def random_rows(n: int, kv_heads: int, spec, head_dim: int, device):
     return rows
 
 
+def rope_kw(k_spec, head_dim: int, device) -> dict:
+    """Pre-RoPE keys: the kernel rotates every K tile (RoPE base 10000 over the full head_dim,
+    keys at positions 1000 + t); nothing otherwise."""
+    import torch
+
+    if not k_spec.pre_rope:
+        return {}
+    half = head_dim // 2
+    freq = 10000.0 ** -(torch.arange(half, device=device) / half)
+    return dict(rope_freq=freq, rope_offset=1000)
+
+
 def timer(device: str):
     """Seconds per call of a zero-argument function."""
     if device == "cuda":
@@ -139,7 +154,7 @@ def check(args, k_spec, v_spec, variant: str) -> float:
     table = torch.randperm(200, device=dev).view(2, 100).to(torch.int32)
     lengths = torch.tensor([100, 37], dtype=torch.int32, device=dev)
     q = torch.randn(2, args.heads, d, device=dev, dtype=getattr(torch, args.dtype))
-    kw = dict(lengths=lengths, slot_table=table)
+    kw = dict(lengths=lengths, slot_table=table, **rope_kw(k_spec, d, dev))
     on = VARIANTS[variant]
     got = decode_attention(q, k_rows, v_rows, k_spec, v_spec, **kw, scale_after_dot=on).float()
     ref = decode_attention_reference(q, k_rows, v_rows, k_spec, v_spec, **kw).float()
@@ -150,7 +165,8 @@ def after_dot_operands(k_spec, v_spec) -> str:
     """Which of K and V the scale-after-dot variant reads that way (the rest element-wise)."""
     from kvtuner.attention.after_dot import takes_after_dot
 
-    names = [n for n, s in (("K", k_spec), ("V", v_spec)) if takes_after_dot(s, True)]
+    pairs = (("K", k_spec), ("V", v_spec))  # pre-RoPE keys: element-wise (rotated per tile)
+    names = [n for n, s in pairs if takes_after_dot(s, True) and not (n == "K" and s.pre_rope)]
     return "+".join(names) or "none"
 
 
@@ -170,7 +186,7 @@ def measure(args, seconds, batch: int, context: int, label: str) -> list[dict]:
     dtype = getattr(torch, args.dtype)
     q = torch.randn(batch, args.heads, d, device=dev, dtype=dtype)
     kw = dict(lengths=lengths, slot_table=table, num_splits=args.num_splits,
-              block_tokens=args.block_tokens)  # fmt: skip
+              block_tokens=args.block_tokens, **rope_kw(k_spec, d, dev))  # fmt: skip
     fused = {
         name: seconds(lambda on=VARIANTS[name]: decode_attention(
             q, k_rows, v_rows, k_spec, v_spec, **kw, scale_after_dot=on))

@@ -79,6 +79,8 @@ def extend_attention(
     sinks: torch.Tensor | None = None,
     k_stage: torch.Tensor | None = None,
     k_stage_rows: torch.Tensor | None = None,
+    rope_freq: torch.Tensor | None = None,
+    rope_offset: int | torch.Tensor = 0,
     num_splits: int | None = None,
     block_tokens: int = 64,
     scale_after_dot: bool | None = None,
@@ -106,7 +108,11 @@ def extend_attention(
       each head's sink logit joins the softmax denominator (GPT-OSS);
     - paged channel-axis (KIVI) keys: ``k_rows [pages, Hkv, block]`` (page p holds slots
       ``p*G .. p*G+G-1``, G the key group), ``k_stage [rows, G, Hkv, D]`` (fp values of pages
-      still filling) and ``k_stage_rows`` int32 [pages] (a page's stage row, -1 once packed).
+      still filling) and ``k_stage_rows`` int32 [pages] (a page's stage row, -1 once packed);
+    - pre-RoPE keys (``QuantSpec.pre_rope``, rows and tail): ``rope_freq`` fp32 [R/2] (the
+      model's ``inv_freq``, R <= D a power of two) and ``rope_offset`` (int, or int32 [B]):
+      stored key t is rotated forward to position ``rope_offset + t`` (``rotate_half``
+      layout, :mod:`.rope`) before its dot; such keys always run element-wise.
     num_splits (default: from the device, batch and length) and block_tokens tune the launch;
     ``scale_after_dot`` picks the kernel variant (default None: the environment variable
     ``KVTUNER_SCALE_AFTER_DOT=1`` turns it on, else off): on, packed token-axis rows with
@@ -117,7 +123,7 @@ def extend_attention(
     batch = AttentionBatch(
         q, k_rows, v_rows, k_spec, v_spec, lengths, slot_table, table_rows, k_tail, v_tail,
         starts, sm_scale, qo_indptr, max_q_len, k_smooth, window, logit_cap, sinks, k_stage,
-        k_stage_rows,
+        k_stage_rows, rope_freq, rope_offset,
     )  # fmt: skip
     if not q.is_cuda and not interpreted():
         raise ValueError("packed attention needs CUDA tensors, or TRITON_INTERPRET=1 on CPU")

@@ -18,6 +18,10 @@ Two variants of the loop over tiles where K and V are both packed (``K_AFTER_DOT
 ``V_AFTER_DOT``, per operand, chosen by :func:`launch`): element-wise (dequantize each tile,
 then ``tl.dot``) or scale-after-dot (:mod:`.after_dot`: dot the raw codes, apply scale and zero
 per group after it). The loop over the tail and K/V boundary is element-wise in both.
+
+Pre-RoPE keys (``ROPE_HALF`` > 0, :mod:`.rope`): every K tile, packed or tail, is dequantized
+element-wise and rotated forward to its positions (``offset + t``) before its ``tl.dot``; a
+rotated tile is no longer codes times a scale, so such keys never run scale-after-dot.
 """
 
 from __future__ import annotations
@@ -37,11 +41,13 @@ from .after_dot import (
     wanted,
 )
 from .layout import AttentionBatch
+from .rope import kernel_rope
 from .tiles import (
     _channel_tile,
     _dot,
     _kv_tile,
     _paged_channel_tile,
+    _rope_tile,
     _softmax_step,
     _stored_tile,
     _visible,
@@ -55,14 +61,15 @@ _LOG2E = 1.4426950408889634
 @triton.jit
 def _attention_kernel(
     q_ptr, k_ptr, v_ptr, kt_ptr, vt_ptr, table_ptr, rows_ptr, len_ptr, start_ptr, qo_ptr, o_ptr,
-    lse_ptr, ks_ptr, ksr_ptr, stride_qb, stride_qt, stride_qh, k_sb, k_st, k_sh, v_sb, v_st,
-    v_sh, kt_sb, kt_sh, kt_st, vt_sb, vt_sh, vt_st, ks_sr, ks_sg, ks_sh, stride_table, q_len,
-    k_delta, v_tail_len, chunk, num_splits, window, score_scale, cap_log2, D: tl.constexpr,
-    GROUP: tl.constexpr, GP: tl.constexpr, BQ: tl.constexpr, BT: tl.constexpr, K_BITS: tl.constexpr,
-    K_G: tl.constexpr, K_SYM: tl.constexpr, K_CHANNEL: tl.constexpr, V_BITS: tl.constexpr,
-    V_G: tl.constexpr, V_SYM: tl.constexpr, PAGED: tl.constexpr, HAS_ROWS: tl.constexpr,
-    HAS_START: tl.constexpr, RAGGED: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-    DOT_IEEE: tl.constexpr, K_AFTER_DOT: tl.constexpr, V_AFTER_DOT: tl.constexpr,
+    lse_ptr, ks_ptr, ksr_ptr, freq_ptr, roff_ptr, stride_qb, stride_qt, stride_qh, k_sb, k_st,
+    k_sh, v_sb, v_st, v_sh, kt_sb, kt_sh, kt_st, vt_sb, vt_sh, vt_st, ks_sr, ks_sg, ks_sh,
+    stride_table, q_len, k_delta, v_tail_len, chunk, num_splits, window, score_scale, cap_log2,
+    D: tl.constexpr, GROUP: tl.constexpr, GP: tl.constexpr, BQ: tl.constexpr, BT: tl.constexpr,
+    K_BITS: tl.constexpr, K_G: tl.constexpr, K_SYM: tl.constexpr, K_CHANNEL: tl.constexpr,
+    V_BITS: tl.constexpr, V_G: tl.constexpr, V_SYM: tl.constexpr, PAGED: tl.constexpr,
+    HAS_ROWS: tl.constexpr, HAS_START: tl.constexpr, RAGGED: tl.constexpr, WINDOW: tl.constexpr,
+    SOFTCAP: tl.constexpr, DOT_IEEE: tl.constexpr, K_AFTER_DOT: tl.constexpr,
+    V_AFTER_DOT: tl.constexpr, ROPE_HALF: tl.constexpr,
 ):  # fmt: skip
     b, h = tl.program_id(0), tl.program_id(1)
     qb, split = tl.program_id(2) // num_splits, tl.program_id(2) % num_splits
@@ -71,6 +78,7 @@ def _attention_kernel(
     v_len = tl.load(len_ptr + b)  # packed V tokens; K has k_delta more (channel blocks)
     k_len = v_len + k_delta
     start = tl.load(start_ptr + b) if HAS_START else 0
+    k_pos0 = tl.load(roff_ptr + b) if ROPE_HALF else 0  # pre-RoPE: position of stored key 0
     if RAGGED:  # q [N, Hq, D]: request b's queries are rows qo[b]:qo[b+1]
         q0 = tl.load(qo_ptr + b).to(tl.int64)
         n_q = tl.load(qo_ptr + b + 1).to(tl.int64) - q0
@@ -120,6 +128,8 @@ def _attention_kernel(
             k = _channel_tile(k_base, t, ok, k_st, D, K_BITS, K_G, K_SYM)
         else:
             k = _kv_tile(k_base, tok * k_st, ok, D, K_BITS, K_G, K_SYM)
+        if ROPE_HALF:  # never with K_AFTER_DOT (the launcher's choice)
+            k = _rope_tile(k, k_pos0 + t, freq_ptr, ROPE_HALF)
         if V_AFTER_DOT:
             vc, vs, vz = _group_tile(v_base, tok * v_st, ok, D, V_BITS, V_G, V_SYM, q.dtype)
         else:
@@ -150,6 +160,8 @@ def _attention_kernel(
         else:
             k = _stored_tile(k_base, kt_base, t, tok, ok, k_len, k_st, kt_st, D, K_BITS, K_G,
                              K_SYM, K_CHANNEL)  # fmt: skip
+        if ROPE_HALF:
+            k = _rope_tile(k, k_pos0 + t, freq_ptr, ROPE_HALF)
         v = _stored_tile(v_base, vt_base, t, tok, ok, v_len, v_st, vt_st, D, V_BITS, V_G, V_SYM,
                          False)  # fmt: skip
         seen = _visible(t, ok, qpos, window, WINDOW)  # the tail: element-wise tiles only
@@ -243,8 +255,8 @@ def launch(
     ``KVTUNER_SCALE_AFTER_DOT``, "1" for on; unset: off). Off: every tile is dequantized
     element-wise before its ``tl.dot``. On: quantized token-axis K/V rows with groups >= 16
     channels dot their raw codes and apply scale and zero per group after the dot
-    (:mod:`.after_dot`); channel-axis keys, groups < 16, 16-bit rows and unpacked tails stay
-    element-wise."""
+    (:mod:`.after_dot`); channel-axis keys, groups < 16, 16-bit rows, unpacked tails and
+    pre-RoPE keys (rotated per tile, :mod:`.rope`) stay element-wise."""
     bsz, q_len, hq, dim = batch.batch_size, batch.q_tokens, q.shape[-2], batch.head_dim
     ragged, paged = batch.qo_indptr is not None, batch.slot_table is not None
     hkv, group = batch.kv_heads, hq // batch.kv_heads
@@ -266,9 +278,10 @@ def launch(
     stage_rows = batch.k_stage_rows if batch.k_stage_rows is not None else batch.lengths
     q_strides = (0, *q.stride()[:2]) if ragged else q.stride()[:3]  # (b, token, head)
     on = wanted(scale_after_dot)
+    freq, k_pos0, rope_half = kernel_rope(batch)  # pre-RoPE keys: K tiles element-wise
     _attention_kernel[(bsz, hkv, triton.cdiv(q_len, bq) * splits)](
         q, k_rows, v_rows, k_tail, v_tail, table, rows, batch.lengths, starts, qo, partial, lse,
-        stage, stage_rows, *q_strides, *_row_strides(k_rows, paged),
+        stage, stage_rows, freq, k_pos0, *q_strides, *_row_strides(k_rows, paged),
         *_row_strides(v_rows, paged), *k_tail.stride()[:3], *v_tail.stride()[:3],
         stage.stride(0), stage.stride(1), stage.stride(2), table.stride(0) if paged else 0,
         q_len, batch.k_delta, batch.v_tail_tokens, chunk, splits, **_softmax_args(batch), D=dim,
@@ -276,8 +289,8 @@ def launch(
         K_CHANNEL=batch.k_spec.axis == "channel" and batch.k_spec.is_quantized,
         **_spec_args(batch.v_spec, "V"), PAGED=paged, HAS_ROWS=batch.table_rows is not None,
         HAS_START=batch.starts is not None, RAGGED=ragged, DOT_IEEE=q.dtype == torch.float32,
-        K_AFTER_DOT=takes_after_dot(batch.k_spec, on),
-        V_AFTER_DOT=takes_after_dot(batch.v_spec, on),
+        K_AFTER_DOT=takes_after_dot(batch.k_spec, on and not rope_half),
+        V_AFTER_DOT=takes_after_dot(batch.v_spec, on), ROPE_HALF=rope_half,
     )  # fmt: skip
     out = torch.empty(rows_of_q, hq, dim, dtype=torch.float32, device=dev)
     sinks = batch.sinks.float() * _LOG2E if batch.sinks is not None else lse  # [Hq], log2 units

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from ..quant.spec import QuantSpec
+from .rope import check_rope
 
 __all__ = ["AttentionBatch", "choose_splits"]
 
@@ -25,7 +26,8 @@ class AttentionBatch:
     ``lengths`` (V's packed tokens) defaults to V's T for every request, and must be left out
     when K and V pack different token counts. Tails ``[B, Hkv, Tt, D]`` follow each one's packed
     tokens (K and V end at the same position); ``starts [B]`` int32 masks the positions before
-    it (left padding).
+    it (left padding). ``rope_freq``: keys (rows and tail) are stored pre-RoPE, key t of
+    request b at position ``rope_offset (+ [b]) + t`` (:mod:`.rope`).
     """
 
     q: torch.Tensor
@@ -48,6 +50,8 @@ class AttentionBatch:
     sinks: torch.Tensor | None = None  # float [Hq]: sink logits in the softmax denominator
     k_stage: torch.Tensor | None = None  # paged channel keys: filling pages [rows, G, Hkv, D]
     k_stage_rows: torch.Tensor | None = None  # int32 [pages]: a page's stage row, -1: packed
+    rope_freq: torch.Tensor | None = None  # fp32 [R/2]: keys stored pre-RoPE (.rope)
+    rope_offset: int | torch.Tensor = 0  # position of stored key 0: int, or int32 [B]
 
     def __post_init__(self) -> None:
         q, ragged = self.q, self.qo_indptr is not None
@@ -76,6 +80,7 @@ class AttentionBatch:
         self._check_smooth()
         self._check_softmax()
         self._check_stage()
+        check_rope(self)
 
     def _check_stage(self) -> None:
         """Paged channel-axis keys: one block per page of G slots, filling pages staged."""

@@ -9,13 +9,15 @@ import torch.nn.functional as F
 from ..quant.reference import dequantize
 from ..quant.smoothing import unsmooth
 from .layout import AttentionBatch
+from .rope import rope_forward
 
 __all__ = ["decode_attention_reference", "extend_attention_reference", "request_kv"]
 
 
 def request_kv(batch: AttentionBatch, b: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Request b's stored K and V, dequantized fp32 [Hkv, T_b, D] (packed, then tail); smoothed
-    key rows (``k / λ``) multiplied back by λ."""
+    key rows (``k / λ``) multiplied back by λ; pre-RoPE keys rotated forward to positions
+    ``rope_offset (+ [b]) + t``."""
     dim, v_len = batch.head_dim, int(batch.lengths[b])
     out = []
     for rows, spec, tail, n, lam in (
@@ -37,6 +39,10 @@ def request_kv(batch: AttentionBatch, b: int) -> tuple[torch.Tensor, torch.Tenso
         if tail is not None:
             x = torch.cat([x, tail[b].float()], dim=1)
         out.append(x)
+    if batch.rope_freq is not None:
+        off = batch.rope_offset
+        start = int(off[b]) if isinstance(off, torch.Tensor) else off
+        out[0] = rope_forward(out[0], batch.rope_freq, start)
     return out[0], out[1]
 
 

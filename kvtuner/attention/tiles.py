@@ -1,6 +1,7 @@
 """Triton device functions of the packed attention kernel (:mod:`.kernel`): K/V tiles read and
-dequantized in registers from packed rows, channel-axis blocks or an unpacked tail, and one step
-of the online softmax (optional logit soft cap, sliding-window mask)."""
+dequantized in registers from packed rows, channel-axis blocks or an unpacked tail, pre-RoPE
+keys rotated forward to their positions, and one step of the online softmax (optional logit soft
+cap, sliding-window mask)."""
 
 from __future__ import annotations
 
@@ -80,6 +81,23 @@ def _stored_tile(base, tail, t, tok, ok, packed, stride_tok, stride_tail, D: tl.
     in_tail = (ok & (t >= packed))[:, None]
     at = tail + (t - packed).to(tl.int64)[:, None] * stride_tail + tl.arange(0, D)[None, :]
     return tl.where(in_tail, tl.load(at, mask=in_tail, other=0.0).to(tl.float32), x)
+
+
+@triton.jit
+def _rope_tile(k, pos, freq_ptr, HALF: tl.constexpr):
+    """Keys k fp32 [BT, D] stored at position 0 -> rotated forward to positions pos [BT] (int),
+    ``rotate_half`` layout: for j < HALF, channels j and j + HALF turn by pos·f_j (f fp32
+    [HALF] at ``freq_ptr``); channels >= R = 2·HALF pass. R a power of two: the tile splits into
+    D/R chunks of R channels, each into its halves a, b [BT, D/R, HALF]; only chunk 0 turns."""
+    BT: tl.constexpr = k.shape[0]
+    C: tl.constexpr = k.shape[1] // (2 * HALF)
+    angle = pos.to(tl.float32)[:, None] * tl.load(freq_ptr + tl.arange(0, HALF))[None, :]
+    cos, sin = tl.cos(angle)[:, None, :], tl.sin(angle)[:, None, :]  # [BT, 1, HALF]
+    pairs = tl.permute(tl.reshape(k, [BT, C, 2, HALF]), (0, 1, 3, 2))  # [BT, C, HALF, 2]
+    a, b = tl.split(pairs)  # channels j and j + HALF of each chunk
+    first = (tl.arange(0, C) == 0)[None, :, None]  # the rotary chunk; the rest pass
+    a, b = tl.where(first, a * cos - b * sin, a), tl.where(first, b * cos + a * sin, b)
+    return tl.reshape(tl.permute(tl.join(a, b), (0, 1, 3, 2)), [BT, C * 2 * HALF])
 
 
 @triton.jit

@@ -59,6 +59,11 @@ def tag(key_states: torch.Tensor, layer: Any) -> torch.Tensor:
     return marker
 
 
+def is_fused(key_states: torch.Tensor) -> bool:
+    """Whether a layer's ``update`` returned a tagged key (the fused kernel reads it)."""
+    return getattr(key_states, _TAG, None) is not None
+
+
 def left_padding_starts(mask: torch.Tensor | None, total: int) -> torch.Tensor | None | bool:
     """int32 [B] first attended position per request, from a decode step's mask (None: no
     mask); False when the mask is not a left-padding mask over ``total`` tokens. Computed once
@@ -92,7 +97,7 @@ def kvtuner_attention(
     """transformers attention function: query [B, Hq, T, D] -> ([B, T, Hq, D], None)."""
     layer = getattr(key, _TAG, None)
     if layer is not None:
-        starts = left_padding_starts(attention_mask, layer.get_seq_length())
+        starts = left_padding_starts(attention_mask, layer.k.num_tokens)  # stored tokens
         if starts is not False:
             out = layer.attend(query[:, :, 0], starts=starts, sm_scale=scaling)
             return out.unsqueeze(1), None

@@ -74,10 +74,19 @@ class KVTunerLayer(DynamicLayer):
 
     def _fusable(self) -> bool:
         """The fused kernel reads this layer: token-axis (or 16-bit) values, keys of either
-        axis, a power-of-two head_dim >= 16; keys stored post-RoPE (the kernel does not rotate)."""
+        axis, a power-of-two head_dim >= 16; pre-RoPE keys when the kernel can rotate them."""
         d, v = self.k.head_dim, self.spec.v
         plain_values = v.axis == "token" or not v.is_quantized
-        return plain_values and self.rope is None and d >= 16 and not d & (d - 1)
+        return plain_values and self._rope_fusable() and d >= 16 and not d & (d - 1)
+
+    def _rope_fusable(self) -> bool:
+        """No pre-RoPE keys, or keys the kernel rotates per tile: a power-of-two rotary width
+        R (it splits tiles into halves of R/2), not Hadamard-rotated (the rotation must act on
+        the keys themselves, not on their Hadamard transform)."""
+        if self.rope is None:
+            return True
+        half, k = len(self.rope.inv_freq), self.spec.k
+        return not half & (half - 1) and not (k.is_quantized and k.rotation == "hadamard")
 
     def attend(
         self, q: torch.Tensor, *, starts: torch.Tensor | None, sm_scale: float | None
@@ -86,11 +95,16 @@ class KVTunerLayer(DynamicLayer):
         from ...attention import decode_attention
 
         k, v = self.k, self.v
+        rope = {} if self.rope is None else self._rope_args(q.device)
         return decode_attention(
             q, k.rows(), v.rows(), k.spec, v.spec, k_tail=k.attended_tail(),
             v_tail=v.attended_tail(), starts=starts, sm_scale=sm_scale,
-            k_smooth=None if k.smoothing is None else k.smoothing.tensor(q.device),
+            k_smooth=None if k.smoothing is None else k.smoothing.tensor(q.device), **rope,
         )  # fmt: skip
+
+    def _rope_args(self, device: torch.device) -> dict:
+        """Pre-RoPE keys: the kernel rotates stored key i to position ``first_position + i``."""
+        return dict(rope_freq=self.rope.inv_freq.to(device), rope_offset=self.first_position)
 
     def get_seq_length(self) -> int:
         return self.k.num_tokens

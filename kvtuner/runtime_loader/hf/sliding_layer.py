@@ -4,7 +4,12 @@ Same semantics as transformers' ``DynamicSlidingWindowLayer`` (5.x), so a 16-bit
 the default cache's logits exactly: ``update`` returns the stored tokens plus the new ones, then
 keeps only the newest ``window - 1`` (the next query completes its window); ``get_seq_length`` is
 every token seen, ``get_mask_sizes`` the visible span and its offset. Dropped tokens leave the
-packed rows too: the layer never stores more than ``window - 1`` tokens between calls.
+packed rows too: the layer never stores more than ``window - 1`` tokens between steps.
+
+A decode step sent to the fused kernel (:mod:`.attention`) keeps the oldest token until the
+kernel has read it (the query's window is the ``window - 1`` stored tokens plus itself, and the
+step's mask covers exactly those): the drop then follows :meth:`attend`, or at the latest the next
+:meth:`update`, before it stores anything.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from ...profile import LayerSpec
+from .attention import is_fused
 from .layer import KVTunerLayer
 
 
@@ -26,15 +32,28 @@ class KVTunerSlidingLayer(KVTunerLayer):
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        self._drop_excess()  # a fused step's pending drop, before the new keys' positions
         keys, values = super().update(key_states, value_states)
         self.cumulative_length += key_states.shape[-2]
+        if not is_fused(keys):  # fused: the kernel reads the window first (see attend)
+            self._drop_excess()
+        return keys, values
+
+    def attend(self, q: torch.Tensor, **kwargs) -> torch.Tensor:
+        """The fused step: the stored window (``window - 1`` tokens and the new one), then the
+        drop that :meth:`update` left pending."""
+        out = super().attend(q, **kwargs)
+        self._drop_excess()
+        return out
+
+    def _drop_excess(self) -> None:
+        """Keep only the newest ``window - 1`` tokens; the first stored position moves on."""
         excess = self.k.num_tokens - (self.sliding_window - 1)
         if excess > 0:
             self.k.drop_oldest(excess)
             self.v.drop_oldest(excess)
             self.first_position += excess
             self.keys, self.values = self.k.tail, self.v.tail
-        return keys, values
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         seen, window = self.cumulative_length, self.sliding_window

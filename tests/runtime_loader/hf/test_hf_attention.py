@@ -1,15 +1,19 @@
 """attn_implementation="kvtuner": decode through the fused kernel (forced on CPU, interpreter)
-gives the greedy tokens of the dequantize-then-SDPA path."""
+gives the greedy tokens of the dequantize-then-SDPA path (pre-RoPE keys included: the kernel
+rotates them forward from the layer's first position)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from conftest import tiny_model
+from test_sliding_cache import WINDOW, feed, tokens
 
 import kvtuner.attention.decode as fused_decode
 from kvtuner import KVTunerError, ModelFingerprint, Profile, QuantSpec
 from kvtuner.runtime_loader.hf import make_cache, use_kvtuner_attention
+
+KIVI_PREROPE = QuantSpec(3, group_size=8, axis="channel", pre_rope=True)
 
 
 @pytest.fixture(scope="module")
@@ -22,11 +26,12 @@ def uniform(model, k: QuantSpec, v: QuantSpec) -> Profile:
 
 
 def kernel_calls(monkeypatch) -> list[int]:
-    """Count fused kernel launches (the real kernel still runs)."""
+    """Fused kernel launches, each one's pre-RoPE key offset (0 without; the real kernel still
+    runs)."""
     calls, real = [], fused_decode.decode_attention
 
     def counted(*args, **kwargs):
-        calls.append(1)
+        calls.append(kwargs.get("rope_offset", 0))
         return real(*args, **kwargs)
 
     monkeypatch.setattr(fused_decode, "decode_attention", counted)
@@ -59,6 +64,12 @@ def same_generation(got, ref) -> None:
         (QuantSpec(4, group_size=8, axis="channel"), QuantSpec(4), {}),  # KIVI, filling block
         (QuantSpec(2, group_size=8, axis="channel"), QuantSpec(16), {"residual_length": 3}),
         (QuantSpec(5), QuantSpec(4, group_size=16), {"pack_reserve": 2}),  # rows: a buffer's prefix
+        (KIVI_PREROPE, QuantSpec(4), {}),  # pre-RoPE keys: the kernel rotates blocks and tail
+        (
+            QuantSpec(4, pre_rope=True),
+            QuantSpec(4, 16, rotation="hadamard"),
+            {"residual_length": 3},
+        ),
     ],
 )
 def test_fused_decode_gives_the_dequantize_then_sdpa_tokens(
@@ -73,13 +84,14 @@ def test_fused_decode_gives_the_dequantize_then_sdpa_tokens(
     assert len(calls) == 5 * 2  # every decode step of both layers, none for the prefill
 
 
-def test_left_padded_batch_reads_from_each_requests_first_token(kvtuner_llama, monkeypatch):
+@pytest.mark.parametrize("k", [QuantSpec(4), KIVI_PREROPE])
+def test_left_padded_batch_reads_from_each_requests_first_token(kvtuner_llama, monkeypatch, k):
     ids = torch.randint(0, 256, (3, 12), generator=torch.Generator().manual_seed(2))
     mask = torch.ones_like(ids)
     mask[0, :5] = 0
     mask[2, :2] = 0
     ids = ids.masked_fill(mask == 0, 0)
-    profile = uniform(kvtuner_llama, QuantSpec(4), QuantSpec(4))
+    profile = uniform(kvtuner_llama, k, QuantSpec(4))
     ref = generate(kvtuner_llama, profile, ids, mask, decode_kernel="never", residual_length=3)
     calls = kernel_calls(monkeypatch)
     got = generate(kvtuner_llama, profile, ids, mask, decode_kernel="always", residual_length=3)
@@ -106,3 +118,25 @@ def test_other_attention_implementations_never_get_the_fused_marker(monkeypatch)
     assert not calls
     with pytest.raises(KVTunerError, match="decode_kernel"):
         make_cache(model, profile, decode_kernel="sometimes")
+
+
+@pytest.mark.parametrize("k", [QuantSpec(4), QuantSpec(4, pre_rope=True)])
+def test_sliding_window_layers_read_their_window_then_drop(monkeypatch, k):
+    """Gemma 3 (layers 0, 1: window 8; layer 2 global), left padding, decoding past the window:
+    a fused step reads the stored window (its mask's width) before the oldest token leaves;
+    pre-RoPE keys from the window's first position on."""
+    model = use_kvtuner_attention(tiny_model("gemma3", sliding_window=WINDOW))
+    ids = tokens(2, 5)
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    profile = uniform(model, k, QuantSpec(4))
+    kw = dict(new=10, residual_length=2)
+    ref = generate(model, profile, ids, mask, decode_kernel="never", **kw)
+    calls = kernel_calls(monkeypatch)
+    got = generate(model, profile, ids, mask, decode_kernel="always", **kw)
+    same_generation(got, ref)
+    # 9 decode steps of 3 layers; the last one sees 14 tokens, its window starts at 6
+    assert len(calls) == 9 * 3 and max(calls) == (5 + 9 - WINDOW if k.pre_rope else 0)
+    cache = make_cache(model, profile, decode_kernel="always")
+    feed(model, cache, tokens(1, 12), 4)  # no mask; between steps: window - 1 tokens stored
+    assert cache.layers[0].k.num_tokens == WINDOW - 1 and cache.layers[2].k.num_tokens == 12

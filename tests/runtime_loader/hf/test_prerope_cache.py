@@ -100,10 +100,16 @@ def test_make_cache_needs_the_model_for_prerope_keys():
         make_cache(model.config, profile_of(model, KIVI3, QuantSpec(4, 16)))
 
 
-def test_fused_decode_is_not_offered_prerope_layers():
+def test_fused_decode_takes_prerope_layers_it_can_rotate():
+    """The kernel rotates power-of-two rotary widths of keys that are not Hadamard-rotated
+    (tests/runtime_loader/hf/test_hf_attention.py runs it); other layers read the history."""
     model = tiny_model("llama")
-    cache = make_cache(model, profile_of(model, KIVI3, QuantSpec(4, 16)), decode_kernel="always")
-    assert not cache.layers[0]._fusable()
+    layer = make_cache(model, profile_of(model, KIVI3, QuantSpec(4, 16))).layers[0]
+    assert layer._fusable()
+    layer.rope = KeyRope(torch.ones(12))  # R = 24 of 32 channels: not a power of two
+    assert not layer._fusable()
+    hadamard = profile_of(model, replace(KIVI3, rotation="hadamard"), QuantSpec(4, 16))
+    assert not make_cache(model, hadamard).layers[0]._fusable()
     plain = make_cache(model, profile_of(model, replace(KIVI3, pre_rope=False), QuantSpec(4, 16)))
     assert plain.layers[0].rope is None
 

@@ -1,0 +1,78 @@
+"""Pre-RoPE keys (``QuantSpec.pre_rope``) in packed attention: host side, torch only.
+
+Such keys are stored rotated back to position 0 (:mod:`kvtuner.runtime_loader.hf.rope`); the
+attention call passes the model's rotary frequencies ``rope_freq`` (fp32 [R/2], ``inv_freq``)
+and ``rope_offset`` (an int, or int32 [B]: the position of each request's stored key 0), and
+the key at token index t (packed or tail) is rotated forward to position ``offset + t`` in
+transformers' ``rotate_half`` layout: channel pair (j, j + R/2) turns by that position times
+f_j, channels >= R pass. The kernel does it per dequantized K tile (``.tiles._rope_tile``); the
+torch reference with :func:`rope_forward`. Kept free of triton: :mod:`.layout` and
+:mod:`.reference` import it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["check_rope", "kernel_rope", "rope_forward"]
+
+
+def rope_forward(x: torch.Tensor, freq: torch.Tensor, start: int) -> torch.Tensor:
+    """Keys x [..., T, D] stored at position 0 -> fp32, key i rotated forward to position
+    ``start + i`` (what ``KeyRope.rotate(x, start, forward=True)`` computes, in fp32)."""
+    r = 2 * freq.shape[0]
+    pos = torch.arange(start, start + x.shape[-2], device=x.device, dtype=torch.float32)
+    angle = pos[:, None] * freq.to(x.device, torch.float32)[None, :]  # [T, R/2]
+    angle = torch.cat([angle, angle], dim=-1)  # [T, R]: pairs j and j + R/2 share an angle
+    rot = x[..., :r].float()
+    a, b = rot.chunk(2, dim=-1)
+    out = rot * angle.cos() + torch.cat([-b, a], dim=-1) * angle.sin()
+    return torch.cat([out, x[..., r:].float()], dim=-1)
+
+
+def check_rope(batch: Any) -> None:
+    """``rope_freq``: fp32 contiguous 1-D, 2·len <= head_dim, on q's device; ``rope_offset``:
+    an int >= 0, or int32 [B] on q's device, and only with ``rope_freq``."""
+    freq, off, dev, dim = batch.rope_freq, batch.rope_offset, batch.q.device, batch.head_dim
+    if freq is None:
+        if not isinstance(off, int) or off:
+            raise ValueError("rope_offset needs rope_freq (keys stored pre-RoPE)")
+        return
+    ok = freq.dtype == torch.float32 and freq.dim() == 1 and 0 < 2 * freq.shape[0] <= dim
+    if not ok or freq.device != dev or not freq.is_contiguous():
+        raise ValueError(
+            f"rope_freq must be contiguous fp32 [R/2] with R <= head_dim {dim} on {dev}, got "
+            f"{freq.dtype} {tuple(freq.shape)} on {freq.device}"
+        )
+    if isinstance(off, torch.Tensor):
+        bsz = batch.batch_size
+        if off.dtype != torch.int32 or tuple(off.shape) != (bsz,) or off.device != dev:
+            raise ValueError(
+                f"rope_offset must be an int or int32 [{bsz}] on {dev}, got {off.dtype} "
+                f"{tuple(off.shape)} on {off.device}"
+            )
+    elif isinstance(off, bool) or not isinstance(off, int) or off < 0:
+        raise ValueError(f"rope_offset must be an int >= 0 or an int32 tensor, got {off!r}")
+
+
+def kernel_rope(batch: Any) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(freq, offsets int32 [B], R/2) as the kernel takes them; R/2 = 0 without pre-RoPE keys
+    (the two pointers then unused). The kernel's own limits: R a power of two (it splits a
+    tile into [BT, D/R, 2, R/2]), keys neither Hadamard-rotated nor smoothed (the rotation
+    must act on the keys themselves, and q·λ·(k/λ) does not commute with it)."""
+    freq, off, spec = batch.rope_freq, batch.rope_offset, batch.k_spec
+    if freq is None:
+        return batch.lengths, batch.lengths, 0
+    half = freq.shape[0]
+    hadamard = spec.is_quantized and spec.rotation == "hadamard"
+    if half & (half - 1) or hadamard or batch.k_smooth is not None:
+        raise ValueError(
+            f"the fused kernel rotates pre-RoPE keys of a power-of-two rotary width R, neither "
+            f"Hadamard-rotated nor smoothed; got R = {2 * half}, {spec.short()}, "
+            f"k_smooth {'set' if batch.k_smooth is not None else 'unset'}"
+        )
+    if isinstance(off, int):  # a device fill, no host sync
+        off = torch.full((batch.batch_size,), off, dtype=torch.int32, device=batch.q.device)
+    return freq, off, half

@@ -1,0 +1,102 @@
+"""Pre-RoPE keys (rope_freq, rope_offset): the fused kernel rotates each dequantized K tile
+(packed rows, channel blocks, tail) forward to its positions, as the torch reference does with
+the HF cache's KeyRope semantics; under TRITON_INTERPRET, both kernel variants."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_channel_pages import LENGTHS, G, args, pool
+from test_decode import D, both, gen, pool_args, stored_rows
+
+from kvtuner.attention import decode_attention, decode_attention_reference
+from kvtuner.attention.rope import rope_forward
+from kvtuner.quant import QuantSpec
+from kvtuner.runtime_loader.hf.rope import KeyRope
+
+pytestmark = pytest.mark.usefixtures("attention_variant")  # K tiles element-wise in both
+
+FULL = torch.tensor([1.0, 0.6, 0.3, 0.1, 0.05, 0.02, 0.01, 0.003] * 2)  # R = 32 = D
+PARTIAL = torch.tensor([1.0, 0.4, 0.1, 0.01])  # R = 8 < D: channels 8.. pass
+
+
+def test_reference_rotation_is_the_caches_keyrope():
+    x = torch.randn(2, 3, 9, D, generator=gen(20))
+    for freq in (FULL, PARTIAL):
+        want = KeyRope(freq).rotate(x, 11, forward=True)
+        torch.testing.assert_close(rope_forward(x, freq, 11), want, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "k_spec,freq,ratio",
+    [
+        (QuantSpec(4, group_size=16), FULL, 2),  # scale-after-dot would take these rows
+        (QuantSpec(3), PARTIAL, 4),
+        (QuantSpec(16), PARTIAL, 1),
+        (QuantSpec(2, group_size=16, axis="channel"), FULL, 2),  # KIVI blocks + own tail
+        (QuantSpec(4, group_size=8, axis="channel", symmetric=True), PARTIAL, 4),
+    ],
+    ids=lambda x: x.short() if isinstance(x, QuantSpec) else str(x),
+)
+def test_rows_and_tail_rotated_at_an_offset(k_spec, freq, ratio):
+    """The HF cache's layout: K rows or blocks + tail, one offset (a window's dropped tokens)
+    for the batch, left padding; decode and extend."""
+    args, tails = stored_rows(k_spec, QuantSpec(4), 32, 37, 41, bsz=2)
+    q = torch.randn(2, 2 * ratio, D, generator=gen(21))
+    rope = dict(rope_freq=freq, rope_offset=13, block_tokens=16, num_splits=2)
+    starts = torch.tensor([0, 5], dtype=torch.int32)
+    got, _ = both(q, *args, **tails, **rope, starts=starts)
+    plain = decode_attention_reference(q, *args, **tails, starts=starts)
+    assert not torch.allclose(got, plain, atol=1e-2)  # the rotation matters
+    qx = torch.randn(2, 5, 2 * ratio, D, generator=gen(22))  # the last 5 tokens, causal
+    both(qx, *args, **tails, **rope)
+
+
+def test_paged_pool_with_an_offset_per_request():
+    spec = QuantSpec(4, group_size=16)
+    args, index = pool_args([70, 1, 37], 2, spec, spec)
+    q = torch.randn(3, 4, D, generator=gen(23))
+    offsets = torch.tensor([0, 1000, 45], dtype=torch.int32)
+    both(q, *args, **index, rope_freq=FULL, rope_offset=offsets, block_tokens=16)
+
+
+def test_offset_zero_and_position_zero_keys_are_the_plain_keys():
+    """Rotating by position 0 is the identity: only the first key sits there."""
+    spec = QuantSpec(4)
+    args, tails = stored_rows(spec, spec, 0, 0, 1)  # one key, in the tail
+    q = torch.randn(2, 4, D, generator=gen(24))
+    got = decode_attention(q, *args, **tails, rope_freq=FULL)
+    torch.testing.assert_close(got, decode_attention(q, *args, **tails), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (dict(rope_freq=FULL.double()), "rope_freq must be contiguous fp32"),
+        (dict(rope_freq=torch.ones(D)), "R <= head_dim"),
+        (dict(rope_freq=FULL[::2]), "contiguous"),
+        (dict(rope_freq=FULL.to("meta")), "on cpu"),
+        (dict(rope_freq=None), "rope_offset needs rope_freq"),
+        (dict(rope_offset=torch.zeros(3, dtype=torch.int32)), r"int32 \[2\]"),
+        (dict(rope_offset=-1), "int >= 0"),
+        (dict(rope_freq=torch.ones(6)), "power-of-two rotary width"),
+        (dict(k_spec=QuantSpec(4, rotation="hadamard")), "neither Hadamard-rotated"),
+    ],
+)
+def test_rope_arguments_are_checked_with_one_line(change, match):
+    kw = dict(rope_freq=FULL, rope_offset=3) | change
+    args, tails = stored_rows(kw.pop("k_spec", QuantSpec(4)), QuantSpec(4), 16, 16, 18)
+    q = torch.randn(2, 4, D, generator=gen(25))
+    with pytest.raises(ValueError, match=match) as info:
+        decode_attention(q, *args, **tails, **kw)
+    assert "\n" not in str(info.value)
+
+
+def test_paged_channel_pages_full_and_staged():
+    """A pool's KIVI key pages: full pages' blocks and filling pages' staged fp values, both
+    pre-RoPE, rotated alike."""
+    k_spec, v_spec = QuantSpec(4, group_size=G, axis="channel"), QuantSpec(4)
+    rows, index = args(*pool(k_spec, v_spec), k_spec, v_spec)
+    q = torch.randn(len(LENGTHS), 4, D, generator=gen(26))
+    offsets = torch.tensor([2, 0, 7, 300], dtype=torch.int32)
+    both(q, *rows, **index, rope_freq=PARTIAL, rope_offset=offsets, block_tokens=16)
