@@ -16,20 +16,30 @@ from typing import Any
 
 import torch
 
-__all__ = ["check_rope", "kernel_rope", "rope_forward"]
+__all__ = ["check_rope", "kernel_rope", "rope_forward", "rope_rotate"]
 
 
-def rope_forward(x: torch.Tensor, freq: torch.Tensor, start: int) -> torch.Tensor:
-    """Keys x [..., T, D] stored at position 0 -> fp32, key i rotated forward to position
-    ``start + i`` (what ``KeyRope.rotate(x, start, forward=True)`` computes, in fp32)."""
+def rope_rotate(x: torch.Tensor, freq: torch.Tensor, start: int, *, forward: bool) -> torch.Tensor:
+    """Keys x [..., T, D] at positions start..start+T-1 -> fp32, rotated forward (as the
+    model's RoPE: key i stored at position 0 turns to ``start + i``) or back to position 0."""
     r = 2 * freq.shape[0]
     pos = torch.arange(start, start + x.shape[-2], device=x.device, dtype=torch.float32)
     angle = pos[:, None] * freq.to(x.device, torch.float32)[None, :]  # [T, R/2]
     angle = torch.cat([angle, angle], dim=-1)  # [T, R]: pairs j and j + R/2 share an angle
     rot = x[..., :r].float()
     a, b = rot.chunk(2, dim=-1)
-    out = rot * angle.cos() + torch.cat([-b, a], dim=-1) * angle.sin()
+    half = torch.cat([-b, a], dim=-1)  # rotate_half
+    out = (
+        rot * angle.cos() + half * angle.sin()
+        if forward
+        else rot * angle.cos() - half * angle.sin()
+    )
     return torch.cat([out, x[..., r:].float()], dim=-1)
+
+
+def rope_forward(x: torch.Tensor, freq: torch.Tensor, start: int) -> torch.Tensor:
+    """Keys x [..., T, D] stored at position 0 -> fp32, key i at position ``start + i``."""
+    return rope_rotate(x, freq, start, forward=True)
 
 
 def check_rope(batch: Any) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ...attention.rope import rope_rotate
 from ...errors import KVTunerError
 
 __all__ = ["KeyRope", "key_rope_of"]
@@ -29,24 +30,13 @@ class KeyRope:
             raise KVTunerError("pre_rope keys need a 1-D tensor of rotary frequencies")
         self.inv_freq = inv_freq.detach().float()
 
-    def _cos_sin(self, start: int, n: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-        pos = torch.arange(start, start + n, device=device, dtype=torch.float32)
-        angle = pos[:, None] * self.inv_freq.to(device)[None, :]  # [n, R/2]
-        angle = torch.cat([angle, angle], dim=-1)  # [n, R]: rotate_half pairs j and j + R/2
-        return angle.cos(), angle.sin()
-
     def rotate(self, x: torch.Tensor, start: int, *, forward: bool) -> torch.Tensor:
         """x [B, H, T, D] at positions start..start+T-1, rotated forward (as the model's RoPE)
         or back to position 0; computed in fp32, returned in x's dtype."""
         r = 2 * len(self.inv_freq)
         if r > x.shape[-1]:
             raise KVTunerError(f"rotary width {r} exceeds the keys' head_dim {x.shape[-1]}")
-        cos, sin = self._cos_sin(start, x.shape[-2], x.device)
-        rot = x[..., :r].float()
-        a, b = rot.chunk(2, dim=-1)
-        half = torch.cat([-b, a], dim=-1)  # rotate_half
-        out = rot * cos + half * sin if forward else rot * cos - half * sin
-        return torch.cat([out.to(x.dtype), x[..., r:]], dim=-1)
+        return rope_rotate(x, self.inv_freq, start, forward=forward).to(x.dtype)
 
 
 def _rotary_module(model: Any) -> Any:
