@@ -18,12 +18,12 @@ def format_profile(profile: Profile) -> str:
     lines = [
         f"model: {profile.model_id or '?'}  ({fp.architecture}, {fp.num_layers} layers, "
         f"{fp.num_kv_heads} KV heads, head_dim {fp.head_dim})  hash {profile.hash}",
-        f"{'layer':>5}  {'K':<26} {'V':<22} {'bytes/token':>11}",
+        f"{'layer':>5}  {'K':<30} {'V':<22} {'bytes/token':>11}",
     ]
     for s in profile.layers:
         nbytes = s.bytes_per_token(fp.num_kv_heads, fp.head_dim)
         k = s.k.short() + ("/smooth" if s.k_smooth is not None else "")
-        lines.append(f"{s.layer:>5}  {k:<26} {s.v.short():<22} {nbytes:>11.1f}")
+        lines.append(f"{s.layer:>5}  {k:<30} {s.v.short():<22} {nbytes:>11.1f}")
     lines.append(
         f"total: {profile.bytes_per_token:.1f} bytes/token "
         f"(fp16: {profile.fp16_bytes_per_token}), nominal {profile.nominal_bits:.3f} bits, "
