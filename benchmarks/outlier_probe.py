@@ -23,15 +23,12 @@ Prints a table, writes benchmarks/results/outlier_probe.json.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import torch
-from prerope_probe import summary
+from prerope_probe import evaluate, fp_reference, summary, write_results
 from sink_probe import fmt, specs_of
 
 from kvtuner.attention.rope import rope_rotate
@@ -39,7 +36,6 @@ from kvtuner.calibration import load_model
 from kvtuner.evaluation import load_eval_windows
 from kvtuner.quant import fake_quantize
 from kvtuner.quant.reference import rotate
-from kvtuner.runtime_loader.hf import make_cache
 from kvtuner.runtime_loader.hf.rope import key_rope_of
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,17 +79,8 @@ def patch(cache, model, frac_k: float, frac_v: float) -> None:
         layer.update = update
 
 
-@torch.inference_mode()
-def evaluate(model, ev, specs, fp_lp, frac_k: float, frac_v: float) -> dict:
-    out: dict[str, list[float]] = {"kl": [], "nll": []}
-    for i, row in enumerate(ev):
-        cache = make_cache(model, specs, residual_length=0)
-        patch(cache, model, frac_k, frac_v)
-        logits = model(row[None], past_key_values=cache, use_cache=True).logits.float()
-        lp = torch.log_softmax(logits, -1)
-        out["kl"].append(float((fp_lp[i].exp() * (fp_lp[i] - lp)).sum(-1).mean()))
-        out["nll"].append(float(-lp[0, :-1].gather(-1, row[1:, None]).sum()))
-    return out
+def outliers(model, frac_k: float, frac_v: float):
+    return lambda cache: patch(cache, model, frac_k, frac_v)
 
 
 def main() -> None:
@@ -107,40 +94,26 @@ def main() -> None:
     start = time.monotonic()
     model, tok = load_model("smollm2-135m", device="cpu", dtype="float32")
     ev = load_eval_windows(tok, num_windows=args.eval_windows).tokens
-    with torch.inference_mode():
-        fp_lp = [torch.log_softmax(model(r[None]).logits.float(), -1) for r in ev]
-    pairs = zip(fp_lp, ev, strict=True)
-    fp_nll = [float(-lp[0, :-1].gather(-1, r[1:, None]).sum()) for lp, r in pairs]
-    tokens = len(ev) * (ev.shape[1] - 1)
+    fp_lp, fp_nll, tokens = fp_reference(model, ev)
     print("| row | outliers in | f | +bits | KL | KL vs f=0 | Δppl % |")
     print("|---|---|---:|---:|---:|---:|---:|")
     rows = []
     for name in args.rows.split(","):
         specs = specs_of(name, model)
-        base = evaluate(model, ev, specs, fp_lp, 0.0, 0.0)
+        base = evaluate(model, ev, specs, fp_lp, outliers(model, 0.0, 0.0))
         variants = [("-", 0.0)] + [
             (side, float(f)) for side in args.sides.split(",") for f in args.fractions.split(",")
         ]
         for side, f in variants:
             fk, fv = (f if "k" in side else 0.0), (f if "v" in side else 0.0)
-            got = base if f == 0 else evaluate(model, ev, specs, fp_lp, fk, fv)
+            got = base if f == 0 else evaluate(model, ev, specs, fp_lp, outliers(model, fk, fv))
             s = summary(got, base, fp_nll, tokens)
             extra = OUTLIER_BITS * (fk + fv) / 2
             vs = fmt(s["kl_vs_post"]) if s["kl_vs_post"] else ""
             print(f"| {name} | {side} | {f:g} | {extra:.2f} | {s['kl']:.4f} | {vs} | "
                   f"{s['dppl_pct']:+.2f} |", flush=True)  # fmt: skip
             rows.append({"row": name, "side": side, "fraction": f, "extra_bits": extra, **s})
-    out = {
-        "command": "OMP_NUM_THREADS=1 python benchmarks/outlier_probe.py " + " ".join(sys.argv[1:]),
-        "machine": platform.processor() or platform.machine(),
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "windows": len(ev),
-        "wall_s": round(time.monotonic() - start, 1),
-        "rows": rows,
-    }
-    Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
-    print(f"wall {out['wall_s']} s -> {args.json}")
+    write_results(args.json, "outlier_probe.py", start, ev, rows)
 
 
 if __name__ == "__main__":

@@ -35,54 +35,53 @@ from pathlib import Path
 import torch
 from sink_probe import fmt, mean_se, paired_ratio, specs_of
 
+from kvtuner.attention.rope import rope_rotate
 from kvtuner.calibration import load_model
 from kvtuner.evaluation import load_eval_windows
 from kvtuner.runtime_loader.hf import make_cache
+from kvtuner.runtime_loader.hf.rope import key_rope_of
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results" / "prerope_probe.json"
 DEFAULT_ROWS = "u:kv16,u:kivi3,u:kivi-hadv-kv3,kivi-hadv-3bit,u:kivi4,kivi-4bit,u:k3v16,u:kv4"
 
 
-def rope_tables(model, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [n, D] of positions 0..n-1 with the model's own frequencies (rotate_half layout)."""
-    inv_freq = model.model.rotary_emb.inv_freq.float()  # [D/2]
-    angle = torch.arange(n, dtype=torch.float32)[:, None] * inv_freq[None, :]
-    angle = torch.cat([angle, angle], dim=-1)
-    return angle.cos(), angle.sin()
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat([-b, a], dim=-1)
-
-
-def patch(cache, cos: torch.Tensor, sin: torch.Tensor) -> None:
+def patch(cache, model) -> None:
     """Each layer stores its keys rotated back to position 0 and rotates them forward on read."""
-    for layer in cache.layers:
+    for i, layer in enumerate(cache.layers):
+        freq = key_rope_of(model, i).inv_freq
 
-        def update(k, v, *_a, _layer=layer, **_kw):
+        def update(k, v, *_a, _layer=layer, _freq=freq, **_kw):
             if _layer.is_initialized:
                 raise RuntimeError("the probe evaluates one prefill per cache")
             _layer.lazy_initialization(k, v)
-            c, s = cos[: k.shape[-2]].to(k.dtype), sin[: k.shape[-2]].to(k.dtype)
-            _layer.k.store(k * c - rotate_half(k) * s)
+            _layer.k.store(rope_rotate(k, _freq, 0, forward=False).to(k.dtype))
             _layer.v.store(v)
-            back = _layer.k.read(k.dtype)
+            back = rope_rotate(_layer.k.read(k.dtype), _freq, 0, forward=True)
             _layer.keys, _layer.values = _layer.k.tail, _layer.v.tail
-            return back * c + rotate_half(back) * s, _layer.v.read(v.dtype)
+            return back.to(k.dtype), _layer.v.read(v.dtype)
 
         layer.update = update
 
 
+def fp_reference(model, ev) -> tuple[list[torch.Tensor], list[float], int]:
+    """The fp model on the windows: log-probs per window, summed NLL per window, token count."""
+    with torch.inference_mode():
+        fp_lp = [torch.log_softmax(model(r[None]).logits.float(), -1) for r in ev]
+    pairs = zip(fp_lp, ev, strict=True)
+    fp_nll = [float(-lp[0, :-1].gather(-1, r[1:, None]).sum()) for lp, r in pairs]
+    return fp_lp, fp_nll, len(ev) * (ev.shape[1] - 1)
+
+
 @torch.inference_mode()
-def evaluate(model, ev, specs, fp_lp, tables) -> dict:
-    """Per window: mean KL(fp || quant) per position and summed NLL."""
+def evaluate(model, ev, specs, fp_lp, patcher=None) -> dict:
+    """Per window: mean KL(fp || quant) per position and summed NLL; ``patcher(cache)`` wraps
+    each window's fresh packed cache (None: the cache as it is)."""
     out: dict[str, list[float]] = {"kl": [], "nll": []}
     for i, row in enumerate(ev):
         cache = make_cache(model, specs, residual_length=0)
-        if tables is not None:
-            patch(cache, *tables)
+        if patcher is not None:
+            patcher(cache)
         logits = model(row[None], past_key_values=cache, use_cache=True).logits.float()
         lp = torch.log_softmax(logits, -1)
         out["kl"].append(float((fp_lp[i].exp() * (fp_lp[i] - lp)).sum(-1).mean()))
@@ -102,6 +101,22 @@ def summary(got: dict, base: dict, fp_nll: list[float], tokens: int) -> dict:
     }
 
 
+def write_results(path: str, script: str, start: float, ev, rows: list, **extra) -> None:
+    """The probe's JSON (command, machine, threads, windows, wall time, rows), then one line."""
+    out = {
+        "command": f"OMP_NUM_THREADS=1 python benchmarks/{script} " + " ".join(sys.argv[1:]),
+        "machine": platform.processor() or platform.machine(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "windows": len(ev),
+        **extra,
+        "wall_s": round(time.monotonic() - start, 1),
+        "rows": rows,
+    }
+    Path(path).write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wall {out['wall_s']} s -> {path}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--eval-windows", type=int, default=4)
@@ -111,35 +126,20 @@ def main() -> None:
     start = time.monotonic()
     model, tok = load_model("smollm2-135m", device="cpu", dtype="float32")
     ev = load_eval_windows(tok, num_windows=args.eval_windows).tokens
-    tables = rope_tables(model, ev.shape[1])
-    with torch.inference_mode():
-        fp_lp = [torch.log_softmax(model(r[None]).logits.float(), -1) for r in ev]
-    pairs = zip(fp_lp, ev, strict=True)
-    fp_nll = [float(-lp[0, :-1].gather(-1, r[1:, None]).sum()) for lp, r in pairs]
-    tokens = len(ev) * (ev.shape[1] - 1)
+    fp_lp, fp_nll, tokens = fp_reference(model, ev)
     print("| row | keys stored | KL | KL vs post-RoPE | Δppl % |\n|---|---|---:|---:|---:|")
     rows = []
     for name in args.rows.split(","):
         specs = specs_of(name, model)
         post = evaluate(model, ev, specs, fp_lp, None)
-        pre = evaluate(model, ev, specs, fp_lp, tables)
+        pre = evaluate(model, ev, specs, fp_lp, lambda cache: patch(cache, model))
         for where, got in (("post-RoPE", post), ("pre-RoPE", pre)):
             s = summary(got, post, fp_nll, tokens)
             vs = fmt(s["kl_vs_post"]) if s["kl_vs_post"] else ""
             print(f"| {name} | {where} | {s['kl']:.4f} | {vs} | {s['dppl_pct']:+.2f} |", flush=True)
             rows.append({"row": name, "keys": where, **s})
-    out = {
-        "command": "OMP_NUM_THREADS=1 python benchmarks/prerope_probe.py " + " ".join(sys.argv[1:]),
-        "machine": platform.processor() or platform.machine(),
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "windows": len(ev),
-        "fp_ppl": math.exp(sum(fp_nll) / tokens),
-        "wall_s": round(time.monotonic() - start, 1),
-        "rows": rows,
-    }
-    Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
-    print(f"wall {out['wall_s']} s -> {args.json}")
+    fp_ppl = math.exp(sum(fp_nll) / tokens)
+    write_results(args.json, "prerope_probe.py", start, ev, rows, fp_ppl=fp_ppl)
 
 
 if __name__ == "__main__":
