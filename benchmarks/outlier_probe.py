@@ -28,12 +28,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from prerope_probe import evaluate, fp_reference, summary, write_results
+from prerope_probe import evaluate, fp_reference, load_windows, summary, write_results
 from sink_probe import fmt, specs_of
 
 from kvtuner.attention.rope import rope_rotate
-from kvtuner.calibration import load_model
-from kvtuner.evaluation import load_eval_windows
 from kvtuner.quant import fake_quantize
 from kvtuner.quant.reference import rotate
 from kvtuner.runtime_loader.hf.rope import key_rope_of
@@ -92,8 +90,7 @@ def main() -> None:
     ap.add_argument("--json", default=str(OUT))
     args = ap.parse_args()
     start = time.monotonic()
-    model, tok = load_model("smollm2-135m", device="cpu", dtype="float32")
-    ev = load_eval_windows(tok, num_windows=args.eval_windows).tokens
+    model, ev = load_windows(args.eval_windows)
     fp_lp, fp_nll, tokens = fp_reference(model, ev)
     print("| row | outliers in | f | +bits | KL | KL vs f=0 | Δppl % |")
     print("|---|---|---:|---:|---:|---:|---:|")

@@ -64,6 +64,12 @@ def patch(cache, model) -> None:
         layer.update = update
 
 
+def load_windows(n: int):
+    """SmolLM2 in fp32 on CPU and the protocol's first ``n`` WikiText-2 test windows [n, 1024]."""
+    model, tok = load_model("smollm2-135m", device="cpu", dtype="float32")
+    return model, load_eval_windows(tok, num_windows=n).tokens
+
+
 def fp_reference(model, ev) -> tuple[list[torch.Tensor], list[float], int]:
     """The fp model on the windows: log-probs per window, summed NLL per window, token count."""
     with torch.inference_mode():
@@ -124,8 +130,7 @@ def main() -> None:
     ap.add_argument("--json", default=str(OUT))
     args = ap.parse_args()
     start = time.monotonic()
-    model, tok = load_model("smollm2-135m", device="cpu", dtype="float32")
-    ev = load_eval_windows(tok, num_windows=args.eval_windows).tokens
+    model, ev = load_windows(args.eval_windows)
     fp_lp, fp_nll, tokens = fp_reference(model, ev)
     print("| row | keys stored | KL | KL vs post-RoPE | Δppl % |\n|---|---|---:|---:|---:|")
     rows = []
