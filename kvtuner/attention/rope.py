@@ -16,14 +16,23 @@ from typing import Any
 
 import torch
 
-__all__ = ["check_rope", "kernel_rope", "rope_forward", "rope_rotate"]
+__all__ = ["check_rope", "kernel_rope", "rope_forward", "rope_rotate", "rope_rotate_at"]
 
 
 def rope_rotate(x: torch.Tensor, freq: torch.Tensor, start: int, *, forward: bool) -> torch.Tensor:
     """Keys x [..., T, D] at positions start..start+T-1 -> fp32, rotated forward (as the
     model's RoPE: key i stored at position 0 turns to ``start + i``) or back to position 0."""
+    pos = torch.arange(start, start + x.shape[-2], device=x.device)
+    return rope_rotate_at(x, freq, pos, forward=forward)
+
+
+def rope_rotate_at(
+    x: torch.Tensor, freq: torch.Tensor, positions: torch.Tensor, *, forward: bool
+) -> torch.Tensor:
+    """Keys x [..., T, D] at ``positions`` (int [T], any order: a paged pool's slots) -> fp32,
+    rotated forward to those positions or back to position 0."""
     r = 2 * freq.shape[0]
-    pos = torch.arange(start, start + x.shape[-2], device=x.device, dtype=torch.float32)
+    pos = positions.to(x.device, torch.float32)
     angle = pos[:, None] * freq.to(x.device, torch.float32)[None, :]  # [T, R/2]
     angle = torch.cat([angle, angle], dim=-1)  # [T, R]: pairs j and j + R/2 share an angle
     rot = x[..., :r].float()

@@ -3,14 +3,15 @@
 ``per-token``: token axis for both, keys Hadamard-rotated, group 32, asymmetric — what the
 SGLang pool quantizes at write time. ``per-token-g64``: the same with groups of 64 (half the
 scale/zero bytes: 4.5 instead of 5 effective bits at 4 bits, for serving capacity; more loss).
-``kivi``: channel-axis keys (groups of 32 tokens), token-axis values group 32 — HF runtime only.
+``kivi``: channel-axis keys (groups of 32 tokens), token-axis values group 32 (SGLang serves it
+with ``--page-size 32``).
 ``kivi-hadv``: ``kivi`` with Hadamard-rotated values (on SmolLM2 its searched profiles beat
 ``kivi``'s on held-out KL at 3 and 2.5 bits, not at 4: see docs/results.md, Search).
 ``per-token-smooth``: token axis for both, group 32, keys divided by calibrated per-channel
 smoothing factors λ (schema v3 profiles; servable by a write-time pool).
 ``kivi-prerope`` / ``kivi-prerope-hadv``: ``kivi`` / ``kivi-hadv`` with keys stored before
-RoPE (``pre_rope``, schema v4 profiles, HF runtime only): on SmolLM2 uniform K3/K4 channel
-keys lose 18–23 % less KL.
+RoPE (``pre_rope``, schema v4 profiles; SGLang with ``--page-size 32``): on SmolLM2 uniform
+K3/K4 channel keys lose 18–23 % less KL.
 A user JSON file gives ``{"name", "key", "value"}`` where key/value are QuantSpec fields without
 ``bits``, plus optionally ``"smooth_alpha"`` (key smoothing, α in (0, 1]). Bits 16 always mean
 "leave alone" (fp16).
@@ -44,7 +45,7 @@ class SearchPreset:
     name: str
     key: QuantSpec
     value: QuantSpec
-    servable_by_sglang: bool
+    servable_by_sglang: bool  # at any --page-size: token-axis sides, keys after RoPE
     smooth_alpha: float | None = None
     smoothing: tuple[KeySmoothing, ...] | None = None  # per layer, once calibrated
 

@@ -30,9 +30,9 @@ def _page_sizes(profile: Profile) -> set[int]:
 
 
 def _servable(profile: Profile) -> bool:
-    """One page size at most, and no pre-RoPE keys (the pool receives keys after RoPE)."""
-    prerope = any(spec.k.pre_rope for spec in profile.layers)
-    return len(_page_sizes(profile)) <= 1 and not prerope
+    """One page size at most, and pre-RoPE keys channel-axis only (what the pool serves)."""
+    token_prerope = any(s.k.pre_rope and s.k.axis == "token" for s in profile.layers)
+    return len(_page_sizes(profile)) <= 1 and not token_prerope
 
 
 def _page_size(profile: Profile) -> int | None:

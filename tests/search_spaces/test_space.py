@@ -70,7 +70,7 @@ def test_user_preset_file(tmp_path):
     assert preset.name == "g64sym" and preset.servable_by_sglang
     assert preset.layer_spec(0, 8, 4).k == QuantSpec(8, 64, symmetric=True)
     path.write_text(json.dumps({"key": {"pre_rope": True}, "value": {}}))
-    assert not load_preset(path).servable_by_sglang  # the pool receives keys after RoPE
+    assert not load_preset(path).servable_by_sglang  # the pool's pre-RoPE keys are KIVI only
     path.write_text(json.dumps({"key": {"axis": "sideways"}, "value": {}}))
     with pytest.raises(KVTunerError, match="axis"):
         load_preset(path)

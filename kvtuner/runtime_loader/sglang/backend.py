@@ -171,11 +171,14 @@ class KVTunerAttnBackend(AttentionBackend):
         return out.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
 
     def _stage(self, layer_id: int) -> dict[str, torch.Tensor]:
-        """Channel-axis keys: the pages still filling (fp) and each page's stage row."""
+        """Channel-axis keys: the pages still filling (fp) and each page's stage row; pre-RoPE
+        keys also the model's frequencies (a request's key t sits at position t)."""
         pages = self.pool.channel_keys(layer_id)
         if pages is None:
             return {}
-        return dict(k_stage=pages.stage, k_stage_rows=pages.stage_rows)
+        stage = dict(k_stage=pages.stage, k_stage_rows=pages.stage_rows)
+        freq = self.pool.rope_freq(layer_id)
+        return stage if freq is None else {**stage, "rope_freq": freq}
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
         attend = decode_attention

@@ -63,11 +63,12 @@ def cell_size_hook(original: Any, self: Any, kvc: Any, num_layers: int) -> int:
         profile, **shape, stage_pages=stage_pages(kvc.server_args)
     )
     logger.info(
-        "kvtuner: KV cell size %d B/token (packed %d + read scratch %d, %s reads) instead of "
-        "SGLang's %d B/token: %.2fx tokens for the same bytes",
+        "kvtuner: KV cell size %d B/token (packed %d + read scratch %d + pre-RoPE positions "
+        "%d, %s reads) instead of SGLang's %d B/token: %.2fx tokens for the same bytes",
         cell.total,
         cell.packed,
         cell.scratch,
+        cell.positions,
         mode,
         stock,
         stock / cell.total,

@@ -18,8 +18,11 @@ Storage:
   (``kvtuner.attention``'s ``k_stage`` / ``k_stage_rows``).
 
 Reads return a staged page's fp values as stored (a filling page is read unquantized, like
-KIVI's residual window) and a full page's dequantized block. Radix prefix sharing stays
-page-granular: a shared prefix is made of full pages, so it is read from ``blocks``.
+KIVI's residual window) and a full page's dequantized block. Pre-RoPE keys (``rope``, a
+:class:`.slot_rope.SlotRope`) are turned back to position 0 before they are staged, so stage
+and blocks both hold unrotated keys, and forward to their slots' positions on read.
+Radix prefix sharing stays page-granular: a shared prefix is made of full pages, so it is
+read from ``blocks``.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import torch
 
 from ...errors import KVTunerError
 from ...quant import QuantSpec, dequantize, quantize
+from .slot_rope import SlotRope
 
 __all__ = ["ChannelPages", "page_runs"]
 
@@ -60,9 +64,13 @@ class ChannelPages:
         stage_pages: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        rope: SlotRope | None = None,
     ) -> None:
         if spec.axis != "channel" or not spec.is_quantized:
             raise KVTunerError(f"ChannelPages stores quantized channel-axis specs, got {spec}")
+        if spec.pre_rope != (rope is not None):
+            raise KVTunerError(f"ChannelPages: a pre_rope spec needs slot positions, got {spec}")
+        self.rope = rope
         self.spec, self.page, self.head_dim, self.dtype = spec, spec.group_size, head_dim, dtype
         block = spec.block_bytes(head_dim)
         self.blocks = torch.zeros(pages, heads, block, dtype=torch.uint8, device=device)
@@ -84,6 +92,8 @@ class ChannelPages:
     # -- writes ----------------------------------------------------------------------------
     def write(self, loc: torch.Tensor, x: torch.Tensor) -> list[int]:
         """Store x [n, heads, D] at slots ``loc`` (int [n]); returns the pages packed now."""
+        if self.rope is not None:
+            x = self.rope.turn(loc, x, forward=False)
         x = x.to(self.dtype)
         full: list[torch.Tensor] = []  # [G, heads, D] per page packed now
         packed: list[int] = []
@@ -135,7 +145,12 @@ class ChannelPages:
     # -- reads -----------------------------------------------------------------------------
     def read(self, loc: torch.Tensor) -> torch.Tensor:
         """Values [n, heads, D] (model dtype) of slots ``loc`` (int [n])."""
-        loc = loc.long()
+        stored = self._read_stored(loc.long())
+        if self.rope is None:
+            return stored
+        return self.rope.turn(loc, stored, forward=True).to(self.dtype)
+
+    def _read_stored(self, loc: torch.Tensor) -> torch.Tensor:
         pages, pos = torch.div(loc, self.page, rounding_mode="floor"), loc % self.page
         rows = self._stage_rows(pages)
         if rows is None:

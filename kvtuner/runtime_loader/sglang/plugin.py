@@ -15,7 +15,8 @@ SGLang's ``HookRegistry``, applied by ``load_plugins()`` in the launcher and in 
 - ``KVCacheConfigurator._resolve_kv_pool_class`` (around): the MHA pool class becomes
   :class:`KVTunerMHATokenToKVPool` bound to the profile and the read mode; unsupported setups are
   refused here.
-- ``ModelRunner._forward_raw`` (before): tells the pool which slots the batch reads.
+- ``ModelRunner._forward_raw`` (before): tells the pool which slots the batch reads, and the
+  positions of the slots it writes (pre-RoPE keys, :mod:`.slot_rope`).
 - ``hybrid_pool_assembler._mha_host_inputs`` (around): with ``--enable-hierarchical-cache``,
   the host pool of a kvtuner pool is :class:`KVTunerMHATokenToKVPoolHost` (packed rows); on
   SGLang's CPU engine a stock pool gets :class:`CpuMHATokenToKVPoolHost` (:mod:`.host_transfers`).
@@ -217,9 +218,15 @@ def batch_read_slots(forward_batch: Any, req_to_token: torch.Tensor) -> torch.Te
     return table[keep].long()
 
 
-def _announce_reads(self: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> None:
+def _before_forward(self: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> None:
+    """Pre-RoPE keys learn the positions of the slots the batch writes; the lazy and scratch
+    read modes learn which slots it reads."""
     pools = kvtuner_sub_pools(getattr(self, "token_to_kv_pool", None))
-    if not pools or pools[0].read_mode == "packed":
+    if not pools:
+        return
+    for pool in pools:
+        pool.note_positions(self.model, forward_batch)
+    if pools[0].read_mode == "packed":
         return
     slots = batch_read_slots(forward_batch, self.req_to_token_pool.req_to_token)
     for pool in pools:  # a window sub-pool translates the full-pool slots itself
@@ -255,7 +262,7 @@ _HOOKS = (
         _allocator_cleared,
         "AFTER",
     ),
-    ("sglang.srt.model_executor.model_runner.ModelRunner._forward_raw", _announce_reads, "BEFORE"),
+    ("sglang.srt.model_executor.model_runner.ModelRunner._forward_raw", _before_forward, "BEFORE"),
     (
         "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler._mha_host_inputs",
         _host_pool_class_hook,

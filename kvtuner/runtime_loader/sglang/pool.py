@@ -23,7 +23,8 @@ torch reference, or the reference itself). Reads (``read_mode``, :mod:`.pool_rea
 
 Channel-axis (KIVI) sides (page size = their group size) are stored by :class:`ChannelPages`:
 ``uint8[pages, heads, block_bytes]`` (one channel-axis block per page) plus an fp staging area of
-``stage_pages`` filling pages; every read path above reads them through ``read_kv``.
+``stage_pages`` filling pages; every read path above reads them through ``read_kv``. Pre-RoPE
+channel-axis keys keep a per-slot position table (:mod:`.slot_rope`).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from .pool_reads import PoolReads
 from .pool_smoothing import PoolSmoothing
 from .pool_writes import PoolWrites
 from .sizing import READ_MODES, cell_size
+from .slot_rope import PoolRope
 from .support import check_profile_servable, pool_refusal
 from .tp_check import check_same_profile, sglang_rank_group
 from .view import DequantizedView
@@ -60,7 +62,9 @@ _PARENT_SIG = inspect.signature(MHATokenToKVPool.__init__)
 DEFAULT_STAGE_PAGES = 64  # pools built without the plugin (tests); the plugin sizes it
 
 
-class KVTunerMHATokenToKVPool(PoolReads, PoolWrites, PoolSmoothing, PoolChannels, MHATokenToKVPool):
+class KVTunerMHATokenToKVPool(
+    PoolReads, PoolWrites, PoolSmoothing, PoolChannels, PoolRope, MHATokenToKVPool
+):
     """``MHATokenToKVPool(*parent_args, profile=..., read_mode=..., tp_group=...)``.
 
     ``profile`` (a :class:`kvtuner.profile.Profile`, global layer indices) and ``read_mode``

@@ -13,8 +13,9 @@ __all__ = ["PoolChannels"]
 
 class PoolChannels:
     """Mixin of :class:`KVTunerMHATokenToKVPool`: channel-axis page stores. Needs ``_channel``
-    (per local layer: (K pages, V pages) or None), ``size``, ``page_size``, ``head_num``,
-    ``head_dim``, ``stage_pages``, ``dtype``, ``device``."""
+        (per local layer: (K pages, V pages) or None), ``size``, ``page_size``, ``head_num``,
+        ``head_dim``, ``stage_pages``, ``dtype``, ``device`` and, for pre-RoPE keys, ``_slot_rope``
+    (:class:`.slot_rope.PoolRope`)."""
 
     def _rows(self, spec) -> tuple[int, int, int]:
         return (self.size + self.page_size, self.head_num, spec.row_bytes(self.head_dim))
@@ -31,6 +32,7 @@ class PoolChannels:
             stage_pages=self.stage_pages,
             dtype=self.dtype,
             device=self.device,
+            rope=self._slot_rope() if spec.pre_rope else None,
         )
         return pages.blocks, pages
 

@@ -4,7 +4,7 @@ Per layer the pool stores one packed K row and one packed V row per (token, KV h
 "scratch" read mode (backends that need a real tensor) the pool also keeps one layer-sized
 dequantized K and V scratch in the model dtype (also per slot), charged here too so the pool never
 outgrows SGLang's memory budget; the "lazy" and "packed" (the kvtuner attention backend) read
-modes have no scratch: packed bytes only.
+modes have no scratch: packed bytes only. Pre-RoPE keys add a 4-byte position per slot.
 
 Channel-axis (KIVI) sides cost their block bytes amortized over the page's tokens, plus a fixed
 fp staging area (:func:`staging_bytes`: one page per request that may be filling one), which
@@ -20,6 +20,7 @@ from typing import Any
 
 from ...errors import KVTunerError
 from ...profile import Profile
+from .slot_rope import POSITION_BYTES
 
 __all__ = [
     "LAZY_BACKENDS",
@@ -59,18 +60,23 @@ def read_mode(server_args: Any) -> str:
 
 @dataclass(frozen=True)
 class CellSize:
-    """Per-token bytes of one rank: packed K/V rows, and the dequant scratch."""
+    """Per-token bytes of one rank: packed K/V rows, the dequant scratch, and the slot
+    position table of pre-RoPE keys (:mod:`.slot_rope`)."""
 
     packed: int
     scratch: int
+    positions: int = 0
 
     def __post_init__(self) -> None:
-        if self.packed <= 0 or self.scratch < 0:
-            raise KVTunerError(f"invalid cell size: packed={self.packed} scratch={self.scratch}")
+        if self.packed <= 0 or self.scratch < 0 or self.positions < 0:
+            raise KVTunerError(
+                f"invalid cell size: packed={self.packed} scratch={self.scratch} "
+                f"positions={self.positions}"
+            )
 
     @property
     def total(self) -> int:
-        return self.packed + self.scratch
+        return self.packed + self.scratch + self.positions
 
 
 def cell_size(
@@ -98,7 +104,8 @@ def cell_size(
         heads * (s.k.exact_bytes_per_token(d) + s.v.exact_bytes_per_token(d)) for s in layers
     )
     scratch = heads * 2 * d * dtype_bytes if read_mode == "scratch" else 0
-    return CellSize(packed=math.ceil(exact), scratch=scratch)
+    positions = POSITION_BYTES if any(s.k.pre_rope for s in layers) else 0
+    return CellSize(packed=math.ceil(exact), scratch=scratch, positions=positions)
 
 
 def _layers(profile: Profile, start_layer: int, num_layers: int):

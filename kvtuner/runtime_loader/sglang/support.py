@@ -1,6 +1,6 @@
 """What the v1 pool serves (plain MHA/GQA, token-axis specs, channel-axis specs whose group is the
-page, model-dtype KV) and the one-line refusals for the rest. Checked in the scheduler before any KV
-memory is sized.
+page, pre-RoPE channel-axis keys, model-dtype KV) and the one-line refusals for the rest. Checked
+in the scheduler before any KV memory is sized.
 
 Channel-axis (KIVI) specs are packed a page at a time (:mod:`.channel_pages`), so their group size
 must be SGLang's ``--page-size``, and the fp staging of filling pages is sized from
@@ -40,13 +40,13 @@ HICACHE_STORAGE_BACKENDS = (None, "file")
 def check_profile_servable(profile: Profile, page_size: int | None) -> None:
     """Token-axis specs are quantized token by token at write time; channel-axis specs a page
     at a time, so their group size must be the page size (``None``: SGLang's default, 1).
-    Pre-RoPE keys are refused."""
+    Pre-RoPE keys are served channel-axis only (:mod:`.slot_rope`)."""
     page_size = page_size or 1
     for spec in profile.layers:
-        if spec.k.pre_rope:
+        if spec.k.pre_rope and spec.k.axis != "channel":
             raise KVTunerError(
-                f"layer {spec.layer} K is stored pre-RoPE (pre_rope), which only the HF runtime "
-                "reads (the pool receives keys after RoPE); serve a profile without pre_rope"
+                f"layer {spec.layer} K is token-axis and stored pre-RoPE (pre_rope); the pool "
+                "serves pre-RoPE keys channel-axis (KIVI) only: serve a profile without it"
             )
         for name, qs in (("K", spec.k), ("V", spec.v)):
             if qs.axis == "channel" and qs.is_quantized and qs.group_size != page_size:

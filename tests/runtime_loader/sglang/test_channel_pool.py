@@ -192,11 +192,3 @@ def test_channel_axis_is_refused_where_its_pages_are_not_read(hicache, backend, 
         assert "--cuda-graph-backend-decode disabled" in channel_refusal(
             args, keys_only, decode_graphs="full"
         )
-
-
-def test_prerope_keys_are_refused_in_one_line():
-    profile = tiny_profile([(QuantSpec(4, G, axis="channel", pre_rope=True), QuantSpec(4, 32))] * 3,
-                           heads=HEADS, head_dim=D)  # fmt: skip
-    with pytest.raises(KVTunerError) as err:
-        pool_over(profile, SIZE, page_size=G, dtype=torch.float32)
-    assert "pre-RoPE" in str(err.value) and "\n" not in str(err.value)
