@@ -59,6 +59,7 @@ from .capacity import (
 from .cpu_groups import cpu_group_without_pynccl
 from .decode_cache import DEFAULT_DECODE_CACHE_TOKENS
 from .sizing import LAZY_BACKENDS, read_mode
+from .slot_rope import pre_rope_frequencies
 from .support import check_profile_servable, check_staging_bound
 from .swa_pool import kvtuner_sub_pools, swa_pool_init
 from .version import check_sglang_version
@@ -182,7 +183,11 @@ def _pool_class_hook(original: Any, self: Any, *, kind: str, default: type) -> t
             f"platform/layout selects {pool_cls.__name__}"
         )
     return KVTunerMHATokenToKVPool.bound(
-        profile, read_mode(self.server_args), decode_cache_tokens(), stage_pages(self.server_args)
+        profile,
+        read_mode(self.server_args),
+        decode_cache_tokens(),
+        stage_pages(self.server_args),
+        pre_rope_frequencies(profile, self.model),
     )
 
 

@@ -95,13 +95,16 @@ class KVTunerMHATokenToKVPool(
         read_mode: str = "scratch",
         decode_cache_tokens: int = DEFAULT_DECODE_CACHE_TOKENS,
         stage_pages: int = DEFAULT_STAGE_PAGES,
+        rope_freq: torch.Tensor | None = None,
     ) -> type[KVTunerMHATokenToKVPool]:
-        """Subclass with the constructor's kvtuner arguments preset, for SGLang's pool factory."""
+        """Subclass with the constructor's kvtuner arguments preset, for SGLang's pool factory
+        (``rope_freq``: the model's rotary frequencies, for pre-RoPE keys)."""
         attrs = {
             "bound_profile": profile,
             "bound_read_mode": read_mode,
             "bound_decode_cache_tokens": decode_cache_tokens,
             "bound_stage_pages": stage_pages,
+            "bound_rope_freq": rope_freq,
         }
         return type(cls.__name__, (cls,), {**attrs, "__module__": cls.__module__})
 

@@ -10,7 +10,8 @@ The positions come from SGLang itself: before each forward the plugin records
 (:class:`SlotRope`, int32 ``[size + page]``, 4 bytes per token, counted in the cell size). A slot
 keeps its position for as long as its K/V stay (radix prefix sharing reuses both together). The
 frequencies are the model's own (its SGLang ``RotaryEmbedding``: plain or Llama-3-style neox RoPE,
-checked against the module's cos/sin cache), bound at the first forward.
+checked against the module's cos/sin cache), read when SGLang picks the pool class (the model is
+loaded by then, so an unsupported RoPE stops start-up in one line).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 from ...attention.rope import rope_rotate_at
 from ...errors import KVTunerError
 
-__all__ = ["PoolRope", "SlotRope", "rotary_frequencies"]
+__all__ = ["PoolRope", "SlotRope", "pre_rope_frequencies", "rotary_frequencies"]
 
 POSITION_BYTES = 4  # int32 per slot
 
@@ -87,6 +88,13 @@ def rotary_frequencies(model: Any) -> torch.Tensor:
     return freq
 
 
+def pre_rope_frequencies(profile: Any, model: Any) -> torch.Tensor | None:
+    """The model's rotary frequencies when the profile stores keys pre-RoPE, else None."""
+    if not any(spec.k.pre_rope for spec in profile.layers):
+        return None
+    return rotary_frequencies(model)
+
+
 def _check_against_cache(freq: torch.Tensor, cache: torch.Tensor, name: str) -> None:
     """cos_sin_cache [positions, R] (cos | sin) must be cos/sin(p·freq) at its dtype's rounding:
     the module applies exactly these frequencies."""
@@ -104,13 +112,17 @@ def _check_against_cache(freq: torch.Tensor, cache: torch.Tensor, name: str) -> 
 
 class PoolRope:
     """Mixin of :class:`KVTunerMHATokenToKVPool`: the slot positions of pre-RoPE key sides.
-    ``_rope`` is None until a pre-RoPE side is created (:meth:`_slot_rope`)."""
+    ``_rope`` is None until a pre-RoPE side is created (:meth:`_slot_rope`); it starts bound to
+    ``bound_rope_freq`` (the plugin's), else binds the model's at the first forward."""
 
     _rope: SlotRope | None = None
+    bound_rope_freq: torch.Tensor | None = None
 
     def _slot_rope(self) -> SlotRope:
         if self._rope is None:
             self._rope = SlotRope(self.size + self.page_size, self.device)
+            if self.bound_rope_freq is not None:
+                self._rope.bind(self.bound_rope_freq)
         return self._rope
 
     @property

@@ -1,6 +1,7 @@
 """Channel-axis (KIVI) keys through the kvtuner backend: the kernels read the pool's pages (full
 pages' blocks, filling pages' staged fp values) and match SGLang's stock TorchNativeAttnBackend
-over the dequantized pool, with the real SGLang classes on CPU tensors (TRITON_INTERPRET)."""
+over the dequantized pool, with the real SGLang classes on CPU tensors (TRITON_INTERPRET).
+Pre-RoPE keys: the kernels turn every key tile (blocks and staged pages) by its position."""
 
 from __future__ import annotations
 
@@ -16,11 +17,14 @@ pytest.importorskip("sglang")
 
 G, HEADS, D, Q_HEADS, PAGES = 16, 2, 64, 8, 14
 SIZE = G * (PAGES - 1)
-SPECS = [  # KIVI keys with token-axis values, a symmetric 3-bit key, a per-token layer
+SPECS = [  # KIVI keys with token-axis values, a symmetric 3-bit key, a per-token layer, and
+    # KIVI keys stored before RoPE
     (QuantSpec(4, G, axis="channel"), QuantSpec(4, 32)),
     (QuantSpec(3, G, symmetric=True, axis="channel"), QuantSpec(8)),
     (QuantSpec(4), QuantSpec(2, symmetric=True)),
+    (QuantSpec(3, G, axis="channel", pre_rope=True), QuantSpec(4, 32)),
 ]
+FREQ = 1.0 / 10000 ** (torch.arange(0, D, 2).float() / D)
 ROWS = [3, 1, 6, 2]  # req_pool_indices: not in order
 PAGE_OF = [[2, 9, 5], [7], [1, 12], [4, 11, 3]]  # each request's pages, as the allocator hands
 
@@ -44,6 +48,7 @@ def parts():
 
     profile = tiny_profile(SPECS, heads=HEADS, head_dim=D)
     packed = pool_over(profile, SIZE, page_size=G, read_mode="packed")
+    packed._rope.bind(FREQ)  # what the plugin binds from the model before the first forward
     stock = MHATokenToKVPool(SIZE, page_size=G, dtype=torch.float32, head_num=HEADS,
                              head_dim=D, layer_num=len(SPECS), device="cpu",
                              enable_memory_saver=False)  # fmt: skip
@@ -54,8 +59,16 @@ def parts():
     return packed, stock, req_to_token
 
 
+class Positions:  # what the plugin reads from SGLang's ForwardBatch before a forward
+    def __init__(self, loc, positions):
+        self.out_cache_loc, self.positions = loc, positions
+
+
 def fill(packed, req_to_token, prefix, g):
     """Each request's prefix written in two chunks (a page may fill across them)."""
+    for row, n in zip(ROWS, prefix, strict=True):
+        loc = req_to_token.req_to_token[row, :n].long()
+        packed.note_positions(None, Positions(loc, torch.arange(n)))
     for layer_id in range(len(SPECS)):
         for row, n in zip(ROWS, prefix, strict=True):
             loc = req_to_token.req_to_token[row, :n].long()
@@ -95,6 +108,8 @@ def test_kivi_keys_match_torch_native_over_the_dequantized_pool(parts, mode):
     )
     fill(packed, req_to_token, prefix, g)
     fb = forward_batch(mode, prefix, new, req_to_token)
+    at = torch.cat([torch.arange(p, p + n) for p, n in zip(prefix, new, strict=True)])
+    packed.note_positions(None, Positions(fb.out_cache_loc, at))
     ours, theirs = (KVTunerAttnBackend(runner(packed, req_to_token)),
                     TorchNativeAttnBackend(runner(stock, req_to_token)))  # fmt: skip
     ours.init_forward_metadata(fb)

@@ -29,8 +29,13 @@ SPECS = [(KEY, QuantSpec(4, 32)), (QuantSpec(4, G, axis="channel"), QuantSpec(4,
 FREQ = 1.0 / 10000 ** (torch.arange(0, D, 2).float() / D)  # llama's inv_freq, head_dim D
 
 
-def make_pool(**kw):
-    return pool_over(tiny_profile(SPECS, heads=HEADS, head_dim=D), SIZE, page_size=G, **kw)
+def make_pool(rope_freq=FREQ, **kw):
+    """The pool class as the plugin binds it: with the model's frequencies (None: unbound)."""
+    from kvtuner.runtime_loader.sglang.pool import KVTunerMHATokenToKVPool
+
+    profile = tiny_profile(SPECS, heads=HEADS, head_dim=D)
+    cls = KVTunerMHATokenToKVPool.bound(profile, "lazy", rope_freq=rope_freq)
+    return pool_over(profile, SIZE, cls=cls, page_size=G, **kw)
 
 
 class Batch:  # what the plugin reads from SGLang's ForwardBatch before a forward
@@ -58,7 +63,6 @@ def write(pool, slots, positions, keys, values, splits):
 def written():
     """A request of 40 tokens at positions 100..139 over pages 5, 2 and 7 (7 still filling)."""
     pool = make_pool()
-    pool._rope.bind(FREQ)  # the plugin binds the model's frequencies at the first forward
     slots, positions = request_slots([5, 2, 7], 40), torch.arange(100, 140)
     g = torch.Generator().manual_seed(0)
     plain = torch.randn(40, HEADS, D, generator=g) * 2  # the keys before RoPE
@@ -89,7 +93,6 @@ def test_reads_turn_the_keys_forward_to_their_positions(written):
 
 def test_a_request_sharing_the_prefix_reads_it_at_the_prefix_positions():
     pool = make_pool()
-    pool._rope.bind(FREQ)
     shared, tail = request_slots([3, 4], 32), request_slots([6], 4)
     plain = torch.randn(36, HEADS, D, generator=torch.Generator().manual_seed(1))
     keys = turn(plain, torch.arange(36), True)
@@ -112,7 +115,7 @@ def test_cell_size_counts_a_position_per_slot():
 
 
 def test_writes_before_the_frequencies_are_bound_fail_in_one_line():
-    pool = make_pool()
+    pool = make_pool(rope_freq=None)
     with pytest.raises(KVTunerError) as err:
         pool.set_kv_buffer(Layer(0), torch.tensor([G]), torch.ones(1, HEADS, D),
                            torch.ones(1, HEADS, D))  # fmt: skip
