@@ -32,8 +32,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--preset",
         default="per-token",
-        help="per-token, per-token-g64 or per-token-smooth (SGLang-servable), kivi, kivi-hadv "
-        "or kivi-prerope-hadv (pre-RoPE keys, HF only) or a JSON file of specs",
+        help="per-token, per-token-g64 or per-token-smooth (SGLang-servable at any page size), "
+        "kivi, kivi-hadv, kivi-prerope or kivi-prerope-hadv (channel-axis keys, the last two "
+        "stored pre-RoPE; SGLang with --page-size 32) or a JSON file of specs",
     )
     add_bits_argument(
         p,

@@ -1,4 +1,5 @@
-"""Pool-facing quantizer ops: quantize-and-scatter into slots, gather-and-dequantize from slots.
+"""Pool-facing quantizer ops: quantize-and-scatter into slots, gather-and-dequantize from slots,
+pack full channel-axis pages.
 
 A paged KV pool stores one packed row per (slot, head): ``buffer: uint8[num_slots, heads, R]``
 with ``R = spec.row_bytes(head_dim)``. CUDA tensors take the Triton kernels; CPU tensors take
@@ -80,3 +81,17 @@ def quantize_rows(x: torch.Tensor, spec: QuantSpec, *, kernel: bool | None = Non
     loc = torch.arange(flat.shape[0], device=x.device)
     triton_scatter_quantized(rows, loc, flat, spec)
     return rows.view(*x.shape[:-1], rows.shape[-1])
+
+
+def pack_channel_pages(
+    blocks: torch.Tensor, pages: torch.Tensor, x: torch.Tensor, spec: QuantSpec
+) -> None:
+    """``blocks[pages] = quantize(x.transpose(1, 2), spec).squeeze(2)``: full pages x
+    [P, G, heads, D] of a channel-axis spec into ``blocks: uint8[pages, heads, block_bytes]``
+    (the pool's KIVI pages). CUDA: one Triton launch (Hadamard rotation with G >= 16)."""
+    if _use_triton(blocks) and not (spec.rotation == "hadamard" and spec.group_size < 16):
+        from .triton_channel import triton_pack_channel_pages
+
+        triton_pack_channel_pages(blocks, pages, x, spec)
+        return
+    blocks[pages.long()] = quantize(x.transpose(1, 2), spec).squeeze(2)

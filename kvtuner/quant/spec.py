@@ -27,10 +27,11 @@ class QuantSpec:
     axis: "token" (the only axis a paged pool can quantize at write time) or "channel".
     rotation: "hadamard" rotates each head_dim vector by an orthonormal Hadamard matrix before
         quantizing (undone on dequantize); spreads outlier channels over the whole group.
-    pre_rope: keys only, HF runtime only (profile schema v4). The runtime rotates each key back
-        to position 0 with the model's rotary frequencies before quantizing and forward again on
-        read (exact: a rotation), so a channel keeps one scale along the tokens instead of
-        swinging with the position (KVQuant's pre-RoPE keys; pays for channel-axis keys).
+    pre_rope: keys only (profile schema v4; the SGLang pool serves it channel-axis only). The
+        runtime rotates each key back to position 0 with the model's rotary frequencies before
+        quantizing and forward again on read (exact: a rotation), so a channel keeps one scale
+        along the tokens instead of swinging with the position (KVQuant's pre-RoPE keys; pays
+        for channel-axis keys).
     """
 
     bits: int

@@ -99,3 +99,16 @@ def test_decode_sized_write_and_read_are_one_launch(spec):
     loc = torch.randperm(4096, device="cuda")[:64]
     assert _kernel_launches(lambda: scatter_quantized(buf, loc, k, spec)) == 1
     assert _kernel_launches(lambda: gather_dequantized(buf, loc, spec, 128, torch.bfloat16)) == 1
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_channel_pages_equal_the_cpu_reference(bits, dtype):
+    from kvtuner.quant.ops import pack_channel_pages
+
+    spec = QuantSpec(bits, 32, axis="channel")
+    x = _inputs(4 * 32, 128, dtype).reshape(4, 32, HEADS, 128)  # 4 full pages
+    pages = torch.tensor([5, 0, 9, 2])
+    blocks = torch.zeros(10, HEADS, spec.block_bytes(128), dtype=torch.uint8, device="cuda")
+    pack_channel_pages(blocks, pages.cuda(), x.cuda(), spec)  # one Triton launch
+    assert torch.equal(blocks[pages.cuda()].cpu(), quantize(x.transpose(1, 2), spec).squeeze(2))

@@ -4,7 +4,8 @@ With SGLang's ``--page-size`` equal to the spec's ``group_size`` G, page ``p`` h
 ``p*G .. p*G+G-1`` of one request, filled in order. Its keys are quantized per channel (groups run
 along the page's G tokens) once the page is full, into the format's channel-axis block
 (``kvtuner.quant.quantize`` on ``[heads, G, D]``: G code rows, then D scales, then D zeros),
-the same bytes the HF cache packs.
+the same bytes the HF cache packs; ``quant.ops.pack_channel_pages`` writes them (one Triton
+launch per write on CUDA).
 
 Storage:
 - ``blocks``: uint8 ``[pages, heads, block_bytes]``, the packed blocks of full pages (the pool's
@@ -27,10 +28,13 @@ read from ``blocks``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from ...errors import KVTunerError
-from ...quant import QuantSpec, dequantize, quantize
+from ...quant import QuantSpec, dequantize
+from ...quant.ops import pack_channel_pages
 from .slot_rope import SlotRope
 
 __all__ = ["ChannelPages", "page_runs"]
@@ -65,12 +69,13 @@ class ChannelPages:
         dtype: torch.dtype,
         device: torch.device | str,
         rope: SlotRope | None = None,
+        packer: Callable[..., None] = pack_channel_pages,
     ) -> None:
         if spec.axis != "channel" or not spec.is_quantized:
             raise KVTunerError(f"ChannelPages stores quantized channel-axis specs, got {spec}")
         if spec.pre_rope != (rope is not None):
             raise KVTunerError(f"ChannelPages: a pre_rope spec needs slot positions, got {spec}")
-        self.rope = rope
+        self.rope, self.packer = rope, packer  # packer(blocks, pages, x [P, G, heads, D], spec)
         self.spec, self.page, self.head_dim, self.dtype = spec, spec.group_size, head_dim, dtype
         block = spec.block_bytes(head_dim)
         self.blocks = torch.zeros(pages, heads, block, dtype=torch.uint8, device=device)
@@ -110,9 +115,8 @@ class ChannelPages:
                 packed.append(page)
                 filled.append(page)
         if packed:
-            tokens = torch.stack(full).transpose(1, 2)  # [P, heads, G, D]
             index = torch.tensor(packed, dtype=torch.long, device=self.blocks.device)
-            self.blocks[index] = quantize(tokens, self.spec).squeeze(2)
+            self.packer(self.blocks, index, torch.stack(full), self.spec)  # [P, G, heads, D]
         self.release(filled)
         return packed
 

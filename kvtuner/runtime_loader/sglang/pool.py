@@ -40,6 +40,7 @@ from sglang.srt.mem_cache.memory_pool import KvBufferDesc, MHATokenToKVPool
 from ...errors import KVTunerError
 from ...profile import Profile
 from ...quant import gather_dequantized, scatter_quantized
+from ...quant.ops import pack_channel_pages
 from .batch_reads import BatchReads
 from .decode_cache import DEFAULT_DECODE_CACHE_TOKENS, DecodeCache
 from .kv_pair import pair_spec
@@ -87,6 +88,7 @@ class KVTunerMHATokenToKVPool(
     # the quantizer ops (Triton on CUDA, torch on CPU); tests swap in the interpreted kernels
     scatter = staticmethod(scatter_quantized)
     gather = staticmethod(gather_dequantized)
+    pack_pages = staticmethod(pack_channel_pages)  # full channel-axis (KIVI) pages
 
     @classmethod
     def bound(

@@ -13,9 +13,9 @@ __all__ = ["PoolChannels"]
 
 class PoolChannels:
     """Mixin of :class:`KVTunerMHATokenToKVPool`: channel-axis page stores. Needs ``_channel``
-        (per local layer: (K pages, V pages) or None), ``size``, ``page_size``, ``head_num``,
-        ``head_dim``, ``stage_pages``, ``dtype``, ``device`` and, for pre-RoPE keys, ``_slot_rope``
-    (:class:`.slot_rope.PoolRope`)."""
+    (per local layer: (K pages, V pages) or None), ``size``, ``page_size``, ``head_num``,
+    ``head_dim``, ``stage_pages``, ``dtype``, ``device``, ``pack_pages`` (the page packer)
+    and, for pre-RoPE keys, ``_slot_rope`` (:class:`.slot_rope.PoolRope`)."""
 
     def _rows(self, spec) -> tuple[int, int, int]:
         return (self.size + self.page_size, self.head_num, spec.row_bytes(self.head_dim))
@@ -33,6 +33,7 @@ class PoolChannels:
             dtype=self.dtype,
             device=self.device,
             rope=self._slot_rope() if spec.pre_rope else None,
+            packer=self.pack_pages,
         )
         return pages.blocks, pages
 

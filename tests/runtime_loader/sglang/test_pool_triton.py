@@ -77,3 +77,42 @@ def test_triton_pool_equals_torch_pool(kernels):
             torch_pool.get_kv_buffer(layer), triton_pool.get_kv_buffer(layer), strict=True
         ):
             assert torch.equal(a, b)
+
+
+def test_triton_page_packer_equals_the_torch_one(kernels):
+    """KIVI pages (and pre-RoPE ones) packed by the channel kernel: the pool's bytes and reads
+    equal the torch path's, page by page as writes fill them."""
+    from kvtuner.runtime_loader.sglang.pool import KVTunerMHATokenToKVPool
+
+    channel = importlib.import_module("kvtuner.quant.triton_channel")
+    if type(channel._pack_kernel).__name__ != "InterpretedFunction":
+        channel = importlib.reload(channel)  # imported before TRITON_INTERPRET was set
+    packer = channel.triton_pack_channel_pages
+
+    class TritonPages(KVTunerMHATokenToKVPool):
+        pack_pages = staticmethod(packer)
+
+    g, freq = 16, 1.0 / 10000 ** (torch.arange(0, D, 2).float() / D)
+    specs = [
+        (QuantSpec(4, g, axis="channel"), QuantSpec(4, 32)),
+        (QuantSpec(3, g, axis="channel", pre_rope=True), QuantSpec(2, 16, axis="channel")),
+    ]
+    profile = tiny_profile(specs, heads=HEADS, head_dim=D)
+    pools = [
+        pool_over(profile, 4 * g, cls=cls.bound(profile, "lazy", rope_freq=freq), page_size=g)
+        for cls in (KVTunerMHATokenToKVPool, TritonPages)
+    ]
+    slots = torch.cat([torch.arange(p * g, p * g + g) for p in (3, 1, 4)])[:40]
+    x = torch.randn(40, HEADS, D, generator=torch.Generator().manual_seed(2))
+    for pool in pools:
+        pool._rope.note(slots, torch.arange(40))
+        for start, n in ((0, 20), (20, 1), (21, 19)):
+            for layer in range(len(specs)):
+                part = slots[start : start + n]
+                pool.set_kv_buffer(Layer(layer), part, x[start : start + n], -x[start : start + n])
+    ours, theirs = pools
+    for a, b in zip(ours.k_buffer + ours.v_buffer, theirs.k_buffer + theirs.v_buffer, strict=True):
+        assert torch.equal(a, b)
+    for layer in range(len(specs)):
+        for a, b in zip(ours.read_kv(layer, slots), theirs.read_kv(layer, slots), strict=True):
+            assert torch.equal(a, b)

@@ -1,0 +1,133 @@
+"""Triton kernel for channel-axis (KIVI) blocks, beside its launcher: the pool's page packing.
+
+``triton_pack_channel_pages``: ``blocks[pages] = quantize(x, spec)`` for x ``[P, G, heads, D]``
+(P full pages of G tokens, G = the spec's group size), one program per (page, head). The
+program holds the page's [G, D] tile, takes each channel's min/max (or absmax) over the G
+tokens, and writes the format's channel-axis block: G code rows of the token-axis bit stream
+(``store_codes``), then D fp16 scales, then D fp16 zeros. The bytes equal :mod:`.reference`
+exactly, with the same rules as :mod:`.triton_kernels` (IEEE division, no FMA contraction,
+half-up rounding, directed fp16 metadata, a non-finite value poisons its channel: NaN metadata,
+zero codes). The Hadamard rotation (``rotation="hadamard"``) is a [G, D] x [D, D] ``tl.dot``
+on the tile, so it needs G >= 16.
+
+Importing this module imports triton: set ``TRITON_INTERPRET=1`` before that to run it on CPU
+tensors (tests).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .reference import hadamard
+from .spec import QuantSpec
+from .triton_codes import fp16_directed, store_codes, store_fp16
+from .triton_kernels import _rotated, interpreted
+
+__all__ = ["triton_pack_channel_pages"]
+
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@triton.jit
+def _pack_kernel(
+    x_ptr, pages_ptr, blk_ptr, h_ptr, heads, stride_xp, stride_xt, stride_xh, stride_bp,
+    stride_bh, D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr, SYMMETRIC: tl.constexpr,
+    NW_PAD: tl.constexpr, ROTATE: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    page, head = pid // heads, pid % heads
+    NW: tl.constexpr = D // 8
+    NB: tl.constexpr = NW * BITS  # code bytes of one token row
+    QMAX: tl.constexpr = (1 << BITS) - 1
+    HALF: tl.constexpr = (1 << (BITS - 1)) - 1
+    t = tl.arange(0, G)
+    w = tl.arange(0, NW_PAD)
+    e = w[:, None] * 8 + tl.arange(0, 8)[None, :]  # [NW_PAD, 8] channel index
+    src = x_ptr + page.to(tl.int64) * stride_xp + head.to(tl.int64) * stride_xh
+    mask = (t[:, None, None] >= 0) & (e < D)[None]
+    x = tl.load(src + t[:, None, None] * stride_xt + e[None], mask=mask, other=0.0)
+    x = x.to(tl.float32)  # [G, NW_PAD, 8]
+    if ROTATE:
+        x = _rotated(x, h_ptr, D)
+    finite = (x == x) & (tl.abs(x) < float("inf"))
+    safe = tl.where(finite, x, 0.0)
+    bad = tl.max(tl.where(finite, 0, 1), 0)  # [NW_PAD, 8]: a non-finite token poisons
+    slot = tl.load(pages_ptr + page).to(tl.int64)
+    dst = blk_ptr + slot * stride_bp + head.to(tl.int64) * stride_bh
+    meta = dst + G * NB + 2 * e  # [NW_PAD, 8] fp16 scale slots, zeros 2·D bytes on
+    meta_ok = e < D
+    if SYMMETRIC:
+        scale = fp16_directed(tl.max(tl.abs(safe), 0), True)
+        ok = (bad == 0) & (scale < float("inf"))
+        step = tl.where(scale > 0, scale, 1.0)[None]
+        ratio = tl.where(scale[None] > 0, tl.math.div_rn(safe, step), 0.0)
+        q = tl.floor(ratio * HALF + 0.5) + HALF
+        q = tl.minimum(tl.maximum(q, 0.0), 2.0 * HALF)
+    else:
+        zero = fp16_directed(tl.min(safe, 0), False)
+        scale = fp16_directed(tl.math.div_rn(tl.max(safe, 0) - zero, QMAX * 1.0), True)
+        ok = (bad == 0) & (tl.abs(zero) < float("inf")) & (scale < float("inf"))
+        store_fp16(meta + 2 * D, zero, ok, meta_ok)
+        step = tl.where(scale > 0, scale, 1.0)[None]
+        q = tl.floor(tl.math.div_rn(safe - zero[None], step) + 0.5)
+        q = tl.minimum(tl.maximum(q, 0.0), QMAX * 1.0)
+    store_fp16(meta, scale, ok, meta_ok)
+    q = tl.where(ok[None], q, 0.0).to(tl.int32)
+    store_codes(dst + t.to(tl.int64) * NB, q, t >= 0, NB, BITS)
+
+
+def _check(blocks: torch.Tensor, pages: torch.Tensor, x: torch.Tensor, spec: QuantSpec) -> None:
+    if not isinstance(spec, QuantSpec) or spec.axis != "channel" or not spec.is_quantized:
+        raise ValueError(f"the channel kernel takes a quantized channel-axis spec, got {spec!r}")
+    if spec.rotation == "hadamard" and spec.group_size < 16:
+        raise ValueError(f"the kernel rotates [G, D] tiles with tl.dot: G >= 16, got {spec}")
+    if x.dim() != 4 or x.dtype not in _FLOATS or x.shape[1] != spec.group_size:
+        raise ValueError(
+            f"x must be fp16/bf16/fp32 [pages, G={spec.group_size}, heads, D], got {x.dtype} "
+            f"{tuple(x.shape)}"
+        )
+    d = x.shape[3]
+    spec.check_head_dim(d)
+    if blocks.dtype != torch.uint8 or blocks.dim() != 3 or blocks.stride(2) != 1:
+        raise ValueError(
+            f"blocks must be uint8 [pages, heads, block_bytes] with contiguous blocks, got "
+            f"{blocks.dtype} {tuple(blocks.shape)} strides {blocks.stride()}"
+        )
+    if blocks.shape[1:] != (x.shape[2], spec.block_bytes(d)):
+        raise ValueError(
+            f"blocks must be [pages, {x.shape[2]}, {spec.block_bytes(d)}] for {spec.short()} at "
+            f"head_dim {d}, got {tuple(blocks.shape)}"
+        )
+    if pages.dim() != 1 or pages.dtype not in (torch.int32, torch.int64) or len(pages) != len(x):
+        raise ValueError(f"pages must be int32/int64 [{len(x)}], got {pages.dtype} {pages.shape}")
+    if len({blocks.device, pages.device, x.device}) != 1:
+        raise ValueError("blocks, pages and x must be on one device")
+    if not blocks.is_cuda and not interpreted():
+        raise ValueError(
+            "Triton kernels need CUDA tensors; for CPU tensors set TRITON_INTERPRET=1 before "
+            "triton is first imported in this process"
+        )
+
+
+def triton_pack_channel_pages(
+    blocks: torch.Tensor, pages: torch.Tensor, x: torch.Tensor, spec: QuantSpec
+) -> None:
+    """``blocks[pages] = quantize(x.transpose(1, 2), spec).squeeze(2)``: x [P, G, heads, D]
+    (any strides but a contiguous last dim; a copy otherwise), one launch of P·heads programs;
+    other pages stay untouched."""
+    _check(blocks, pages, x, spec)
+    if len(pages) == 0:
+        return
+    if x.stride(3) != 1:
+        x = x.contiguous()
+    d, rotate = x.shape[3], spec.rotation == "hadamard"
+    grid = (x.shape[0] * x.shape[2],)
+    h = hadamard(d, blocks.device) if rotate else blocks  # unread without rotation
+    _pack_kernel[grid](
+        x, pages, blocks, h, x.shape[2], x.stride(0), x.stride(1), x.stride(2),
+        blocks.stride(0), blocks.stride(1), D=d, G=spec.group_size, BITS=spec.bits,
+        SYMMETRIC=spec.symmetric, NW_PAD=triton.next_power_of_2(d // 8), ROTATE=rotate,
+        enable_fp_fusion=False,
+    )  # fmt: skip
