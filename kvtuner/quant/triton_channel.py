@@ -22,7 +22,7 @@ import triton.language as tl
 
 from .reference import hadamard
 from .spec import QuantSpec
-from .triton_codes import fp16_directed, store_codes, store_fp16
+from .triton_codes import grid_codes, store_codes, store_fp16
 from .triton_kernels import _rotated, interpreted
 
 __all__ = ["triton_pack_channel_pages"]
@@ -40,8 +40,6 @@ def _pack_kernel(
     page, head = pid // heads, pid % heads
     NW: tl.constexpr = D // 8
     NB: tl.constexpr = NW * BITS  # code bytes of one token row
-    QMAX: tl.constexpr = (1 << BITS) - 1
-    HALF: tl.constexpr = (1 << (BITS - 1)) - 1
     t = tl.arange(0, G)
     w = tl.arange(0, NW_PAD)
     e = w[:, None] * 8 + tl.arange(0, 8)[None, :]  # [NW_PAD, 8] channel index
@@ -51,30 +49,15 @@ def _pack_kernel(
     x = x.to(tl.float32)  # [G, NW_PAD, 8]
     if ROTATE:
         x = _rotated(x, h_ptr, D)
-    finite = (x == x) & (tl.abs(x) < float("inf"))
-    safe = tl.where(finite, x, 0.0)
-    bad = tl.max(tl.where(finite, 0, 1), 0)  # [NW_PAD, 8]: a non-finite token poisons
+    q, scale, zero, ok = grid_codes(x, 0, BITS, SYMMETRIC)  # scale, zero, ok: [NW_PAD, 8]
     slot = tl.load(pages_ptr + page).to(tl.int64)
     dst = blk_ptr + slot * stride_bp + head.to(tl.int64) * stride_bh
     meta = dst + G * NB + 2 * e  # [NW_PAD, 8] fp16 scale slots, zeros 2·D bytes on
     meta_ok = e < D
-    if SYMMETRIC:
-        scale = fp16_directed(tl.max(tl.abs(safe), 0), True)
-        ok = (bad == 0) & (scale < float("inf"))
-        step = tl.where(scale > 0, scale, 1.0)[None]
-        ratio = tl.where(scale[None] > 0, tl.math.div_rn(safe, step), 0.0)
-        q = tl.floor(ratio * HALF + 0.5) + HALF
-        q = tl.minimum(tl.maximum(q, 0.0), 2.0 * HALF)
-    else:
-        zero = fp16_directed(tl.min(safe, 0), False)
-        scale = fp16_directed(tl.math.div_rn(tl.max(safe, 0) - zero, QMAX * 1.0), True)
-        ok = (bad == 0) & (tl.abs(zero) < float("inf")) & (scale < float("inf"))
+    if not SYMMETRIC:
         store_fp16(meta + 2 * D, zero, ok, meta_ok)
-        step = tl.where(scale > 0, scale, 1.0)[None]
-        q = tl.floor(tl.math.div_rn(safe - zero[None], step) + 0.5)
-        q = tl.minimum(tl.maximum(q, 0.0), QMAX * 1.0)
     store_fp16(meta, scale, ok, meta_ok)
-    q = tl.where(ok[None], q, 0.0).to(tl.int32)
+    q = q.to(tl.int32)
     store_codes(dst + t.to(tl.int64) * NB, q, t >= 0, NB, BITS)
 
 

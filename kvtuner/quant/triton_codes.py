@@ -12,6 +12,7 @@ import triton.language as tl
 __all__ = [
     "NAN_FP16",
     "fp16_directed",
+    "grid_codes",
     "load_code_ints",
     "load_codes",
     "load_fp16",
@@ -39,6 +40,35 @@ def fp16_directed(v, UP: tl.constexpr):
     bits = tl.where(wrong, nxt, bits)
     out = bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
     return tl.where(out == 0.0, 0.0, out)
+
+
+@triton.jit
+def grid_codes(x, AXIS: tl.constexpr, BITS: tl.constexpr, SYMMETRIC: tl.constexpr):
+    """Groups of fp32 ``x`` running along ``AXIS`` on the reference's grid (``_group_grid``):
+    codes (fp32 holding integers, x's shape), fp16-exact scale and zero (zero = scale when
+    symmetric: unused) and ``ok``. A non-finite input, or metadata beyond fp16, poisons its
+    group: not ok, codes 0."""
+    QMAX: tl.constexpr = (1 << BITS) - 1
+    HALF: tl.constexpr = (1 << (BITS - 1)) - 1
+    finite = (x == x) & (tl.abs(x) < float("inf"))
+    safe = tl.where(finite, x, 0.0)
+    bad = tl.max(tl.where(finite, 0, 1), AXIS)
+    if SYMMETRIC:
+        scale = fp16_directed(tl.max(tl.abs(safe), AXIS), True)
+        zero = scale
+        ok = (bad == 0) & (scale < float("inf"))
+        step = tl.expand_dims(tl.where(scale > 0, scale, 1.0), AXIS)
+        ratio = tl.where(tl.expand_dims(scale, AXIS) > 0, tl.math.div_rn(safe, step), 0.0)
+        q = tl.floor(ratio * HALF + 0.5) + HALF
+        q = tl.minimum(tl.maximum(q, 0.0), 2.0 * HALF)
+    else:
+        zero = fp16_directed(tl.min(safe, AXIS), False)
+        scale = fp16_directed(tl.math.div_rn(tl.max(safe, AXIS) - zero, QMAX * 1.0), True)
+        ok = (bad == 0) & (tl.abs(zero) < float("inf")) & (scale < float("inf"))
+        step = tl.expand_dims(tl.where(scale > 0, scale, 1.0), AXIS)
+        q = tl.floor(tl.math.div_rn(safe - tl.expand_dims(zero, AXIS), step) + 0.5)
+        q = tl.minimum(tl.maximum(q, 0.0), QMAX * 1.0)
+    return tl.where(tl.expand_dims(ok, AXIS), q, 0.0), scale, zero, ok
 
 
 @triton.jit

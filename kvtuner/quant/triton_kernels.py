@@ -26,7 +26,7 @@ import triton.language as tl
 
 from .reference import hadamard
 from .spec import QuantSpec
-from .triton_codes import NAN_FP16, fp16_directed, load_codes, load_fp16, store_codes, store_fp16
+from .triton_codes import NAN_FP16, grid_codes, load_codes, load_fp16, store_codes, store_fp16
 
 __all__ = ["interpreted", "triton_gather_dequantized", "triton_scatter_quantized"]
 
@@ -86,8 +86,6 @@ def _scatter_kernel(
     NB: tl.constexpr = NW * BITS  # code bytes per row
     NG: tl.constexpr = D // G
     NG_PAD: tl.constexpr = NW_PAD * 8 // G  # groups of the padded tile (extra ones not stored)
-    QMAX: tl.constexpr = (1 << BITS) - 1
-    HALF: tl.constexpr = (1 << (BITS - 1)) - 1
     w = tl.arange(0, NW_PAD)
     e = w[:, None] * 8 + tl.arange(0, 8)[None, :]  # [NW_PAD, 8] element index inside the row
     mask = row_ok[:, None, None] & (w < NW)[None, :, None]
@@ -97,29 +95,14 @@ def _scatter_kernel(
     if ROTATE:
         x = _rotated(x, h_ptr, D)
     x = tl.reshape(x, [BLOCK, NG_PAD, G])  # the same elements, one group per middle index
-    finite = (x == x) & (tl.abs(x) < float("inf"))
-    safe = tl.where(finite, x, 0.0)
-    bad = tl.max(tl.where(finite, 0, 1), 2)  # [BLOCK, NG_PAD]: a non-finite input poisons
+    q, scale, zero, ok = grid_codes(x, 2, BITS, SYMMETRIC)  # scale, zero, ok: [BLOCK, NG_PAD]
     g = tl.arange(0, NG_PAD)
     meta = dst[:, None] + NB + 2 * g[None, :]  # [BLOCK, NG_PAD] fp16 scale slots
     meta_ok = row_ok[:, None] & (g < NG)[None, :]
-    if SYMMETRIC:
-        scale = fp16_directed(tl.max(tl.abs(safe), 2), True)
-        ok = (bad == 0) & (scale < float("inf"))
-        step = tl.where(scale > 0, scale, 1.0)[:, :, None]
-        ratio = tl.where(scale[:, :, None] > 0, tl.math.div_rn(safe, step), 0.0)
-        q = tl.floor(ratio * HALF + 0.5) + HALF
-        q = tl.minimum(tl.maximum(q, 0.0), 2.0 * HALF)
-    else:
-        zero = fp16_directed(tl.min(safe, 2), False)
-        scale = fp16_directed(tl.math.div_rn(tl.max(safe, 2) - zero, QMAX * 1.0), True)
-        ok = (bad == 0) & (tl.abs(zero) < float("inf")) & (scale < float("inf"))
+    if not SYMMETRIC:
         store_fp16(meta + 2 * NG, zero, ok, meta_ok)
-        step = tl.where(scale > 0, scale, 1.0)[:, :, None]
-        q = tl.floor(tl.math.div_rn(safe - zero[:, :, None], step) + 0.5)
-        q = tl.minimum(tl.maximum(q, 0.0), QMAX * 1.0)
     store_fp16(meta, scale, ok, meta_ok)
-    q = tl.where(ok[:, :, None], q, 0.0).to(tl.int32)
+    q = q.to(tl.int32)
     store_codes(dst, tl.reshape(q, [BLOCK, NW_PAD, 8]), row_ok, NB, BITS)
 
 
