@@ -14,10 +14,11 @@ correctness.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
-__all__ = ["BatchReads"]
+__all__ = ["BatchReads", "batch_read_slots"]
 
 ReadKV = Callable[[int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
@@ -55,3 +56,16 @@ class BatchReads:
                 self._last = (s, n)
                 return self._kv[0 if which == "k" else 1][s : s + n]
         return None
+
+
+def batch_read_slots(forward_batch: Any, req_to_token: torch.Tensor) -> torch.Tensor:
+    """Slot ids a forward batch's attention reads: ``req_to_token[r, :seq_len]`` of every
+    request (int64 [sum(seq_lens)]). The lengths are the device ``seq_lens`` the attention
+    backends index with (``seq_lens_cpu`` can lag behind them under overlap scheduling)."""
+    seq_lens, rows = forward_batch.seq_lens, forward_batch.req_pool_indices
+    if rows is None or seq_lens is None or seq_lens.numel() == 0:
+        return torch.empty(0, dtype=torch.int64, device=req_to_token.device)
+    max_len = int(seq_lens.max())
+    table = req_to_token[rows, :max_len]  # [bs, max_len]
+    keep = torch.arange(max_len, device=table.device)[None, :] < seq_lens[:, None]
+    return table[keep].long()

@@ -47,6 +47,7 @@ from ...errors import KVTunerError
 from ...profile import ModelFingerprint
 from .activation import ENV_VAR, activate, active_profile
 from .backend_choice import choose_packed_backend, register_backend, skip_fused_kv_writes
+from .batch_reads import batch_read_slots
 from .capacity import (
     cell_size_hook,
     full_cell_hook,
@@ -208,19 +209,6 @@ def _host_pool_class_hook(original: Any, *args: Any, **kwargs: Any) -> tuple:
         host_cls = CpuMHATokenToKVPoolHost
     logger.info("kvtuner: HiCache host pool %s", host_cls.__name__)
     return host_cls, info, host_kwargs
-
-
-def batch_read_slots(forward_batch: Any, req_to_token: torch.Tensor) -> torch.Tensor:
-    """Slot ids a forward batch's attention reads: ``req_to_token[r, :seq_len]`` of every
-    request (int64 [sum(seq_lens)]). The lengths are the device ``seq_lens`` the attention
-    backends index with (``seq_lens_cpu`` can lag behind them under overlap scheduling)."""
-    seq_lens, rows = forward_batch.seq_lens, forward_batch.req_pool_indices
-    if rows is None or seq_lens is None or seq_lens.numel() == 0:
-        return torch.empty(0, dtype=torch.int64, device=req_to_token.device)
-    max_len = int(seq_lens.max())
-    table = req_to_token[rows, :max_len]  # [bs, max_len]
-    keep = torch.arange(max_len, device=table.device)[None, :] < seq_lens[:, None]
-    return table[keep].long()
 
 
 def _before_forward(self: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> None:
