@@ -86,8 +86,8 @@ def test_running_pool_is_ours_with_the_predicted_bytes_and_capacity(server, prof
         profile, heads=3, start_layer=0, num_layers=30, dtype_bytes=4, read_mode="lazy"
     )
     sizing = re.search(
-        r"kvtuner: KV cell size (\d+) B/token \(packed (\d+) \+ read scratch (\d+), lazy reads\)"
-        r" instead of SGLang's (\d+) B/token",
+        r"kvtuner: KV cell size (\d+) B/token \(packed (\d+) \+ read scratch (\d+) \+ pre-RoPE "
+        r"positions 0, lazy reads\) instead of SGLang's (\d+) B/token",
         log,
     )
     assert sizing and int(sizing[1]) == cell.total == cell.packed == int(sizing[2])
