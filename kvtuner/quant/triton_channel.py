@@ -22,8 +22,8 @@ import triton.language as tl
 
 from .reference import hadamard
 from .spec import QuantSpec
-from .triton_codes import grid_codes, store_codes, store_fp16
-from .triton_kernels import _rotated, interpreted
+from .triton_codes import grid_codes, hadamard_tile, store_codes, store_fp16
+from .triton_kernels import interpreted
 
 __all__ = ["triton_pack_channel_pages"]
 
@@ -48,7 +48,7 @@ def _pack_kernel(
     x = tl.load(src + t[:, None, None] * stride_xt + e[None], mask=mask, other=0.0)
     x = x.to(tl.float32)  # [G, NW_PAD, 8]
     if ROTATE:
-        x = _rotated(x, h_ptr, D)
+        x = hadamard_tile(x, h_ptr, D)
     q, scale, zero, ok = grid_codes(x, 0, BITS, SYMMETRIC)  # scale, zero, ok: [NW_PAD, 8]
     slot = tl.load(pages_ptr + page).to(tl.int64)
     dst = blk_ptr + slot * stride_bp + head.to(tl.int64) * stride_bh

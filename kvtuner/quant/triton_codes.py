@@ -13,6 +13,7 @@ __all__ = [
     "NAN_FP16",
     "fp16_directed",
     "grid_codes",
+    "hadamard_tile",
     "load_code_ints",
     "load_codes",
     "load_fp16",
@@ -69,6 +70,17 @@ def grid_codes(x, AXIS: tl.constexpr, BITS: tl.constexpr, SYMMETRIC: tl.constexp
         q = tl.floor(tl.math.div_rn(safe - tl.expand_dims(zero, AXIS), step) + 0.5)
         q = tl.minimum(tl.maximum(q, 0.0), QMAX * 1.0)
     return tl.where(tl.expand_dims(ok, AXIS), q, 0.0), scale, zero, ok
+
+
+@triton.jit
+def hadamard_tile(t, h_ptr, D: tl.constexpr):
+    """t fp32 [BLOCK, D/8, 8] times the Hadamard matrix at ``h_ptr`` (fp32 [D, D], D a power of
+    two): one [BLOCK, D] x [D, D] ``tl.dot`` in IEEE fp32 (no TF32), as the reference's x @ H."""
+    BLOCK: tl.constexpr = t.shape[0]
+    i = tl.arange(0, D)
+    h = tl.load(h_ptr + i[:, None] * D + i[None, :])
+    out = tl.dot(tl.reshape(t, [BLOCK, D]), h, input_precision="ieee")
+    return tl.reshape(out, [BLOCK, D // 8, 8])
 
 
 @triton.jit

@@ -26,7 +26,15 @@ import triton.language as tl
 
 from .reference import hadamard
 from .spec import QuantSpec
-from .triton_codes import NAN_FP16, grid_codes, load_codes, load_fp16, store_codes, store_fp16
+from .triton_codes import (
+    NAN_FP16,
+    grid_codes,
+    hadamard_tile,
+    load_codes,
+    load_fp16,
+    store_codes,
+    store_fp16,
+)
 
 __all__ = ["interpreted", "triton_gather_dequantized", "triton_scatter_quantized"]
 
@@ -43,17 +51,6 @@ def _store_out(ptr, v, mask, OUT_BF16: tl.constexpr):
         tl.store(ptr, tl.where(v != v, 0x7FC0, rounded).to(tl.int16), mask=mask)
     else:
         tl.store(ptr, v.to(ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _rotated(t, h_ptr, D: tl.constexpr):
-    """t fp32 [BLOCK, D/8, 8] times the Hadamard matrix at ``h_ptr`` (fp32 [D, D], D a power of
-    two): one [BLOCK, D] x [D, D] ``tl.dot`` in IEEE fp32 (no TF32), as the reference's x @ H."""
-    BLOCK: tl.constexpr = t.shape[0]
-    i = tl.arange(0, D)
-    h = tl.load(h_ptr + i[:, None] * D + i[None, :])
-    out = tl.dot(tl.reshape(t, [BLOCK, D]), h, input_precision="ieee")
-    return tl.reshape(out, [BLOCK, D // 8, 8])
 
 
 @triton.jit
@@ -93,7 +90,7 @@ def _scatter_kernel(
     x = tl.load(x_ptr + at[:, None, None] + e[None], mask=mask, other=0.0)
     x = x.to(tl.float32)  # [BLOCK, NW_PAD, 8]
     if ROTATE:
-        x = _rotated(x, h_ptr, D)
+        x = hadamard_tile(x, h_ptr, D)
     x = tl.reshape(x, [BLOCK, NG_PAD, G])  # the same elements, one group per middle index
     q, scale, zero, ok = grid_codes(x, 2, BITS, SYMMETRIC)  # scale, zero, ok: [BLOCK, NG_PAD]
     g = tl.arange(0, NG_PAD)
@@ -134,7 +131,7 @@ def _gather_kernel(
         out = load_fp16(meta + 2 * NG, meta_ok)[:, :, None] + q * scale
     out = tl.reshape(out, [BLOCK, NW_PAD, 8])
     if ROTATE:  # undo the rotation: H is its own inverse
-        out = _rotated(out, h_ptr, D)
+        out = hadamard_tile(out, h_ptr, D)
     mask = row_ok[:, None, None] & (w < NW)[None, :, None]
     _store_out(out_ptr + rows[:, None, None] * D + e[None], out, mask, OUT_BF16)
 

@@ -9,11 +9,10 @@ import os
 os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported in this process
 
 import importlib  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from fresh_process import pass_in_fresh_process  # noqa: E402
 
 from kvtuner.quant import QuantSpec, quantize  # noqa: E402
 
@@ -42,14 +41,8 @@ def tc():
 if TC is None:
 
     def test_in_fresh_process():
-        run = subprocess.run(
-            [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider"],
-            env={**os.environ, "TRITON_INTERPRET": "1"},
-            capture_output=True,
-            text=True,
-            timeout=1200,
-        )
-        assert run.returncode == 0, run.stdout[-4000:]
+        """Run this module where TRITON_INTERPRET=1 is set before triton is imported."""
+        pass_in_fresh_process(__file__)
 
 
 def _pages(spec: QuantSpec, d: int, dtype=torch.float32) -> torch.Tensor:

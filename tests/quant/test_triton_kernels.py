@@ -23,6 +23,7 @@ import hypothesis.extra.numpy as hnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from fresh_process import pass_in_fresh_process  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from test_golden import GOLDEN, X  # noqa: E402  (tests/quant is on sys.path)
@@ -58,14 +59,7 @@ if TK is None:
 
     def test_in_fresh_process():
         """Run this module where TRITON_INTERPRET=1 is set before triton is imported."""
-        res = subprocess.run(
-            [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider"],
-            env={**os.environ, "TRITON_INTERPRET": "1"},
-            capture_output=True,
-            text=True,
-            timeout=1200,
-        )
-        assert res.returncode == 0, res.stdout[-4000:]
+        pass_in_fresh_process(__file__)
 
 
 def _cases():

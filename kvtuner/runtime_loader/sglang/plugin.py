@@ -218,7 +218,7 @@ def _before_forward(self: Any, forward_batch: Any, *args: Any, **kwargs: Any) ->
     if not pools:
         return
     for pool in pools:
-        pool.note_positions(self.model, forward_batch)
+        pool.note_positions(forward_batch)
     if pools[0].read_mode == "packed":
         return
     slots = batch_read_slots(forward_batch, self.req_to_token_pool.req_to_token)

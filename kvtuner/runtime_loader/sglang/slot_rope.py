@@ -57,7 +57,7 @@ class SlotRope:
         if self.freq is None:
             raise KVTunerError(
                 "pre-RoPE keys were written or read before the model's rotary frequencies "
-                "were bound (the plugin binds them before the first forward)"
+                "were bound (the plugin binds them when it picks the pool class)"
             )
         if 2 * self.freq.shape[0] > x.shape[-1]:
             raise KVTunerError(f"rotary width {2 * self.freq.shape[0]} exceeds head_dim")
@@ -112,8 +112,9 @@ def _check_against_cache(freq: torch.Tensor, cache: torch.Tensor, name: str) -> 
 
 class PoolRope:
     """Mixin of :class:`KVTunerMHATokenToKVPool`: the slot positions of pre-RoPE key sides.
-    ``_rope`` is None until a pre-RoPE side is created (:meth:`_slot_rope`); it starts bound to
-    ``bound_rope_freq`` (the plugin's), else binds the model's at the first forward."""
+    ``_rope`` is None until a pre-RoPE side is created (:meth:`_slot_rope`); it is bound to
+    ``bound_rope_freq``, the model's frequencies the plugin reads when it picks the pool class
+    (unbound, a write or read is a one-line error)."""
 
     _rope: SlotRope | None = None
     bound_rope_freq: torch.Tensor | None = None
@@ -125,21 +126,11 @@ class PoolRope:
                 self._rope.bind(self.bound_rope_freq)
         return self._rope
 
-    @property
-    def has_pre_rope_keys(self) -> bool:
-        return self._rope is not None
-
-    def note_positions(self, model: Any, forward_batch: Any) -> None:
-        """Before a forward: bind the model's frequencies once, then record the positions of
-        the slots the batch writes."""
-        rope = self._rope
-        if rope is None:
-            return
-        if rope.freq is None:
-            rope.bind(rotary_frequencies(model))
+    def note_positions(self, forward_batch: Any) -> None:
+        """Before a forward: record the positions of the slots the batch writes."""
         loc, positions = forward_batch.out_cache_loc, forward_batch.positions
-        if loc is not None and positions is not None and loc.numel():
-            rope.note(loc, positions)
+        if self._rope is not None and loc is not None and positions is not None and loc.numel():
+            self._rope.note(loc, positions)
 
     def rope_freq(self, layer_id: int) -> torch.Tensor | None:
         """fp32 [R/2] for a layer whose keys are stored pre-RoPE (the kernels' ``rope_freq``)."""

@@ -68,7 +68,7 @@ def fill(packed, req_to_token, prefix, g):
     """Each request's prefix written in two chunks (a page may fill across them)."""
     for row, n in zip(ROWS, prefix, strict=True):
         loc = req_to_token.req_to_token[row, :n].long()
-        packed.note_positions(None, Positions(loc, torch.arange(n)))
+        packed.note_positions(Positions(loc, torch.arange(n)))
     for layer_id in range(len(SPECS)):
         for row, n in zip(ROWS, prefix, strict=True):
             loc = req_to_token.req_to_token[row, :n].long()
@@ -109,7 +109,7 @@ def test_kivi_keys_match_torch_native_over_the_dequantized_pool(parts, mode):
     fill(packed, req_to_token, prefix, g)
     fb = forward_batch(mode, prefix, new, req_to_token)
     at = torch.cat([torch.arange(p, p + n) for p, n in zip(prefix, new, strict=True)])
-    packed.note_positions(None, Positions(fb.out_cache_loc, at))
+    packed.note_positions(Positions(fb.out_cache_loc, at))
     ours, theirs = (KVTunerAttnBackend(runner(packed, req_to_token)),
                     TorchNativeAttnBackend(runner(stock, req_to_token)))  # fmt: skip
     ours.init_forward_metadata(fb)

@@ -53,7 +53,7 @@ def write(pool, slots, positions, keys, values, splits):
     start = 0
     for n in splits:
         part = slice(start, start + n)
-        pool.note_positions(None, Batch(slots[part], positions[part]))
+        pool.note_positions(Batch(slots[part], positions[part]))
         for layer in range(len(SPECS)):
             pool.set_kv_buffer(Layer(layer), slots[part], keys[part], values[part])
         start += n
@@ -122,7 +122,7 @@ def test_writes_before_the_frequencies_are_bound_fail_in_one_line():
     assert "rotary frequencies" in str(err.value) and "\n" not in str(err.value)
     pool._rope.bind(FREQ)
     with pytest.raises(KVTunerError, match="one position per written slot"):
-        pool.note_positions(None, Batch(torch.tensor([G]), torch.zeros(3, 1)))
+        pool.note_positions(Batch(torch.tensor([G]), torch.zeros(3, 1)))
 
 
 def test_token_axis_prerope_keys_are_refused_in_one_line():
