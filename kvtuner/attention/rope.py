@@ -16,7 +16,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["check_rope", "kernel_rope", "rope_forward", "rope_rotate", "rope_rotate_at"]
+__all__ = [
+    "check_rope",
+    "kernel_rope",
+    "rope_forward",
+    "rope_in_kernel",
+    "rope_rotate",
+    "rope_rotate_at",
+]
 
 
 def rope_rotate(x: torch.Tensor, freq: torch.Tensor, start: int, *, forward: bool) -> torch.Tensor:
@@ -76,6 +83,13 @@ def check_rope(batch: Any) -> None:
         raise ValueError(f"rope_offset must be an int >= 0 or an int32 tensor, got {off!r}")
 
 
+def rope_in_kernel(half: int, k_spec: Any, *, smoothed: bool) -> bool:
+    """Whether the kernel can rotate pre-RoPE keys per tile: a power-of-two rotary width
+    (``half`` = R/2 frequencies), keys neither Hadamard-rotated nor smoothed."""
+    hadamard = k_spec.is_quantized and k_spec.rotation == "hadamard"
+    return not half & (half - 1) and not hadamard and not smoothed
+
+
 def kernel_rope(batch: Any) -> tuple[torch.Tensor, torch.Tensor, int]:
     """(freq, offsets int32 [B], R/2) as the kernel takes them; R/2 = 0 without pre-RoPE keys
     (the two pointers then unused). The kernel's own limits: R a power of two (it splits a
@@ -85,8 +99,7 @@ def kernel_rope(batch: Any) -> tuple[torch.Tensor, torch.Tensor, int]:
     if freq is None:
         return batch.lengths, batch.lengths, 0
     half = freq.shape[0]
-    hadamard = spec.is_quantized and spec.rotation == "hadamard"
-    if half & (half - 1) or hadamard or batch.k_smooth is not None:
+    if not rope_in_kernel(half, spec, smoothed=batch.k_smooth is not None):
         raise ValueError(
             f"the fused kernel rotates pre-RoPE keys of a power-of-two rotary width R, neither "
             f"Hadamard-rotated nor smoothed; got R = {2 * half}, {spec.short()}, "

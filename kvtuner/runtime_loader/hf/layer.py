@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicLayer
 
+from ...attention.rope import rope_in_kernel
 from ...profile import LayerSpec
 from .attention import KernelDispatch, tag
 from .rope import KeyRope
@@ -85,8 +86,7 @@ class KVTunerLayer(DynamicLayer):
         the keys themselves, not on their Hadamard transform)."""
         if self.rope is None:
             return True
-        half, k = len(self.rope.inv_freq), self.spec.k
-        return not half & (half - 1) and not (k.is_quantized and k.rotation == "hadamard")
+        return rope_in_kernel(len(self.rope.inv_freq), self.spec.k, smoothed=False)
 
     def attend(
         self, q: torch.Tensor, *, starts: torch.Tensor | None, sm_scale: float | None
