@@ -21,6 +21,7 @@ COMMANDS = (
     "import_kvtuner",
     "eval",
     "serve",
+    "vllm_args",
     "generate",
 )
 
