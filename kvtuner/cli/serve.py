@@ -27,7 +27,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..runtime_loader.sglang.version import check_sglang_version
+    from ..runtime_loader.sglang.hooks.version import check_sglang_version
 
     check_sglang_version()  # one line and exit 2 when sglang is missing or unsupported
     argv = [sys.executable, "-m", LAUNCHER, *args.sglang_args]
