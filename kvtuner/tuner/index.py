@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import KVTunerError
 from ..profile import Profile, load_profile, write_json_atomic
-from ..runtime_loader.sglang.sizing import channel_sides
+from ..profile.channel_sides import channel_sides
 
 __all__ = ["build_index", "main", "write_index"]
 
