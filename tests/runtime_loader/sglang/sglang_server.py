@@ -46,10 +46,10 @@ def gemma3_hf_dir() -> Path:
 def qwen25_hf_dir() -> Path:
     """Qwen2.5-Coder-0.5B-Instruct (the qwen2.5-0.5b alias's GGUF) exported once to an HF
     folder (bf16)."""
+    from kvtuner.calibration.hf_export import export_hf
     from kvtuner.calibration.qwen25_package import qwen25_gguf
-    from kvtuner.calibration.hf_export import export_gguf_to_hf
 
-    return export_gguf_to_hf(qwen25_gguf(), CACHE / "qwen2.5-coder-0.5b-instruct-hf")
+    return export_hf(qwen25_gguf(), CACHE / "qwen2.5-coder-0.5b-instruct-hf").path
 
 
 def cpu_env(**extra: str) -> dict[str, str]:
