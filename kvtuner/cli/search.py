@@ -18,7 +18,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "objective is the measured KL vs fp of whole configurations, and write the best "
         "profile that fits the budget.",
     )
-    p.add_argument("--model", required=True, help="hub id, local dir, .gguf or smollm2-135m")
+    p.add_argument(
+        "--model",
+        required=True,
+        help="hub id, local dir, .gguf, or alias: smollm2-135m, qwen2.5-0.5b, gemma3-270m",
+    )
     p.add_argument(
         "--budget",
         help="nominal bits like 4bit / 3.5bits, or bytes vs fp16 like 0.30x (required, except "

@@ -59,6 +59,7 @@ from .capacity import (
 )
 from .cpu_groups import cpu_group_without_pynccl
 from .decode_cache import DEFAULT_DECODE_CACHE_TOKENS
+from .hook_check import check_hooks, check_private_names
 from .sizing import LAZY_BACKENDS, read_mode
 from .slot_rope import pre_rope_frequencies
 from .support import check_profile_servable, check_staging_bound
@@ -80,6 +81,7 @@ __all__ = [
 FLAG = "--kvtuner-profile"
 CACHE_ENV_VAR = "KVTUNER_DECODE_CACHE_TOKENS"
 _registered = False
+_proven = False
 
 
 def _die(exc: KVTunerError) -> None:
@@ -99,6 +101,11 @@ def decode_cache_tokens() -> int:
 
 # -- launcher side ---------------------------------------------------------------------------
 def _add_flag(result: Any, parser: Any) -> None:
+    if _flag_requested():  # the launcher, after SGLang applied the plugins' hooks
+        try:
+            prove_hooks()
+        except KVTunerError as exc:
+            _die(exc)
     group = parser.add_argument_group("kvtuner")
     group.add_argument(
         FLAG,
@@ -130,6 +137,7 @@ def _take_flag(server_args: Any, cls: Any, args: Any) -> None:
     if path is None:
         return
     try:
+        prove_hooks()
         decode_cache_tokens()
         activate(path)
         profile = active_profile()
@@ -174,6 +182,7 @@ def _pool_class_hook(original: Any, self: Any, *, kind: str, default: type) -> t
     profile = scheduler_profile(self)
     if profile is None or kind != "mha":
         return pool_cls
+    prove_hooks()  # a scheduler process: its own SGLang modules, hooked by its load_plugins
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
     from .pool import KVTunerMHATokenToKVPool
@@ -278,6 +287,16 @@ def _flag_requested() -> bool:
     return bool(os.environ.get(ENV_VAR)) or any(
         a == FLAG or a.startswith(FLAG + "=") for a in sys.argv
     )
+
+
+def prove_hooks() -> None:
+    """Every hook of :data:`_HOOKS` took and every private name kvtuner reads exists (once per
+    process; :mod:`.hook_check`)."""
+    global _proven
+    if not _proven:
+        check_hooks(_HOOKS)
+        check_private_names()
+        _proven = True
 
 
 def register() -> None:
