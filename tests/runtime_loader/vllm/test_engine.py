@@ -35,13 +35,19 @@ def smollm2_dir() -> Path:
     return smollm2_hf_dir()
 
 
-@pytest.fixture(scope="module")
-def report() -> dict:
+def engine_env() -> dict[str, str]:
+    """The engine's process: 1 GiB of KV space, one thread, kvtuner importable."""
     path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(KV_GIB), "OMP_NUM_THREADS": "1",
            "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",  # collective_rpc of a reporting function
            "PYTHONPATH": path}  # fmt: skip
     env.pop("TRITON_INTERPRET", None)
+    return env
+
+
+@pytest.fixture(scope="module")
+def report() -> dict:
+    env = engine_env()
     cmd = [sys.executable, str(HERE / "vllm_engine.py"), str(smollm2_dir()), str(PROFILE)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

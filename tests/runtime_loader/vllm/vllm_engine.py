@@ -8,7 +8,9 @@ for the KV cache (VLLM_CPU_KVCACHE_SPACE) and ``get_kv_cache_configs`` sizes the
 the fp8 cache itself needs AVX-512/AMX on CPU (vLLM's CPU fp8 kernels), which is why this stops
 at the config: that is where vLLM decides each layer's storage and the token capacity.
 
-usage: python vllm_engine.py MODEL_DIR PROFILE.json
+usage: python vllm_engine.py MODEL_DIR PROFILE.json            (the KV cache report)
+       python vllm_engine.py MODEL_DIR PROFILE.json IDS.json   (greedy tokens per prompt; needs
+       a CPU with AVX-512/AMX or a GPU: vLLM's fp8 KV attention)
 """
 
 from __future__ import annotations
@@ -83,5 +85,22 @@ def engine_report(model_dir: str, profile_path: str) -> dict:
         executor.shutdown()
 
 
+def served_tokens(model_dir: str, profile_path: str, ids_path: str, new_tokens: int = 48):
+    """Greedy continuations of the prompts (token ids) in ``ids_path`` by vLLM with the profile."""
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from kvtuner.runtime_loader.vllm import engine_kwargs
+
+    llm = LLM(model=model_dir, enforce_eager=True, max_model_len=1024,
+              **engine_kwargs(profile_path, model=model_dir))  # fmt: skip
+    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in json.loads(Path(ids_path).read_text())]
+    params = SamplingParams(temperature=0, max_tokens=new_tokens)
+    return [list(out.outputs[0].token_ids) for out in llm.generate(prompts, params)]
+
+
 if __name__ == "__main__":
-    print(json.dumps(engine_report(sys.argv[1], sys.argv[2])))
+    if len(sys.argv) == 4:
+        print(json.dumps(served_tokens(*sys.argv[1:4])))
+    else:
+        print(json.dumps(engine_report(sys.argv[1], sys.argv[2])))
