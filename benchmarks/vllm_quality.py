@@ -44,8 +44,9 @@ def _ppl(model, windows, plan: VllmPlan | None) -> PerplexityResult:
 
 
 @torch.inference_mode()
-def saturation(model, ids: torch.Tensor, fmt: VllmKVFormat) -> list[float]:
-    """Per layer: share of K and V elements with |x| / scale above the format's max."""
+def saturation(model, ids: torch.Tensor, fmt: VllmKVFormat) -> list[dict]:
+    """Per layer: share of K and V elements with |x| / scale above the format's max, and the
+    largest |K| and |V| (post-RoPE keys, as vLLM stores them)."""
     fmax = torch.finfo(fmt.storage_dtype).max
     n = model.config.num_hidden_layers
     cache = make_vllm_cache(model, VllmPlan(fmt.kv_cache_dtype, n, tuple(range(n))))
@@ -54,7 +55,9 @@ def saturation(model, ids: torch.Tensor, fmt: VllmKVFormat) -> list[float]:
     for layer in cache.layers:  # every layer skipped: keys/values hold the raw states
         k, v = layer.keys.float(), layer.values.float()
         over = (k.abs() / fmt.k_scale > fmax).sum() + (v.abs() / fmt.v_scale > fmax).sum()
-        out.append(float(over) / (k.numel() + v.numel()))
+        share = float(over) / (k.numel() + v.numel())
+        out.append({"share": share, "max_abs_k": float(k.abs().max()),
+                    "max_abs_v": float(v.abs().max())})  # fmt: skip
     return out
 
 
@@ -94,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     layout, n = VllmLayout(fp_print), fp_print.num_layers
     windows = load_eval_windows(tokenizer, dataset=args.dataset, num_windows=args.num_windows,
                                 seq_len=args.seq_len)  # fmt: skip
-    sat = saturation(model, windows.tokens[0], VllmKVFormat(args.kv_cache_dtype))
+    stats = saturation(model, windows.tokens[0], VllmKVFormat(args.kv_cache_dtype))
+    sat = [max(s["share"], s["max_abs_k"] * 1e-9) for s in stats]  # rank by share, then |K|
     plans = [(f"{args.kv_cache_dtype} every layer", VllmPlan(args.kv_cache_dtype, n))]
     for path in args.profile:
         prof = load_vllm_profile(path)
@@ -120,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     out = RESULTS / f"vllm_quality-{args.model}-{args.kv_cache_dtype}.json"
     write_json_atomic(out, {"command": command, "hardware": hardware(), "model": args.model,
                             "windows": windows.describe(), "fp_ppl": fp.ppl,
-                            "saturation_per_layer": sat, "rows": rows})  # fmt: skip
+                            "saturation_per_layer": stats, "rows": rows})  # fmt: skip
     print(
         f"fp ppl {fp.ppl:.4f}; most saturated layers: "
         f"{sorted(range(n), key=lambda i: -sat[i])[:5]} ({max(sat):.2e} of elements); wrote {out}"
