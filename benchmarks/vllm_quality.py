@@ -3,7 +3,8 @@ a vLLM profile) at the same bytes or fewer, and what each layer's fp8 saturation
 
 Rows (kind ``vllm``, one run, same windows, paired): fp; D on every layer; each given vLLM
 profile (D, its skip set); optionally ``--top-k K``: D with the K layers that saturate most
-skipped (the naive rule). Perplexity: WikiText-2 test, first N non-overlapping windows of
+skipped (the naive rule); ``--boundary N``: the first and last N layers skipped (vLLM's own
+TurboQuant boundary protection, N=2). Perplexity: WikiText-2 test, first N non-overlapping windows of
 ``--seq-len`` tokens, every layer's K/V stored as vLLM stores it (HF cache emulation, prefill
 included) before any query reads it. Bytes per token as vLLM 0.32 allocates them (bf16 model).
 Saturation: for each layer, the share of K and V elements beyond the fp8 format's max at scale
@@ -85,6 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kv-cache-dtype", default="fp8_e4m3")
     p.add_argument("--profile", action="append", default=[], help="vLLM profile(s) to compare")
     p.add_argument("--top-k", type=int, default=0, help="also skip the K most saturated layers")
+    p.add_argument(
+        "--boundary",
+        type=int,
+        default=0,
+        help="also skip the first N and last N layers (vLLM's TurboQuant boundary rule, N=2)",
+    )
     p.add_argument("--num-windows", type=int, default=32)
     p.add_argument("--seq-len", type=int, default=1024)
     p.add_argument("--dataset", default=None)
@@ -104,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
         prof = load_vllm_profile(path)
         prof.check_model(fp_print)
         plans.append((f"kvtuner skip {list(prof.plan.skip_layers)}", prof.plan))
+    if args.boundary:
+        edge = sorted({*range(args.boundary), *range(n - args.boundary, n)})
+        plans.append((f"boundary {edge}", VllmPlan(args.kv_cache_dtype, n, edge)))
     if args.top_k:
         worst = sorted(range(n), key=lambda i: -sat[i])[: args.top_k]
         plans.append((f"skip {args.top_k} most saturated", VllmPlan(args.kv_cache_dtype, n, worst)))
