@@ -5,8 +5,8 @@ Rows (kind ``vllm``, one run, same windows, paired): fp; D on every layer; each 
 profile (D, its skip set); optionally ``--top-k K``: D with the K layers that saturate most
 skipped (the naive rule); ``--boundary N``: the first and last N layers skipped (vLLM's own
 TurboQuant boundary protection, N=2). Perplexity: WikiText-2 test, first N non-overlapping
-windows of ``--seq-len`` tokens, every layer's K/V stored as vLLM stores it (HF cache emulation, prefill
-included) before any query reads it. Bytes per token as vLLM 0.32 allocates them (bf16 model).
+windows of ``--seq-len`` tokens, every layer's K/V stored as vLLM stores it (HF cache
+emulation, prefill included) before any query reads it. Bytes per token as vLLM 0.32 allocates them (bf16 model).
 Saturation: for each layer, the share of K and V elements beyond the fp8 format's max at scale
 1.0 on the first window.
 
