@@ -2,13 +2,13 @@
 a vLLM profile) at the same bytes or fewer, and what each layer's fp8 saturation costs.
 
 Rows (kind ``vllm``, one run, same windows, paired): fp; D on every layer; each given vLLM
-profile (D, its skip set); optionally ``--top-k K``: D with the K layers that saturate most
-skipped (the naive rule); ``--boundary N``: the first and last N layers skipped (vLLM's own
-TurboQuant boundary protection, N=2). Perplexity: WikiText-2 test, first N non-overlapping
-windows of ``--seq-len`` tokens, every layer's K/V stored as vLLM stores it (HF cache
-emulation, prefill included) before any query reads it. Bytes per token as vLLM 0.32 allocates them (bf16 model).
-Saturation: for each layer, the share of K and V elements beyond the fp8 format's max at scale
-1.0 on the first window.
+profile (D, its skip set); ``--top-k K``: D with the K most saturated layers skipped (a naive
+rule); ``--boundary N``: the first and last N layers skipped (vLLM's own TurboQuant boundary
+protection, N=2). Perplexity: WikiText-2 test, first N non-overlapping windows of ``--seq-len``
+tokens, every layer's K/V stored as vLLM stores it (HF cache emulation, prefill included) before
+any query reads it. Bytes per token as vLLM 0.32 allocates them (bf16 model). Saturation: per
+layer, the share of K and V elements beyond the fp8 format's max at scale 1.0 on the first
+window, and the largest |K| and |V|.
 
     OMP_NUM_THREADS=1 python benchmarks/vllm_quality.py --model smollm2-135m \\
         --profile exported_configs/smollm2-135m/vllm-fp8_e4m3-0.55x.json [--num-windows 32]
