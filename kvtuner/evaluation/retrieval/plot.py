@@ -44,6 +44,7 @@ def _heat(plt, report: dict[str, Any]):
         im = ax.imshow(grid, vmin=0, vmax=100, cmap="RdYlGn", aspect="auto")
         ax.set_xticks(range(len(lengths)), [str(n) for n in lengths], rotation=45)
         ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths])
+        ax.tick_params(labelleft=ax is axes[0][0])  # one depth axis, at the left
         ax.set_title(name, fontsize=9)
         ax.set_xlabel("length")
     axes[0][0].set_ylabel("depth")
