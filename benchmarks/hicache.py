@@ -6,7 +6,7 @@
    ``MHATokenToKVPoolHost`` allocation (bf16, the served dtype on a GPU). Tokens per GiB =
    host tokens * 2^30 / host buffer bytes. Channel-axis (KIVI-style) profiles are refused with
    HiCache and are listed as such.
-2. ``--server``: the real SGLang server on this CPU (recipe: /work/shared/SGLANG_CPU.md) with
+2. ``--server``: the real SGLang server on this CPU (recipe: docs/serving.md, "On a CPU") with
    ``--enable-hierarchical-cache``, a small device pool (``--device-tokens``) and the same host
    memory for every configuration (stock: ``--host-ratio`` x the device pool; kvtuner: the ratio
    that gives the same bytes). Workload: ``--docs`` WikiText-2 passages, each asked twice (see
@@ -32,7 +32,7 @@ from hicache_workload import documents, two_turns  # noqa: E402
 from sglang_server import SGLangServer, smollm2_hf_dir  # noqa: E402
 
 from kvtuner.profile import load_profile, write_json_atomic  # noqa: E402
-from kvtuner.runtime_loader.sglang.sizing import cell_size  # noqa: E402
+from kvtuner.runtime_loader.sglang.pool.cell_size import cell_size  # noqa: E402
 
 PROFILES = ["benchmarks/results/sglang_profiles/*.json", "exported_configs/smollm2-135m/*.json"]
 SERVED = [
@@ -47,9 +47,9 @@ def _pools(profile, dtype, tokens: int):
     """The device pool and the host pool SGLang builds for it (ratio 4, layout page_first)."""
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
-    from kvtuner.runtime_loader.sglang.host_pool import KVTunerMHATokenToKVPoolHost
-    from kvtuner.runtime_loader.sglang.host_transfers import CpuMHATokenToKVPoolHost
-    from kvtuner.runtime_loader.sglang.pool import KVTunerMHATokenToKVPool
+    from kvtuner.runtime_loader.sglang.hicache.host_pool import KVTunerMHATokenToKVPoolHost
+    from kvtuner.runtime_loader.sglang.hicache.host_transfers import CpuMHATokenToKVPoolHost
+    from kvtuner.runtime_loader.sglang.pool.store import KVTunerMHATokenToKVPool
 
     args = (tokens, 1, dtype, HEADS, HEAD_DIM, LAYERS, "cpu", False)
     if profile is None:

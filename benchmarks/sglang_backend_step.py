@@ -74,7 +74,7 @@ def measure(args, seconds, batch: int, context: int, label: str, mode: str) -> d
 
     from kvtuner.attention import decode_attention, extend_attention
     from kvtuner.quant import gather_dequantized
-    from kvtuner.runtime_loader.sglang.packed_metadata import PackedMetadata
+    from kvtuner.runtime_loader.sglang.cuda.packed_metadata import PackedMetadata
 
     k_spec, v_spec = specs_for(label, args.head_dim)
     dev, d, hkv, hq = args.device, args.head_dim, args.kv_heads, args.heads

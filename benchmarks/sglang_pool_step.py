@@ -89,7 +89,7 @@ def make_pool(package: str | None, config, dtype: torch.dtype):
     k, v = spec(kb, kg, rotation="hadamard"), spec(vb, vg)
     fp = profile.ModelFingerprint("LlamaForCausalLM", LAYERS, HEADS, HEAD_DIM)
     prof = profile.Profile("bench", fp, tuple(profile.LayerSpec(i, k, v) for i in range(LAYERS)))
-    pool_cls = importlib.import_module(f"{package}.runtime_loader.sglang.pool")
+    pool_cls = importlib.import_module(f"{package}.runtime_loader.sglang.pool.store")
     return pool_cls.KVTunerMHATokenToKVPool(60000, profile=prof, read_mode="lazy", **kw)
 
 

@@ -195,7 +195,7 @@ def profile_flags(profile: Path | None) -> list[str]:
     and a staging bound (8 running requests, the benchmark's concurrency)."""
     if profile is None:
         return []
-    from kvtuner.runtime_loader.sglang.sizing import channel_sides
+    from kvtuner.profile.channel_sides import channel_sides
 
     flags = ["--kvtuner-profile", str(profile)]
     sides = channel_sides(load_profile(profile))

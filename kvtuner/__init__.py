@@ -1,7 +1,6 @@
 """kvtuner: per-layer mixed-precision KV cache quantization, tuned offline, served anywhere."""
 
-__version__ = "0.2.0"
-
+from ._version import __version__
 from .errors import KVTunerError  # noqa: E402
 from .profile import LayerSpec, ModelFingerprint, Profile, load_profile, save_profile  # noqa: E402
 from .quant import QuantSpec, dequantize, fake_quantize, quantize  # noqa: E402

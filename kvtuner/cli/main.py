@@ -20,6 +20,7 @@ COMMANDS = (
     "search",
     "import_kvtuner",
     "eval",
+    "export_hf",
     "serve",
     "vllm_args",
     "generate",
@@ -32,7 +33,7 @@ class _OneLineParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .. import __version__
+    from .._version import __version__
 
     parser = _OneLineParser(prog="kvtuner", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"kvtuner {__version__}")

@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         return _vllm(argv[2:])
     if argv[:2] == ["--engine", "sglang"]:
         argv = argv[2:]
-    from ..runtime_loader.sglang.version import check_sglang_version
+    from ..runtime_loader.sglang.hooks.version import check_sglang_version
 
     check_sglang_version()  # one line and exit 2 when sglang is missing or unsupported
     argv = [sys.executable, "-m", LAUNCHER, *argv]

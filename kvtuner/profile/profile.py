@@ -28,7 +28,7 @@ PRODUCER_NAME = "kvtuner"
 
 
 def _producer_version() -> str:
-    from .. import __version__
+    from .._version import __version__
 
     return __version__
 

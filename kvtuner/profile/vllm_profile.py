@@ -28,7 +28,7 @@ _VLLM_FIELDS = {"version", "kv_cache_dtype", "skip_layers", "model_dtype", "k_sc
 
 
 def _producer() -> dict[str, str]:
-    from .. import __version__
+    from .._version import __version__
 
     return {"name": "kvtuner", "version": __version__}
 

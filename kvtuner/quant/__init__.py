@@ -1,7 +1,7 @@
 """The packed KV quantizer shared by calibration, the HF cache and the SGLang pool."""
 
-from .ops import gather_dequantized, quantize_rows, scatter_quantized
 from .reference import dequantize, fake_quantize, hadamard, quantize
+from .slot_ops import gather_dequantized, quantize_rows, scatter_quantized
 from .smoothing import KeySmoothing
 from .spec import QUANTIZED_BITS, SUPPORTED_BITS, V1_BITS, QuantSpec
 

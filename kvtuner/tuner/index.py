@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import KVTunerError
 from ..profile import Profile, is_vllm_profile, load_profile, read_json, write_json_atomic
-from ..runtime_loader.sglang.sizing import channel_sides
+from ..profile.channel_sides import channel_sides
 
 __all__ = ["build_index", "main", "write_index"]
 

@@ -21,7 +21,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from ..search_spaces import Pair, SearchSpace, pair_label
-from .dp import dp_optimum
+from .additive_optimum import dp_optimum
 
 __all__ = ["LocalSearchSampler", "neighbour", "perturbed_optimum", "repair"]
 

@@ -21,7 +21,7 @@ from ..errors import KVTunerError
 from ..placement import Placement
 from ..profile import LayerSpec
 from ..search_spaces import Pair, SearchSpace, pair_label
-from .dp import dp_optimum
+from .additive_optimum import dp_optimum
 from .local_search import LocalSearchSampler
 
 __all__ = ["SAMPLERS", "Evaluate", "StudySettings", "dp_optimum", "run_study", "seed_choices"]

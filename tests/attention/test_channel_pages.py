@@ -18,7 +18,7 @@ from kvtuner.attention import (
     extend_attention_reference,
 )
 from kvtuner.quant import QuantSpec, dequantize, quantize
-from kvtuner.runtime_loader.sglang.channel_pages import ChannelPages
+from kvtuner.runtime_loader.sglang.pool.channel_pages import ChannelPages
 
 pytestmark = pytest.mark.usefixtures("attention_variant")  # both kernel variants
 

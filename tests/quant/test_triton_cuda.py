@@ -104,7 +104,7 @@ def test_decode_sized_write_and_read_are_one_launch(spec):
 @pytest.mark.parametrize("bits", [2, 3, 4, 8])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gpu_channel_pages_equal_the_cpu_reference(bits, dtype):
-    from kvtuner.quant.ops import pack_channel_pages
+    from kvtuner.quant.slot_ops import pack_channel_pages
 
     spec = QuantSpec(bits, 32, axis="channel")
     x = _inputs(4 * 32, 128, dtype).reshape(4, 32, HEADS, 128)  # 4 full pages

@@ -98,7 +98,13 @@ def evaluate_retrieval(
     for key in plan:
         sample = None
         for config in rows:
-            rkey = (config.name, config.specs_hash(fingerprint), key.length, key.depth, key.index)
+            rkey = (
+                config.name,
+                config.specs_hash(fingerprint),
+                key.length,
+                round(key.depth, 6),
+                key.index,
+            )  # record_key's form
             if not store.has(rkey):
                 sample = sample or make_sample(tokenizer, key, chat=settings.chat)
                 store.add(_answered(model, tokenizer, sample, config, rkey, settings))

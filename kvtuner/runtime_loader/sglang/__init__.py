@@ -4,13 +4,23 @@ Installed as an SGLang plugin (entry point group ``sglang.srt.plugins`` -> :func
 ``python -m kvtuner.runtime_loader.sglang.launch_server`` is the fallback launcher for
 environments where plugins are disabled. Supported SGLang versions: ``SUPPORTED_SGLANG``.
 Importing this package does not import sglang; :class:`KVTunerMHATokenToKVPool` does.
+
+Layout (imports point one way: ``plugin -> hooks -> {cuda, swa, hicache} -> pool -> quant``):
+
+- ``hooks/``: everything that touches SGLang's private API (the hook table, the start-up proof
+  that every hook took, the version guard, capacity hooks, server-level refusals): an SGLang
+  upgrade is checked in this one folder;
+- ``pool/``: the packed KV pool (``store.py``: the methods SGLang calls; reads, writes, channel
+  pages, slot RoPE, cell size, refusals); ``lazy_reads/`` and ``cpu_writes/`` its CPU paths;
+- ``cuda/``: the kvtuner attention backend; ``swa/``: the sliding-window sub-pools;
+  ``hicache/``: the HiCache host pool.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .version import SUPPORTED_SGLANG, check_sglang_version
+from .hooks.version import SUPPORTED_SGLANG, check_sglang_version
 
 __all__ = ["SUPPORTED_SGLANG", "KVTunerMHATokenToKVPool", "check_sglang_version", "register"]
 
@@ -24,7 +34,7 @@ def register() -> None:
 
 def __getattr__(name: str) -> Any:
     if name == "KVTunerMHATokenToKVPool":
-        from .pool import KVTunerMHATokenToKVPool
+        from .pool.store import KVTunerMHATokenToKVPool
 
         return KVTunerMHATokenToKVPool
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,8 +14,8 @@ import os
 import sys
 
 from ...errors import KVTunerError
+from .hooks.version import check_sglang_version
 from .plugin import register
-from .version import check_sglang_version
 
 __all__ = ["main"]
 

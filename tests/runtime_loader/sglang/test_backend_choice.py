@@ -11,7 +11,7 @@ import torch
 from test_backend import runner, sglang_parts  # noqa: F401  (fixture)
 
 from kvtuner.errors import KVTunerError
-from kvtuner.runtime_loader.sglang.backend_choice import (
+from kvtuner.runtime_loader.sglang.hooks.backend_choice import (
     choose_packed_backend,
     register_backend,
     skip_fused_kv_writes,
@@ -64,7 +64,7 @@ def test_other_backends_on_cuda_are_refused_with_one_line(argv, match):
 
 
 def test_graph_refusal_follows_the_read_mode():
-    from kvtuner.runtime_loader.sglang.support import _graph_refusal
+    from kvtuner.runtime_loader.sglang.hooks.refusals import _graph_refusal
 
     def graphs(decode, prefill):
         return SimpleNamespace(
@@ -84,7 +84,7 @@ def test_fused_kv_writes_are_off_over_the_kvtuner_pool_only(sglang_parts):  # no
     from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
     from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 
-    from kvtuner.runtime_loader.sglang.backend import KVTunerAttnBackend
+    from kvtuner.runtime_loader.sglang.cuda.backend import KVTunerAttnBackend
 
     packed, stock, req_to_token_pool = sglang_parts
     fused = lambda fb: True  # noqa: E731  (SGLang's answer on CUDA with a bf16 cache)

@@ -99,7 +99,7 @@ def forward_batch(mode, prefix, new, req_to_token):
 def test_kivi_keys_match_torch_native_over_the_dequantized_pool(parts, mode):
     from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
-    from kvtuner.runtime_loader.sglang.backend import KVTunerAttnBackend
+    from kvtuner.runtime_loader.sglang.cuda.backend import KVTunerAttnBackend
 
     packed, stock, req_to_token = parts
     g = torch.Generator().manual_seed(1)
@@ -128,7 +128,7 @@ def test_kivi_keys_match_torch_native_over_the_dequantized_pool(parts, mode):
 def test_channel_axis_values_are_refused_in_one_line():
     from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 
-    from kvtuner.runtime_loader.sglang.backend import KVTunerAttnBackend
+    from kvtuner.runtime_loader.sglang.cuda.backend import KVTunerAttnBackend
 
     specs = [(QuantSpec(4, G, axis="channel"), QuantSpec(4, G, axis="channel"))]
     packed = pool_over(tiny_profile(specs, heads=HEADS, head_dim=D), SIZE, page_size=G,

@@ -61,7 +61,7 @@ def qkv(n, g):
 def test_window_layers_match_torch_native_over_the_dequantized_pool(sglang_parts, mode):  # noqa: F811
     from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
-    from kvtuner.runtime_loader.sglang.backend import KVTunerAttnBackend
+    from kvtuner.runtime_loader.sglang.cuda.backend import KVTunerAttnBackend
 
     packed, stock, req_to_token_pool = sglang_parts
     fb, g = step(mode, sglang_parts, seed=11)
@@ -121,7 +121,7 @@ def sglang_extend(stock, layer, fb, req_to_token_pool, q, sinks):
 
 @pytest.mark.parametrize("mode", ["decode", "extend"])
 def test_window_cap_and_sinks_match_sglangs_triton_kernels(sglang_parts, mode):  # noqa: F811
-    from kvtuner.runtime_loader.sglang.backend import KVTunerAttnBackend
+    from kvtuner.runtime_loader.sglang.cuda.backend import KVTunerAttnBackend
 
     packed, stock, req_to_token_pool = sglang_parts
     fb, g = step(mode, sglang_parts, seed=12)
@@ -139,7 +139,7 @@ def test_window_cap_and_sinks_match_sglangs_triton_kernels(sglang_parts, mode): 
 
 
 def test_gemma_and_gpt_oss_layers_are_served_and_other_keywords_refused(sglang_parts):  # noqa: F811
-    from kvtuner.runtime_loader.sglang.backend import KVTunerAttnBackend, layer_softmax
+    from kvtuner.runtime_loader.sglang.cuda.backend import KVTunerAttnBackend, layer_softmax
 
     packed, _, req_to_token_pool = sglang_parts
     layers = [radix(0, sliding_window_size=WINDOW, logit_cap=CAP), radix(1), radix(2)]

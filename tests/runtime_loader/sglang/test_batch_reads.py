@@ -11,7 +11,7 @@ from test_kv_pair import PAIRED
 from test_pool import HEADS, SIZE, SPECS, D, Layer, make_pool
 from tiny_profiles import tiny_profile
 
-from kvtuner.runtime_loader.sglang.plugin import batch_read_slots
+from kvtuner.runtime_loader.sglang.pool.lazy_reads.batch_reads import batch_read_slots
 
 pytestmark = pytest.mark.sglang
 pytest.importorskip("sglang")  # the sglang tier: collected only where sglang is installed

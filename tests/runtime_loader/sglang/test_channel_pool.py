@@ -11,7 +11,7 @@ from tiny_profiles import pool_over, tiny_profile
 from kvtuner.errors import KVTunerError
 from kvtuner.quant import QuantSpec, dequantize, quantize
 from kvtuner.runtime_loader.hf.stream import PackedStream
-from kvtuner.runtime_loader.sglang.sizing import cell_size, staging_bytes
+from kvtuner.runtime_loader.sglang.pool.cell_size import cell_size, staging_bytes
 
 pytestmark = pytest.mark.sglang
 pytest.importorskip("sglang")  # the sglang tier: collected only where sglang is installed
@@ -178,7 +178,7 @@ def test_bf16_pool_stages_and_packs_model_dtype_values():
 def test_channel_axis_is_refused_where_its_pages_are_not_read(hicache, backend, refused):
     from types import SimpleNamespace
 
-    from kvtuner.runtime_loader.sglang.support import channel_refusal
+    from kvtuner.runtime_loader.sglang.hooks.refusals import channel_refusal
 
     args = SimpleNamespace(enable_hierarchical_cache=hicache, attention_backend=backend)
     channel = tiny_profile(SPECS, heads=HEADS, head_dim=D)

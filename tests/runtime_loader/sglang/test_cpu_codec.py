@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtuner.quant import QuantSpec, dequantize, quantize
-from kvtuner.runtime_loader.sglang.cpu_codec import PairCodec
+from kvtuner.runtime_loader.sglang.pool.cpu_writes.cpu_codec import PairCodec
 
 HEADS, D = 3, 64
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)

@@ -17,7 +17,7 @@ LAYERS = [*SPECS, *PAIRED]  # mixed bits, rotated keys, symmetric, 16-bit, paire
 
 def counting_pool(dtype=torch.float16, read_mode="lazy", **kw):
     """The real pool, recording the length of every ``read_kv`` (one dequantization)."""
-    from kvtuner.runtime_loader.sglang.pool import KVTunerMHATokenToKVPool
+    from kvtuner.runtime_loader.sglang.pool.store import KVTunerMHATokenToKVPool
 
     class Counting(KVTunerMHATokenToKVPool):
         def read_kv(self, layer_id, loc):
@@ -160,7 +160,7 @@ def test_the_cache_stays_within_its_bound_and_what_does_not_fit_is_read_directly
 
 
 def test_idle_entries_are_evicted_and_scratch_mode_has_no_cache():
-    from kvtuner.runtime_loader.sglang.decode_cache import IDLE_STEPS
+    from kvtuner.runtime_loader.sglang.pool.lazy_reads.decode_cache import IDLE_STEPS
 
     g = torch.Generator().manual_seed(15)
     pool = counting_pool()
@@ -192,8 +192,10 @@ def test_dequantizing_rows_alone_or_in_a_batch_gives_the_same_bits():
 
 def test_the_bound_comes_from_the_environment(monkeypatch):
     from kvtuner.errors import KVTunerError
-    from kvtuner.runtime_loader.sglang.decode_cache import DEFAULT_DECODE_CACHE_TOKENS
-    from kvtuner.runtime_loader.sglang.plugin import CACHE_ENV_VAR, decode_cache_tokens
+    from kvtuner.runtime_loader.sglang.hooks.server_flag import CACHE_ENV_VAR, decode_cache_tokens
+    from kvtuner.runtime_loader.sglang.pool.lazy_reads.decode_cache import (
+        DEFAULT_DECODE_CACHE_TOKENS,
+    )
 
     monkeypatch.delenv(CACHE_ENV_VAR, raising=False)
     assert decode_cache_tokens() == DEFAULT_DECODE_CACHE_TOKENS

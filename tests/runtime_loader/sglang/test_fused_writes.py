@@ -25,7 +25,7 @@ pytest.importorskip("sglang")  # the sglang tier: collected only where sglang is
     ],
 )
 def test_fused_writers_are_found_in_sglang_model_code(module, cls, fused):
-    from kvtuner.runtime_loader.sglang.fused_writes import fused_write_modules
+    from kvtuner.runtime_loader.sglang.hooks.fused_writes import fused_write_modules
 
     model_cls = getattr(importlib.import_module(f"sglang.srt.models.{module}"), cls)
     assert bool(fused_write_modules(model_cls)) is fused

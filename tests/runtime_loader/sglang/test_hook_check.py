@@ -14,7 +14,7 @@ from kvtuner.errors import KVTunerError
 pytestmark = pytest.mark.sglang
 pytest.importorskip("sglang")  # the sglang tier: collected only where sglang is installed
 
-from kvtuner.runtime_loader.sglang.hook_check import (  # noqa: E402
+from kvtuner.runtime_loader.sglang.hooks.check import (  # noqa: E402
     PRIVATE_NAMES,
     check_hooks,
     check_private_names,
@@ -22,7 +22,7 @@ from kvtuner.runtime_loader.sglang.hook_check import (  # noqa: E402
     private_name_exists,
     resolve,
 )
-from kvtuner.runtime_loader.sglang.plugin import _HOOKS  # noqa: E402
+from kvtuner.runtime_loader.sglang.hooks.table import HOOKS as _HOOKS  # noqa: E402
 
 LAUNCH_TIMEOUT = 240
 POOL_CLASS = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator"

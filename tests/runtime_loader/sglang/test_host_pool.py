@@ -10,7 +10,7 @@ from tiny_profiles import pool_over, tiny_profile
 
 from kvtuner.errors import KVTunerError
 from kvtuner.quant import QuantSpec
-from kvtuner.runtime_loader.sglang.sizing import cell_size
+from kvtuner.runtime_loader.sglang.pool.cell_size import cell_size
 
 pytestmark = pytest.mark.sglang
 pytest.importorskip("sglang")
@@ -28,7 +28,7 @@ def device_pool(profile):
 
 
 def host_pool(pool, layout, profile_hash=None):
-    from kvtuner.runtime_loader.sglang.host_pool import KVTunerMHATokenToKVPoolHost
+    from kvtuner.runtime_loader.sglang.hicache.host_pool import KVTunerMHATokenToKVPoolHost
 
     cls = KVTunerMHATokenToKVPoolHost.bound(profile_hash or pool.profile.hash)
     return cls(
@@ -175,7 +175,7 @@ def test_other_layouts_are_refused(written):
 def test_stock_host_pool_on_cpu_round_trips(tmp_path):
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
-    from kvtuner.runtime_loader.sglang.host_transfers import CpuMHATokenToKVPoolHost
+    from kvtuner.runtime_loader.sglang.hicache.host_transfers import CpuMHATokenToKVPoolHost
 
     pool = MHATokenToKVPool(SIZE, PAGE, torch.float32, HEADS, D, 2, "cpu", False)
     loc = torch.arange(PAGE, 3 * PAGE)
@@ -216,7 +216,7 @@ def test_stock_host_pool_on_cpu_round_trips(tmp_path):
 def test_startup_refuses_hicache_setups_the_host_pool_cannot_hold(layout, backend, refused):
     from types import SimpleNamespace
 
-    from kvtuner.runtime_loader.sglang.support import _hicache_refusal
+    from kvtuner.runtime_loader.sglang.hooks.refusals import _hicache_refusal
 
     args = SimpleNamespace(
         enable_hierarchical_cache=True, hicache_mem_layout=layout, hicache_storage_backend=backend

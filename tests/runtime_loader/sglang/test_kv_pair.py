@@ -9,7 +9,7 @@ from test_pool import HEADS, SIZE, D, Layer, make_pool
 from tiny_profiles import tiny_profile
 
 from kvtuner.quant import QuantSpec, dequantize, quantize
-from kvtuner.runtime_loader.sglang.kv_pair import pair_spec
+from kvtuner.runtime_loader.sglang.pool.cpu_writes.kv_pair import pair_spec
 
 pytestmark = pytest.mark.sglang
 pytest.importorskip("sglang")  # the sglang tier: collected only where sglang is installed
@@ -62,8 +62,8 @@ def test_paired_writes_store_the_reference_bytes_and_reads_its_values(written):
 def test_small_numpy_and_large_torch_writes_store_the_same_bytes(n):
     """Writes of up to SMALL_WRITE_TOKENS tokens take the numpy writer, larger ones the torch
     reference: the bytes and the decode cache's values are the reference's either way."""
-    from kvtuner.runtime_loader.sglang.pool import KVTunerMHATokenToKVPool
-    from kvtuner.runtime_loader.sglang.pool_writes import SMALL_WRITE_TOKENS
+    from kvtuner.runtime_loader.sglang.pool.store import KVTunerMHATokenToKVPool
+    from kvtuner.runtime_loader.sglang.pool.writes import SMALL_WRITE_TOKENS
 
     assert SMALL_WRITE_TOKENS == 64  # the parameters straddle it
 

@@ -11,8 +11,8 @@ from tiny_profiles import pool_over, tiny_profile
 from kvtuner.errors import KVTunerError
 from kvtuner.quant import QuantSpec, dequantize, quantize
 from kvtuner.quant.reference import rotate
-from kvtuner.runtime_loader.sglang.plugin import batch_read_slots
-from kvtuner.runtime_loader.sglang.sizing import cell_size
+from kvtuner.runtime_loader.sglang.pool.cell_size import cell_size
+from kvtuner.runtime_loader.sglang.pool.lazy_reads.batch_reads import batch_read_slots
 
 pytestmark = pytest.mark.sglang
 pytest.importorskip("sglang")  # the sglang tier: collected only where sglang is installed

@@ -78,7 +78,7 @@ def test_lazy_reads_through_the_decode_cache_equal_read_kv():
 
 
 def test_triton_pool_writes_the_reference_bytes(kernels):  # noqa: F811
-    from kvtuner.runtime_loader.sglang.pool import KVTunerMHATokenToKVPool
+    from kvtuner.runtime_loader.sglang.pool.store import KVTunerMHATokenToKVPool
 
     class TritonPool(KVTunerMHATokenToKVPool):
         scatter = staticmethod(kernels.triton_scatter_quantized)

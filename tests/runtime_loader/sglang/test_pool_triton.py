@@ -50,7 +50,7 @@ class Layer:
 
 
 def test_triton_pool_equals_torch_pool(kernels):
-    from kvtuner.runtime_loader.sglang.pool import KVTunerMHATokenToKVPool
+    from kvtuner.runtime_loader.sglang.pool.store import KVTunerMHATokenToKVPool
 
     class TritonPool(KVTunerMHATokenToKVPool):
         scatter = staticmethod(kernels.triton_scatter_quantized)
@@ -82,7 +82,7 @@ def test_triton_pool_equals_torch_pool(kernels):
 def test_triton_page_packer_equals_the_torch_one(kernels):
     """KIVI pages (and pre-RoPE ones) packed by the channel kernel: the pool's bytes and reads
     equal the torch path's, page by page as writes fill them."""
-    from kvtuner.runtime_loader.sglang.pool import KVTunerMHATokenToKVPool
+    from kvtuner.runtime_loader.sglang.pool.store import KVTunerMHATokenToKVPool
 
     channel = importlib.import_module("kvtuner.quant.triton_channel")
     if type(channel._pack_kernel).__name__ != "InterpretedFunction":

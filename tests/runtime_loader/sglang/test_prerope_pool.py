@@ -19,7 +19,7 @@ from tiny_profiles import pool_over, tiny_profile
 from kvtuner.attention.rope import rope_rotate_at
 from kvtuner.errors import KVTunerError
 from kvtuner.quant import QuantSpec, dequantize, quantize
-from kvtuner.runtime_loader.sglang.sizing import cell_size
+from kvtuner.runtime_loader.sglang.pool.cell_size import cell_size
 
 pytestmark = pytest.mark.sglang
 pytest.importorskip("sglang")  # the sglang tier: collected only where sglang is installed
@@ -31,7 +31,7 @@ FREQ = 1.0 / 10000 ** (torch.arange(0, D, 2).float() / D)  # llama's inv_freq, h
 
 def make_pool(rope_freq=FREQ, **kw):
     """The pool class as the plugin binds it: with the model's frequencies (None: unbound)."""
-    from kvtuner.runtime_loader.sglang.pool import KVTunerMHATokenToKVPool
+    from kvtuner.runtime_loader.sglang.pool.store import KVTunerMHATokenToKVPool
 
     profile = tiny_profile(SPECS, heads=HEADS, head_dim=D)
     cls = KVTunerMHATokenToKVPool.bound(profile, "lazy", rope_freq=rope_freq)
@@ -137,7 +137,7 @@ _PROBE = """
     import torch
     from sglang.srt.layers.rotary_embedding import get_rope
     from kvtuner.errors import KVTunerError
-    from kvtuner.runtime_loader.sglang.slot_rope import rotary_frequencies
+    from kvtuner.runtime_loader.sglang.pool.slot_rope import rotary_frequencies
 
     def model(*ropes):
         m = torch.nn.Module()

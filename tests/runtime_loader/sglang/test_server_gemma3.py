@@ -15,7 +15,7 @@ from tiny_profiles import model_profile
 
 from kvtuner.profile import save_profile
 from kvtuner.quant import QuantSpec
-from kvtuner.runtime_loader.sglang.sizing import cell_size
+from kvtuner.runtime_loader.sglang.pool.cell_size import cell_size
 
 pytestmark = pytest.mark.sglang
 pytest.importorskip("sglang")

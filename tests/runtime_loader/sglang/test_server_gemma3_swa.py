@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from kvtuner.profile import load_profile
-from kvtuner.runtime_loader.sglang.swa_pool import sub_pool_cells
+from kvtuner.runtime_loader.sglang.swa.sub_pools import sub_pool_cells
 
 pytestmark = pytest.mark.sglang
 pytest.importorskip("sglang")

@@ -13,7 +13,7 @@ import pytest
 from teacher_forcing import forced_deficits, generate, prompt_ids
 
 from kvtuner.profile import load_profile
-from kvtuner.runtime_loader.sglang.sizing import cell_size, stage_pages_for, staging_bytes
+from kvtuner.runtime_loader.sglang.pool.cell_size import cell_size, stage_pages_for, staging_bytes
 
 pytestmark = pytest.mark.sglang
 pytest.importorskip("sglang")  # the sglang tier: collected only where sglang is installed

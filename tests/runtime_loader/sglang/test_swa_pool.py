@@ -15,8 +15,8 @@ pytest.importorskip("sglang")  # the sglang tier: collected only where sglang is
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc  # noqa: E402
 from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool  # noqa: E402
 
-from kvtuner.runtime_loader.sglang.pool import KVTunerMHATokenToKVPool  # noqa: E402
-from kvtuner.runtime_loader.sglang.swa_pool import (  # noqa: E402
+from kvtuner.runtime_loader.sglang.pool.store import KVTunerMHATokenToKVPool  # noqa: E402
+from kvtuner.runtime_loader.sglang.swa.sub_pools import (  # noqa: E402
     kvtuner_sub_pools,
     sub_pool_cells,
     swa_pool_init,
@@ -156,7 +156,7 @@ def test_sglang_prices_each_sub_pool_at_its_packed_bytes():
     """The capacity hooks around HybridSWAPoolConfigurator's per-pool cell prices."""
     from sglang.srt.model_executor.pool_configurator import HybridSWAPoolConfigurator
 
-    from kvtuner.runtime_loader.sglang.capacity import full_cell_hook, swa_cell_hook
+    from kvtuner.runtime_loader.sglang.hooks.capacity import full_cell_hook, swa_cell_hook
 
     conf = HybridSWAPoolConfigurator.__new__(HybridSWAPoolConfigurator)
     conf._fused_full_entry = conf._fused_swa_entry = None

@@ -18,7 +18,7 @@ def _rank(rank: int, init_file: str, queue) -> None:
     from kvtuner.errors import KVTunerError
     from kvtuner.profile import ModelFingerprint, Profile
     from kvtuner.quant import QuantSpec
-    from kvtuner.runtime_loader.sglang.pool import KVTunerMHATokenToKVPool
+    from kvtuner.runtime_loader.sglang.pool.store import KVTunerMHATokenToKVPool
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     fp = ModelFingerprint("LlamaForCausalLM", 2, 2, 64)

@@ -7,7 +7,7 @@ import pytest
 
 from kvtuner.errors import KVTunerError
 from kvtuner.runtime_loader.sglang import SUPPORTED_SGLANG, check_sglang_version
-from kvtuner.runtime_loader.sglang.version import UNTESTED_ENV_VAR
+from kvtuner.runtime_loader.sglang.hooks.version import UNTESTED_ENV_VAR
 
 pytestmark = pytest.mark.sglang
 pytest.importorskip("sglang")  # the sglang tier: collected only where sglang is installed

@@ -9,8 +9,8 @@ import pytest
 import torch
 from test_pool import HEADS, SIZE, SPECS, D, Layer, make_pool
 
-from kvtuner.runtime_loader.sglang.plugin import batch_read_slots, read_mode
-from kvtuner.runtime_loader.sglang.sizing import cell_size
+from kvtuner.runtime_loader.sglang.pool.cell_size import cell_size, read_mode
+from kvtuner.runtime_loader.sglang.pool.lazy_reads.batch_reads import batch_read_slots
 
 pytestmark = pytest.mark.sglang
 pytest.importorskip("sglang")  # the sglang tier: collected only where sglang is installed
@@ -160,6 +160,6 @@ def test_cell_size_per_read_mode(profile_and_writes):
 def test_read_mode_follows_the_attention_backends(backends, mode):
     args = {"prefill_attention_backend": None, "decode_attention_backend": None, **backends}
     assert read_mode(SimpleNamespace(**args)) == mode
-    from kvtuner.runtime_loader.sglang.pool import KVTunerMHATokenToKVPool
+    from kvtuner.runtime_loader.sglang.pool.store import KVTunerMHATokenToKVPool
 
     assert KVTunerMHATokenToKVPool.bound(None, mode).bound_read_mode == mode

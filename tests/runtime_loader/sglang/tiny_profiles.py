@@ -28,7 +28,7 @@ def pool_over(profile: Profile, size: int, *, cls=None, page_size: int = 1,
               dtype=torch.float32, head_num: int | None = None, **kw):  # fmt: skip
     """A kvtuner pool (or subclass ``cls``) of ``size`` slots on CPU shaped by the profile
     (``head_num``: the KV heads one rank holds, default all)."""
-    from kvtuner.runtime_loader.sglang.pool import KVTunerMHATokenToKVPool
+    from kvtuner.runtime_loader.sglang.pool.store import KVTunerMHATokenToKVPool
 
     fp = profile.fingerprint
     heads = head_num or fp.num_kv_heads

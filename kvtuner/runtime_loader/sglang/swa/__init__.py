@@ -1,0 +1,1 @@
+"""SGLang's hybrid sliding-window pool (``SWAKVPool``) with kvtuner sub-pools."""
