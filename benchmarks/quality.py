@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from kvtuner.calibration import load_model
+from kvtuner.calibration import Sensitivity, load_model
 from kvtuner.errors import KVTunerError
 from kvtuner.evaluation import (
     DecodeSettings,
@@ -45,6 +45,7 @@ from kvtuner.evaluation import (
 )
 from kvtuner.evaluation.configs import QUANTO_BITS, EvalConfig, profile_config
 from kvtuner.evaluation.quanto import quanto_missing
+from kvtuner.evaluation.sensitive_layers import with_sensitive_layers_raised
 from kvtuner.profile import ModelFingerprint, read_json, write_json_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,6 +55,7 @@ NAME = "quality"  # results file stem (--name)
 UNIFORM = "kv8,kv4,kivi4,k8v4,k4v2,kivi-k4v2,kv2,kivi2,k5v3,kivi-k5v3,kv3,kivi3"
 # the kivi-hadv search preset (KIVI keys, rotated values): its uniform rows at 4 and 3 nominal bits
 UNIFORM_ROTATED = "kivi-hadv-kv4,kivi-hadv-kv3"
+ROTATED = f"had-kv4,{UNIFORM_ROTATED}"
 
 
 def exported_profiles(fingerprint: ModelFingerprint, folder: Path) -> list[EvalConfig]:
@@ -68,11 +70,30 @@ def exported_profiles(fingerprint: ModelFingerprint, folder: Path) -> list[EvalC
     return rows
 
 
+def raised_rows(specs: list[str], fingerprint: ModelFingerprint) -> list[EvalConfig]:
+    """``BASE=SENSITIVITY.json`` items -> the base uniform row with its 1 and 2 most sensitive
+    layers (ranked by that calibration) at 8 bits: the hand heuristic a search must beat."""
+    rows = []
+    for item in specs:
+        base_name, _, path = item.partition("=")
+        if not path:
+            raise KVTunerError(f"--raise-sensitive wants BASE=SENSITIVITY.json, got {item!r}")
+        base = parse_uniform(base_name, fingerprint)[0]
+        sensitivity = Sensitivity.load(path)
+        rows += [with_sensitive_layers_raised(base, sensitivity, n) for n in (1, 2)]
+    return rows
+
+
 def all_configs(
-    fingerprint: ModelFingerprint, folder: Path, uniform: str = UNIFORM
+    fingerprint: ModelFingerprint,
+    folder: Path,
+    uniform: str = UNIFORM,
+    rotated: str = ROTATED,
+    raised: list[str] = (),
 ) -> list[EvalConfig]:
     rows = parse_uniform(uniform, fingerprint) + exported_profiles(fingerprint, folder)
-    rows += parse_uniform("had-kv4", fingerprint) + parse_uniform(UNIFORM_ROTATED, fingerprint)
+    rows += parse_uniform(rotated, fingerprint) if rotated else []
+    rows += raised_rows(list(raised), fingerprint)
     if fingerprint.layer_types is not None:
         rows = [r for r in rows if not _channel_axis(r)]
         print("[quality] hybrid model: no KIVI-style rows (window layers drop single tokens)")
@@ -164,6 +185,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seq-len", type=int, default=1024)
     p.add_argument("--profiles", default=str(ROOT / "exported_configs"))
     p.add_argument("--uniform", default=UNIFORM, help="uniform rows (default: %(default)s)")
+    p.add_argument("--rotated", default=ROTATED, help="rotated uniform rows (default: %(default)s)")
+    p.add_argument(
+        "--raise-sensitive",
+        nargs="*",
+        default=[],
+        metavar="BASE=SENSITIVITY",
+        help="rows: uniform BASE with its 1 and 2 most sensitive layers (per the sensitivity "
+        "JSON) at 8 bits, e.g. kivi4=kivi.sensitivity.json",
+    )
     p.add_argument("--no-decode", action="store_true")
     d = DecodeSettings()
     p.add_argument("--decode-prompt-tokens", type=int, default=d.prompt_tokens)
@@ -197,13 +227,17 @@ def main(argv: list[str] | None = None) -> int:
         wanted = set(args.decode_only.split(","))
         configs = [
             c
-            for c in all_configs(fingerprint, Path(args.profiles), args.uniform)
+            for c in all_configs(
+                fingerprint, Path(args.profiles), args.uniform, args.rotated, args.raise_sensitive
+            )
             if "all" in wanted or c.name in wanted
         ]
         decode = DecodeSettings(args.decode_prompt_tokens, args.decode_steps, args.decode_repeats)
         decode_only(model, windows, configs, decode, command)
         return 0
-    wanted = all_configs(fingerprint, Path(args.profiles), args.uniform)
+    wanted = all_configs(
+        fingerprint, Path(args.profiles), args.uniform, args.rotated, args.raise_sensitive
+    )
     kept = previous_rows(RESULTS / f"{NAME}.json", windows.describe()) if args.resume else []
     current = {c.name: c.specs_hash(fingerprint) for c in wanted}
     # a kept row stays only while a config of that name with the same specs still exists;

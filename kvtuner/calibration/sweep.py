@@ -23,7 +23,7 @@ from .models import fingerprint_of
 from .runner import FpActivations, advance_to, capture_fp, run_layer_variants
 from .sensitivity import PARTS, Sensitivity, spec_template
 from .smoothing import smoothing_digest
-from .sweep_cache import SweepCache, default_cache_dir, weights_digest
+from .sweep_cache import SideCache, default_cache_dir, weights_digest
 
 PER_TOKEN_KEY = QuantSpec(4, 32, rotation="hadamard")  # the `per-token` search preset
 PER_TOKEN_VALUE = QuantSpec(4, 32)
@@ -38,20 +38,22 @@ def layer_forwards(num_layers: int, num_bits: int) -> int:
     return 2 * num_layers + sum(variants * (num_layers - li) for li in range(num_layers))
 
 
-def _variants(layer: int, bits: Sequence[int], key: QuantSpec, value: QuantSpec, smoothing=None):
+def _variants(layer, bits, key: QuantSpec, value: QuantSpec, smoothing=None, parts=PARTS):
     lam = None if smoothing is None else smoothing[layer]
     ks = [LayerSpec(layer, replace(key, bits=b), _FP16, lam) for b in bits]
     vs = [LayerSpec(layer, _FP16, replace(value, bits=b)) for b in bits]
-    return ks + vs
+    return (ks if "k" in parts else []) + (vs if "v" in parts else [])
 
 
-def measure_layer(model, fp: FpActivations, layer, bits, key, value, smoothing=None) -> dict:
+def measure_layer(
+    model, fp: FpActivations, layer, bits, key, value, smoothing=None, parts=PARTS
+) -> dict:
     """One layer's entry of the sensitivity file: {"layer", "k": {bits: {...}}, "v": ...},
     each tensor of this layer alone at each of ``bits`` (``key``/``value``: spec templates;
-    ``smoothing``: per-layer key λ or None). Moves ``fp`` up to ``layer`` first (layers are
-    measured bottom-up)."""
+    ``smoothing``: per-layer key λ or None; ``parts``: the halves to measure). Moves ``fp`` up
+    to ``layer`` first (layers are measured bottom-up)."""
     advance_to(model, fp, layer)
-    variants = _variants(layer, bits, key, value, smoothing)
+    variants = _variants(layer, bits, key, value, smoothing, parts)
     sums = [[0.0, 0.0, 0.0] for _ in variants]
     for c in range(len(fp.chunks)):
         for acc, r in zip(sums, run_layer_variants(model, fp, c, variants), strict=True):
@@ -59,9 +61,9 @@ def measure_layer(model, fp: FpActivations, layer, bits, key, value, smoothing=N
             acc[1] += r.err_sq
             acc[2] += r.ref_sq
     positions = fp.reference.tokens.numel()
-    entry = {"layer": layer, "k": {}, "v": {}}
+    entry = {"layer": layer, **{part: {} for part in parts}}
     for i, (kl, err, ref) in enumerate(sums):
-        part, b = PARTS[i // len(bits)], bits[i % len(bits)]
+        part, b = [p for p in PARTS if p in parts][i // len(bits)], bits[i % len(bits)]
         rel = math.sqrt(err / ref) if ref > 0 else 0.0
         entry[part][str(b)] = {"kl": max(0.0, kl / positions), "attn_rel_err": rel}
     return entry
@@ -75,20 +77,24 @@ def _progress(total: int, enabled: bool):
     )
 
 
-def _cache_for(model, data, bits, key, value, smoothing, cache_dir) -> SweepCache:
+def _caches_for(model, data, bits, key, value, smoothing, cache_dir) -> dict[str, SideCache]:
+    """One cache per half: K results depend on the key spec (and λ), V results on the value
+    spec, so presets sharing either spec share that half."""
     root = default_cache_dir() if cache_dir is None else Path(cache_dir)
-    key_facts = {
+    common = {
         "fingerprint": fingerprint_of(model).to_dict(),
         "weights": weights_digest(model),
         "tokens": data.token_hash,
         "shape": list(data.tokens.shape),
         "bits": list(bits),
-        "key_spec": spec_template(key),
-        "value_spec": spec_template(value),
     }
-    if smoothing is not None:
-        key_facts["key_smoothing"] = smoothing_digest(smoothing)
-    return SweepCache(root, key_facts)
+    k_common = (
+        common if smoothing is None else {**common, "key_smoothing": smoothing_digest(smoothing)}
+    )
+    return {
+        "k": SideCache(root, k_common, "k", spec_template(key)),
+        "v": SideCache(root, common, "v", spec_template(value)),
+    }
 
 
 def _check_specs(model, bits, key: QuantSpec, value: QuantSpec) -> None:
@@ -102,16 +108,34 @@ def _check_specs(model, bits, key: QuantSpec, value: QuantSpec) -> None:
             raise KVTunerError(f"{name} spec: {exc}") from None
 
 
-def _sweep(model, fp, todo, bits, specs, cache, progress) -> dict[int, dict]:
-    """Measure layers ``todo``, persisting each as soon as it is done."""
+def _sweep(model, fp, todo, bits, specs, caches, progress) -> dict[int, dict]:
+    """Measure the halves ``todo`` ({layer: parts}), persisting each as soon as it is done."""
     num_layers, out = len(fp.kwargs[0]), {}
-    with _progress(sum(2 * len(bits) * (num_layers - li) for li in todo), progress) as bar:
-        for li in todo:
-            out[li] = measure_layer(model, fp, li, bits, *specs)
-            if cache:
-                cache.put_layer(li, out[li])
-            bar.update(2 * len(bits) * (num_layers - li))
+    work = {li: len(parts) * len(bits) * (num_layers - li) for li, parts in todo.items()}
+    with _progress(sum(work.values()), progress) as bar:
+        for li, parts in todo.items():
+            out[li] = measure_layer(model, fp, li, bits, *specs, parts=parts)
+            for part in parts if caches else ():
+                caches[part].put_layer(li, out[li][part])
+            bar.update(work[li])
     return out
+
+
+def _cached(caches, num_layers: int) -> tuple[dict[int, dict], dict[int, tuple[str, ...]]]:
+    """Entries read back from the half caches, and the halves still to measure per layer."""
+    entries, todo = {li: {"layer": li} for li in range(num_layers)}, {}
+    for li in range(num_layers):
+        for part in PARTS:
+            half = caches[part].layer(li) if caches else None
+            if half is None:
+                todo[li] = (*todo.get(li, ()), part)
+            else:
+                entries[li][part] = half
+    return entries, todo
+
+
+def _fp_ppl(caches) -> float | None:
+    return next((p for c in (caches or {}).values() if (p := c.fp_ppl()) is not None), None)
 
 
 def calibrate(
@@ -134,7 +158,8 @@ def calibrate(
 
     cache_dir: where per-layer results persist (None: ``$KVTUNER_CACHE_DIR`` or
         ``~/.cache/kvtuner``); ``use_cache=False`` measures everything and stores nothing.
-        With the cache a re-run is instant and an interrupted run resumes.
+        With the cache a re-run is instant and an interrupted run resumes; K and V halves are
+        cached apart, so a preset sharing a spec with an earlier one measures only the other.
     batch_size: calibration windows per forward (None: as many as keep one forward's fp32
         logits under 256 MiB). The sweep runs on the model's device, in its dtype, holding
         the model plus one layer's activations; the file records that device and dtype.
@@ -144,17 +169,17 @@ def calibrate(
     if key_smoothing is not None:
         key_smoothing = tuple(key_smoothing)
     specs = (key_spec, value_spec, key_smoothing)
-    cache = _cache_for(model, data, bits, *specs, cache_dir) if use_cache else None
+    caches = _caches_for(model, data, bits, *specs, cache_dir) if use_cache else None
     num_layers = fingerprint_of(model).num_layers
-    entries = {li: cache.layer(li) for li in range(num_layers)} if cache else {}
-    todo = [li for li in range(num_layers) if entries.get(li) is None]
-    fp_ppl = cache.fp_ppl() if cache else None
+    entries, todo = _cached(caches, num_layers)
+    fp_ppl = _fp_ppl(caches)
     if todo or fp_ppl is None:  # a full cache hit runs no forward pass at all
         fp = capture_fp(model, data.tokens, batch_size=batch_size)
         fp_ppl = fp.reference.ppl
-        if cache:
+        for cache in (caches or {}).values():
             cache.put_fp_ppl(fp_ppl)
-        entries.update(_sweep(model, fp, todo, bits, specs, cache, progress))
+        for li, measured in _sweep(model, fp, todo, bits, specs, caches, progress).items():
+            entries[li].update(measured)
     return Sensitivity(
         model_id=model_id,
         fingerprint=fingerprint_of(model),

@@ -1,7 +1,8 @@
 """On-disk cache of sweep results: one JSON file per layer, written atomically.
 
 Keyed by everything the numbers depend on: model fingerprint and a digest of its weights, the
-calibration token ids, bits and K/V spec templates. A re-run with the same key reads every
+calibration token ids, bits and the spec template of the tensor measured (K and V are cached as
+separate halves, see :class:`SideCache`). A re-run with the same key reads every
 layer back (no forward pass); an interrupted run keeps the layers it finished.
 """
 
@@ -20,7 +21,7 @@ from ..profile import write_json_atomic
 MEASURE_VERSION = 1  # bump when the measurement itself changes meaning
 _SAMPLE = 256  # leading values per parameter that enter the weights digest
 
-__all__ = ["SweepCache", "default_cache_dir", "weights_digest"]
+__all__ = ["SideCache", "SweepCache", "default_cache_dir", "weights_digest"]
 
 
 def default_cache_dir() -> Path:
@@ -51,11 +52,15 @@ class SweepCache:
         self.dir = Path(root) / "sensitivity" / digest
         self.key = facts
 
-    def _read(self, name: str) -> Any:
+    @staticmethod
+    def read_dir(folder: Path, name: str) -> Any:
         try:
-            return json.loads((self.dir / name).read_text())
+            return json.loads((folder / name).read_text())
         except (OSError, ValueError):
             return None  # absent or unreadable: measure again
+
+    def _read(self, name: str) -> Any:
+        return self.read_dir(self.dir, name)
 
     def _write(self, name: str, data: Any) -> None:
         if not (self.dir / "key.json").exists():
@@ -75,3 +80,59 @@ class SweepCache:
 
     def put_fp_ppl(self, ppl: float) -> None:
         self._write("fp.json", {"ppl": ppl})
+
+
+class SideCache:
+    """The K or the V half of a sweep, cached on its own: one tensor's sensitivity depends only
+    on its own spec (the other tensor stays fp while it is measured), so presets that share a
+    value spec (or a key spec) share that half. Also reads the half it needs from a combined
+    K+V cache of an earlier kvtuner version, when that cache's facts match."""
+
+    def __init__(self, root: str | os.PathLike, common: dict[str, Any], part: str, spec: dict):
+        self.part = part
+        self.own = SweepCache(root, {**common, "part": part, "spec": spec})
+        self.legacy = _legacy_dirs(Path(root), common, part, spec)
+
+    def layer(self, layer: int) -> dict[str, Any] | None:
+        """This half of layer ``layer``'s entry (``{bits: {...}}``), None if not measured."""
+        entry = self.own.layer(layer)
+        if entry is not None:
+            return entry.get(self.part)
+        for folder in self.legacy:
+            entry = SweepCache.read_dir(folder, f"layer_{layer}.json")
+            if isinstance(entry, dict) and entry.get("layer") == layer and self.part in entry:
+                return entry[self.part]
+        return None
+
+    def put_layer(self, layer: int, half: dict[str, Any]) -> None:
+        self.own.put_layer(layer, {"layer": layer, self.part: half})
+
+    def fp_ppl(self) -> float | None:
+        ppl = self.own.fp_ppl()
+        for folder in self.legacy if ppl is None else ():
+            doc = SweepCache.read_dir(folder, "fp.json")
+            ppl = doc.get("ppl") if isinstance(doc, dict) else None
+            if ppl is not None:
+                break
+        return ppl
+
+    def put_fp_ppl(self, ppl: float) -> None:
+        self.own.put_fp_ppl(ppl)
+
+
+def _legacy_dirs(root: Path, common: dict[str, Any], part: str, spec: dict) -> list[Path]:
+    """Combined K+V cache folders (key.json without "part") whose facts give this half."""
+    spec_name = "key_spec" if part == "k" else "value_spec"
+    want = {"measure_version": MEASURE_VERSION, **common, spec_name: spec}
+    found = []
+    for key_file in sorted((root / "sensitivity").glob("*/key.json")):
+        facts = SweepCache.read_dir(key_file.parent, "key.json")
+        if not isinstance(facts, dict) or "part" in facts:
+            continue
+        if part == "v":  # the key side's smoothing does not touch the values
+            facts = {k: v for k, v in facts.items() if k != "key_smoothing"}
+        mine = {k: v for k, v in facts.items() if k not in ("key_spec", "value_spec")}
+        mine[spec_name] = facts.get(spec_name)
+        if mine == want:
+            found.append(key_file.parent)
+    return found

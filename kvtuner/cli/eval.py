@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import KVTunerError
+from .eval_long import add_long_context_arguments, check_long_context_args, run_retrieval
 from .output import Verbosity, add_verbosity_arguments
 from .placement_args import add_placement_arguments, placement_from_args
 
@@ -39,7 +40,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--dataset",
         default=None,
-        help="evaluation text (default: ../shared/data/wikitext-2/test.txt)",
+        help="evaluation text (default: the WikiText-2 test split embedded in the package)",
     )
     p.add_argument("--num-windows", type=int, default=DEFAULT_NUM_WINDOWS)
     p.add_argument("--seq-len", type=int, default=DEFAULT_SEQ_LEN, help="tokens per window")
@@ -67,8 +68,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--threads", type=int, default=None, help="torch threads")
     add_placement_arguments(p)
+    add_long_context_arguments(p)
     p.add_argument("--output", default=None, help="write the report as JSON here")
-    p.add_argument("--plot", default=None, help="write a PNG of Δppl vs effective bits here")
+    p.add_argument(
+        "--plot",
+        default=None,
+        help="write a PNG here: Δppl vs effective bits (perplexity); accuracy vs length and "
+        "PATH-depth.png, depth x length heat maps (retrieval tasks)",
+    )
     add_verbosity_arguments(p)
     p.set_defaults(func=run)
 
@@ -116,8 +123,10 @@ def run(args: argparse.Namespace) -> int:
         write_report,
     )
 
-    if not args.profile and not args.uniform:
+    retrieval = args.task != "perplexity"
+    if not args.profile and not args.uniform and not retrieval:
         raise KVTunerError("nothing to evaluate: give --profile PATH and/or --uniform NAMES")
+    check_long_context_args(args)
     if args.threads is not None:
         torch.set_num_threads(max(1, args.threads))
     decode = (
@@ -136,6 +145,15 @@ def run(args: argparse.Namespace) -> int:
     verbosity = Verbosity.from_args(args)
     verbosity.apply()
     model, tokenizer = load_model(args.model, device=where.device, dtype=where.dtype)
+    if retrieval:
+        run_retrieval(args, model, tokenizer, configs)
+        return 0
+    if args.context_length:
+        from .eval_long import run_perplexity_lengths
+
+        kw = dict(tokenizer=tokenizer, decode=decode, log=verbosity.info)
+        run_perplexity_lengths(args, model, configs, kw)
+        return 0
     windows = load_eval_windows(
         tokenizer, dataset=args.dataset, num_windows=args.num_windows, seq_len=args.seq_len
     )

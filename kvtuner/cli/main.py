@@ -22,6 +22,7 @@ COMMANDS = (
     "eval",
     "export_hf",
     "serve",
+    "vllm_args",
     "generate",
 )
 

@@ -8,6 +8,7 @@ from ..search_spaces.preset_table import preset_help
 from .calibrate import add_batch_size_argument, add_bits_argument, parse_bits
 from .output import Verbosity, add_verbosity_arguments
 from .placement_args import add_placement_arguments, placement_from_args
+from .search_vllm import add_vllm_arguments, run_vllm
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -18,11 +19,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "objective is the measured KL vs fp of whole configurations, and write the best "
         "profile that fits the budget.",
     )
-    p.add_argument("--model", required=True, help="hub id, local dir, .gguf or smollm2-135m")
+    p.add_argument(
+        "--model",
+        required=True,
+        help="hub id, local dir, .gguf, or alias: smollm2-135m, qwen2.5-0.5b, gemma3-270m",
+    )
     p.add_argument(
         "--budget",
-        required=True,
-        help="nominal bits like 4bit / 3.5bits, or bytes vs fp16 like 0.30x",
+        help="nominal bits like 4bit / 3.5bits, or bytes vs fp16 like 0.30x (required, except "
+        "for --target vllm with --max-skip or --ppl-within)",
     )
     p.add_argument("--output", default="profile.json", help="profile JSON (default %(default)s)")
     p.add_argument(
@@ -88,15 +93,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="also measure the uniform configs over the budget, for the summary",
     )
+    add_vllm_arguments(p)
     add_verbosity_arguments(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..errors import KVTunerError
     from ..tuner.budget import Budget
     from ..tuner.search import search
     from ..tuner.study import StudySettings
 
+    if args.target == "vllm":
+        return run_vllm(args)
+    if args.budget is None:
+        raise KVTunerError("--budget is required (e.g. --budget 4bit)")
     bits = parse_bits(args.bits) if args.bits else None
     verbosity = Verbosity.from_args(args)
     verbosity.apply()

@@ -124,14 +124,18 @@ def _check_prompt(decode: DecodeSettings | None, windows: EvalWindows) -> None:
         )
 
 
-def _ppl_row(model, windows, config, fingerprint, fp_result, log) -> tuple[dict, PerplexityResult]:
+def _ppl_row(
+    model, windows, config, fingerprint, fp_result, log, score_last=None
+) -> tuple[dict, PerplexityResult]:
     t0, stored = time.perf_counter(), []
 
     def first_window_bytes(i: int, cache: Any) -> None:
         if i == 0 and cache is not None:
             stored.append(_stored_bytes(cache) / windows.seq_len)
 
-    res = perplexity(model, windows.tokens, config, on_window=first_window_bytes)
+    res = perplexity(
+        model, windows.tokens, config, on_window=first_window_bytes, score_last=score_last
+    )
     stored_per_token = stored[0] if stored else None
     row = _row(config, fingerprint, res, fp_result or res, stored_per_token, windows.seq_len)
     log(f"[eval] {config.name}: ppl {res.ppl:.4f} ({time.perf_counter() - t0:.0f} s)")
@@ -148,21 +152,25 @@ def evaluate(
     on_row: Callable[[EvalReport], None] | None = None,
     fp_result: PerplexityResult | None = None,
     log: Callable[[str], None] = _log,
+    score_last: int | None = None,
 ) -> EvalReport:
     """fp first, then each config: perplexity (+ bytes stored), then its decode speed (paired
     with a default-cache run) if asked; ``on_row(report)`` after each row (partial results).
     ``fp_result``: fp perplexity of these windows from an earlier run (no fp row is added).
-    ``log``: where the per-row progress lines go (default stderr)."""
+    ``log``: where the per-row progress lines go (default stderr). ``score_last``: score only the
+    last that many tokens of each window (long-context perplexity; None: every token)."""
     _check_prompt(decode, windows)
     start = time.perf_counter()
     fingerprint = ModelFingerprint.from_config(model.config)
     settings: dict[str, Any] = {"ppl_residual_length": 0, **placement_of(model).describe()}
+    if score_last is not None:
+        settings.update(scored_tokens_per_window=score_last)
     if decode is not None:
         settings.update(decode=decode.__dict__)
     report = EvalReport(model_name, fingerprint, windows.describe(), settings)
     first = [] if fp_result is not None else [EvalConfig("fp", "fp")]
     for config in [*first, *configs]:
-        row, res = _ppl_row(model, windows, config, fingerprint, fp_result, log)
+        row, res = _ppl_row(model, windows, config, fingerprint, fp_result, log, score_last)
         fp_result = fp_result or res
         if decode is not None:
             prompt = windows.tokens.flatten()[: decode.prompt_tokens]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,11 +13,16 @@ from ..errors import KVTunerError
 
 DEFAULT_NUM_WINDOWS = 32
 DEFAULT_SEQ_LEN = 1024
-# DESIGN.md: evaluate on WikiText-2 test, kept next to the repository (../shared/data/...)
-_REPO_ROOT = Path(__file__).resolve().parents[2]
-SHARED_TEST_FILE = _REPO_ROOT.parent / "shared" / "data" / "wikitext-2" / "test.txt"
+# DESIGN.md: evaluate on WikiText-2 test. The whole test split ships inside the package (gzip,
+# 0.4 MB, CC BY-SA 3.0, see data/ATTRIBUTION.md), so an installed wheel evaluates offline.
+EMBEDDED_TEST_NAME = "embedded:wikitext-2-test"
+EMBEDDED_TEST_FILE = Path(__file__).parent / "data" / "wikitext2_test.txt.gz"
+# the same split next to a repository checkout (tests compare the two)
+SHARED_TEST_FILE = (
+    Path(__file__).resolve().parents[3] / "shared" / "data" / "wikitext-2" / "test.txt"
+)
 
-__all__ = ["EvalWindows", "default_dataset", "load_eval_windows"]
+__all__ = ["EvalWindows", "default_dataset", "embedded_test_text", "load_eval_windows"]
 
 
 @dataclass(frozen=True)
@@ -42,13 +48,25 @@ class EvalWindows:
 
 
 def default_dataset() -> str:
-    """WikiText-2 test next to the repository; a clear error when it is not there."""
-    if SHARED_TEST_FILE.is_file():
-        return str(SHARED_TEST_FILE)
-    raise KVTunerError(
-        f"no --dataset given and the default WikiText-2 test file {SHARED_TEST_FILE} does not "
-        "exist; pass --dataset PATH (a local .txt/.jsonl/.parquet file or hf:NAME:CONFIG:SPLIT)"
-    )
+    """The name of the evaluation text used when no ``--dataset`` is given (embedded)."""
+    return EMBEDDED_TEST_NAME
+
+
+def embedded_test_text() -> str:
+    """The embedded WikiText-2 test split, lines joined by newlines: the same string
+    ``read_corpus`` gives for the plain ``test.txt`` (its text builder yields lines)."""
+    with gzip.open(EMBEDDED_TEST_FILE, "rt", encoding="utf-8") as f:
+        return "\n".join(f.read().splitlines())
+
+
+def _read_text(dataset: str | None) -> tuple[str, str]:
+    """(text, name) of ``dataset``; None or the embedded name: the embedded test split."""
+    from ..calibration.corpus import read_corpus
+
+    if dataset is None or dataset == EMBEDDED_TEST_NAME:
+        return embedded_test_text(), EMBEDDED_TEST_NAME
+    text, name, _split = read_corpus(dataset)
+    return text, name
 
 
 def _positive(name: str, value: Any) -> None:
@@ -67,11 +85,10 @@ def load_eval_windows(
     ``num_windows`` non-overlapping windows; each is led by the tokenizer's special prefix (the
     BOS Gemma needs; none for SmolLM2) and is ``seq_len`` tokens long with it."""
     from ..calibration.batches import special_prefix, text_ids, with_prefix
-    from ..calibration.corpus import read_corpus
 
     _positive("num_windows", num_windows)
     _positive("seq_len", seq_len)
-    text, name, _split = read_corpus(dataset or default_dataset())
+    text, name = _read_text(dataset)
     prefix = special_prefix(tokenizer)
     body_len = seq_len - len(prefix)
     ids = text_ids(tokenizer, text)

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..errors import KVTunerError
 from ..placement import model_device
 from .configs import EvalConfig
 
@@ -59,11 +60,14 @@ def ppl_cache(config: EvalConfig, model: Any):
 
 
 @torch.inference_mode()
-def window_nll(model: Any, ids: torch.Tensor, cache: Any) -> float:
-    """Summed next-token NLL of one window ids[T] (T-1 predictions)."""
+def window_nll(model: Any, ids: torch.Tensor, cache: Any, score_last: int | None = None) -> float:
+    """Summed next-token NLL of one window ids[T]: all T-1 predictions, or the last
+    ``score_last`` (long context: the cache then holds T - score_last tokens before the first
+    scored one; only those logits are computed)."""
     ids = ids.to(model_device(model))
-    out = model(ids[None], past_key_values=cache, use_cache=cache is not None)
-    return F.cross_entropy(out.logits[0, :-1].float(), ids[1:], reduction="sum").item()
+    n = ids.shape[0] - 1 if score_last is None else score_last
+    out = model(ids[None], past_key_values=cache, use_cache=cache is not None, logits_to_keep=n + 1)
+    return F.cross_entropy(out.logits[0, :-1].float(), ids[-n:], reduction="sum").item()
 
 
 def perplexity(
@@ -72,12 +76,16 @@ def perplexity(
     config: EvalConfig,
     *,
     on_window: Callable[[int, Any], None] | None = None,
+    score_last: int | None = None,
 ) -> PerplexityResult:
-    """Perplexity of ``windows`` [N, T] under ``config``; ``on_window(i, cache)`` after each."""
+    """Perplexity of ``windows`` [N, T] under ``config``; ``on_window(i, cache)`` after each.
+    ``score_last``: score only each window's last that many tokens (None: all T - 1)."""
+    if score_last is not None and not 0 < score_last < windows.shape[1]:
+        raise KVTunerError(f"scored tokens must be in 1..{windows.shape[1] - 1}, got {score_last}")
     nll = []
     for i, ids in enumerate(windows):
         cache = ppl_cache(config, model)
-        nll.append(window_nll(model, ids, cache))
+        nll.append(window_nll(model, ids, cache, score_last))
         if on_window is not None:
             on_window(i, cache)
-    return PerplexityResult(tuple(nll), windows.shape[1] - 1)
+    return PerplexityResult(tuple(nll), score_last or windows.shape[1] - 1)

@@ -105,8 +105,8 @@ def _bar_panel(ax, rows: list[dict]) -> None:
     ax.margins(x=0.15)
 
 
-def plot_report(report: EvalReport, path: str | os.PathLike) -> Path:
-    """Write the two-panel PNG (needs matplotlib: ``pip install 'kvtuner[viz]'``), atomically."""
+def pyplot():
+    """matplotlib.pyplot on the Agg backend, or one line naming the ``viz`` extra."""
     try:
         import matplotlib
 
@@ -114,6 +114,24 @@ def plot_report(report: EvalReport, path: str | os.PathLike) -> Path:
         import matplotlib.pyplot as plt
     except ImportError:
         raise KVTunerError("--plot needs matplotlib: pip install 'kvtuner[viz]'") from None
+    return plt
+
+
+def save_figure(fig, path: str | os.PathLike) -> Path:
+    """Write ``fig`` as PNG at ``path`` atomically (temp file, then rename) and close it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=120, bbox_inches="tight")
+    fig.clf()
+    pyplot().close(fig)
+    os.replace(tmp, path)
+    return path
+
+
+def plot_report(report: EvalReport, path: str | os.PathLike) -> Path:
+    """Write the two-panel PNG (needs matplotlib: ``pip install 'kvtuner[viz]'``), atomically."""
+    plt = pyplot()
     rows = [r for r in report.rows if r["kind"] != "fp"]
     height = max(4.5, 0.2 * len(rows) + 1.2)
     fig, (left, right) = plt.subplots(
@@ -123,10 +141,4 @@ def plot_report(report: EvalReport, path: str | os.PathLike) -> Path:
     _bar_panel(right, rows)
     fig.suptitle(f"{report.model}: {report.data['num_windows']}×{report.data['seq_len']} tokens")
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    os.replace(tmp, path)
-    return path
+    return save_figure(fig, path)

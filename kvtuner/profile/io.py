@@ -57,6 +57,11 @@ def read_json(path: str | os.PathLike, what: str = "file") -> Any:
 def profile_from_dict(data: Any) -> Profile:
     if not isinstance(data, dict):
         raise KVTunerError("a profile must be a JSON object")
+    if data.get("target") == "vllm":
+        raise KVTunerError(
+            "this is a vLLM profile (target vllm): pass it to `kvtuner vllm-args` or "
+            "`kvtuner serve --engine vllm` (docs/vllm.md)"
+        )
     check_schema_version(data.get("schema_version"))
     unknown = set(data) - _TOP_LEVEL
     if unknown:

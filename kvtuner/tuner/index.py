@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import KVTunerError
-from ..profile import Profile, load_profile, write_json_atomic
+from ..profile import Profile, is_vllm_profile, load_profile, read_json, write_json_atomic
 from ..profile.channel_sides import channel_sides
 
 __all__ = ["build_index", "main", "write_index"]
@@ -71,6 +71,8 @@ def build_index(root: str | os.PathLike) -> dict[str, Any]:
     models: dict[str, Any] = {}
     for path in sorted(root.rglob("*.json")):
         if path.parent == root and path.name == INDEX_JSON:
+            continue
+        if is_vllm_profile(read_json(path, "profile")):  # vLLM's flags, not packed specs
             continue
         profile = load_profile(path)
         slot = models.setdefault(

@@ -115,10 +115,24 @@ def test_cache_hit_runs_no_forward_and_resume_runs_only_missing_layers(tmp_path)
     counter.calls = counter.rows = 0
     again = calibrate(model, d, model_id="t", cache_dir=tmp_path, progress=False)
     assert counter.calls == 0 and again.layers == first.layers
-    (layer0,) = tmp_path.glob("sensitivity/*/layer_0.json")
-    layer0.unlink()  # as if interrupted before layer 0 was written
+    for layer0 in tmp_path.glob("sensitivity/*/layer_0.json"):  # the K and the V half
+        layer0.unlink()  # as if interrupted before layer 0 was written
     resumed = calibrate(model, d, model_id="t", cache_dir=tmp_path, progress=False)
     assert counter.rows == d.num_samples * (3 + 1 + 10 * 3) and resumed.layers == first.layers
+
+
+def test_a_preset_sharing_the_value_spec_measures_only_its_keys(tmp_path):
+    model, d = tiny_model("llama", num_hidden_layers=3), data()
+    plain = calibrate(model, d, model_id="t", cache_dir=tmp_path, progress=False)
+    counter = LayerForwards(model)
+    kivi_keys = QuantSpec(4, 32, axis="channel")
+    kivi = calibrate(model, d, model_id="t", cache_dir=tmp_path, progress=False, key_spec=kivi_keys)
+    # fp pass and carry-up as before; layer l: 5 key variants only, batched 5x downstream
+    assert counter.rows == d.num_samples * (3 + 3 + 5 * (3 + 2 + 1))
+    fresh = calibrate(model, d, model_id="t", use_cache=False, progress=False, key_spec=kivi_keys)
+    assert kivi.layers == fresh.layers
+    assert [e["v"] for e in kivi.layers] == [e["v"] for e in plain.layers]
+    assert [e["k"] for e in kivi.layers] != [e["k"] for e in plain.layers]
 
 
 def test_cache_key_covers_tokens_specs_and_weights(tmp_path):
@@ -129,7 +143,8 @@ def test_cache_key_covers_tokens_specs_and_weights(tmp_path):
         model, data(), model_id="t", cache_dir=tmp_path, progress=False, key_spec=PER_TOKEN_VALUE
     )
     calibrate(tiny_model("llama", seed=1), data(), model_id="t", cache_dir=tmp_path, progress=False)
-    assert len(list(tmp_path.glob("sensitivity/*"))) == 4
+    # a K half and a V half per run; the third run shares the first's V half
+    assert len(list(tmp_path.glob("sensitivity/*"))) == 2 + 2 + 1 + 2
 
 
 def test_eager_attention_and_row_chunks_give_the_same_numbers(monkeypatch):
@@ -194,3 +209,31 @@ def test_bf16_model_records_its_dtype_and_device():
     sens = calibrate(model, data(n=1), model_id="t", bits=(2, 8), use_cache=False, progress=False)
     assert sens.data["dtype"] == "bfloat16" and sens.data["device"] == "cpu"
     assert sens.kl(0, "k", 2) > sens.kl(0, "k", 8) >= 0
+
+
+def test_a_combined_cache_of_an_earlier_version_still_gives_its_halves(tmp_path):
+    from kvtuner.calibration.models import fingerprint_of
+    from kvtuner.calibration.sensitivity import spec_template
+    from kvtuner.calibration.sweep import PER_TOKEN_KEY
+    from kvtuner.calibration.sweep_cache import SweepCache, weights_digest
+
+    model, d = tiny_model("llama", num_hidden_layers=3), data()
+    plain = calibrate(model, d, model_id="t", use_cache=False, progress=False)
+    legacy = SweepCache(
+        tmp_path,
+        {
+            "fingerprint": fingerprint_of(model).to_dict(),
+            "weights": weights_digest(model),
+            "tokens": d.token_hash,
+            "shape": list(d.tokens.shape),
+            "bits": list(plain.bits),
+            "key_spec": spec_template(PER_TOKEN_KEY),
+            "value_spec": spec_template(PER_TOKEN_VALUE),
+        },
+    )
+    legacy.put_fp_ppl(plain.fp_ppl)
+    for entry in plain.layers:
+        legacy.put_layer(entry["layer"], entry)
+    counter = LayerForwards(model)
+    again = calibrate(model, d, model_id="t", cache_dir=tmp_path, progress=False)
+    assert counter.calls == 0 and again.layers == plain.layers

@@ -43,6 +43,15 @@ def gemma3_hf_dir() -> Path:
     return export_hf(gemma3_gguf(), CACHE / "gemma3-270m-it-hf").path
 
 
+def qwen25_hf_dir() -> Path:
+    """Qwen2.5-Coder-0.5B-Instruct (the qwen2.5-0.5b alias's GGUF) exported once to an HF
+    folder (bf16)."""
+    from kvtuner.calibration.hf_export import export_hf
+    from kvtuner.calibration.qwen25_package import qwen25_gguf
+
+    return export_hf(qwen25_gguf(), CACHE / "qwen2.5-coder-0.5b-instruct-hf").path
+
+
 def cpu_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(

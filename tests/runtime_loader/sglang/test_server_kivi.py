@@ -5,13 +5,12 @@ refusals of a KIVI profile without the page size or staging bound."""
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
-import urllib.request
 from pathlib import Path
 
 import pytest
+from teacher_forcing import forced_deficits, generate, prompt_ids
 
 from kvtuner.profile import load_profile
 from kvtuner.runtime_loader.sglang.pool.cell_size import cell_size, stage_pages_for, staging_bytes
@@ -71,20 +70,6 @@ def server(smollm2_dir, exported, tmp_path_factory):
         yield srv
 
 
-def generate(server, input_ids: list[int]) -> list[int]:
-    body = {
-        "input_ids": input_ids,
-        "sampling_params": {"temperature": 0, "max_new_tokens": NEW_TOKENS},
-    }
-    request = urllib.request.Request(
-        server.url + "/generate",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=600) as reply:
-        return json.load(reply)["output_ids"]
-
-
 @pytest.fixture(scope="module")
 def hf_model(smollm2_dir):
     import torch
@@ -92,32 +77,6 @@ def hf_model(smollm2_dir):
 
     tok = transformers.AutoTokenizer.from_pretrained(smollm2_dir)
     return tok, transformers.AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32)
-
-
-def prompt_ids(tok, prompt: str) -> list[int]:
-    import torch
-
-    chat = [{"role": "user", "content": prompt}]
-    ids = tok.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt")
-    return (ids if isinstance(ids, torch.Tensor) else ids["input_ids"])[0].tolist()
-
-
-def forced_deficits(model, profile, ids: list[int], served: list[int]) -> list[float]:
-    """Teacher forcing: the HF cache running the same profile is fed the prompt, then the
-    served tokens one by one; per step, HF's top logit minus its logit of the served token
-    (0 where the server picked HF's argmax)."""
-    import torch
-
-    from kvtuner.runtime_loader.hf import make_cache
-
-    # residual_length=1: the filling key block (and the newest token) stay unquantized
-    cache, x, out = make_cache(model, profile, residual_length=1), torch.tensor([ids]), []
-    with torch.no_grad():
-        for token in served:
-            logits = model(input_ids=x, past_key_values=cache, use_cache=True).logits[0, -1]
-            out.append(float(logits.max() - logits[token]))
-            x = torch.tensor([[token]])
-    return out
 
 
 def test_every_served_token_is_the_hf_caches_choice_up_to_a_near_tie(server, exported, hf_model):
@@ -131,7 +90,8 @@ def test_every_served_token_is_the_hf_caches_choice_up_to_a_near_tie(server, exp
     profile, deficits = load_profile(exported), []
     for prompt in PROMPTS:
         ids = prompt_ids(tok, prompt)
-        deficits += forced_deficits(model, profile, ids, generate(server, ids))  # EOS ends it
+        served = generate(server, ids, NEW_TOKENS)  # EOS may end it sooner
+        deficits += forced_deficits(model, profile, ids, served)
     same = sum(d == 0 for d in deficits)
     assert max(deficits) < CLOSE_LOGIT, sorted(deficits)[-5:]
     assert same >= SAME_CHOICE * len(deficits) and len(deficits) >= 30, (same, len(deficits))

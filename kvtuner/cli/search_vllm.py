@@ -1,0 +1,72 @@
+"""`kvtuner search --target vllm --kv-cache-dtype D ...`: the skip set for one vLLM KV dtype."""
+
+from __future__ import annotations
+
+import argparse
+
+from .output import Verbosity
+from .placement_args import placement_from_args
+
+
+def add_vllm_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("vLLM target (see docs/vllm.md)")
+    g.add_argument(
+        "--target",
+        choices=("kvtuner", "vllm"),
+        default="kvtuner",
+        help="kvtuner: per-layer packed K/V bits (default); vllm: which layers vLLM's "
+        "--kv-cache-dtype-skip-layers keeps at the model dtype, the rest in --kv-cache-dtype",
+    )
+    g.add_argument("--kv-cache-dtype", help="the vLLM dtype, e.g. fp8_e4m3 (--target vllm)")
+    g.add_argument("--max-skip", type=int, help="skip at most this many layers (--target vllm)")
+    g.add_argument(
+        "--ppl-within",
+        type=float,
+        metavar="PCT",
+        help="the fewest skipped layers whose calibration perplexity stays within PCT %% of "
+        "fp's (--target vllm)",
+    )
+    g.add_argument(
+        "--model-dtype",
+        default="bfloat16",
+        choices=("bfloat16", "float16", "float32"),
+        help="the dtype vLLM serves the model in (skipped layers' bytes; default %(default)s)",
+    )
+
+
+def run_vllm(args: argparse.Namespace) -> int:
+    from ..errors import KVTunerError
+    from ..tuner.budget import Budget
+    from ..tuner.vllm_search import VllmTarget, search_vllm
+
+    if not args.kv_cache_dtype:
+        raise KVTunerError("--target vllm needs --kv-cache-dtype (e.g. fp8_e4m3)")
+    target = VllmTarget(
+        args.kv_cache_dtype,
+        budget=Budget.parse(args.budget) if args.budget else None,
+        max_skip=args.max_skip,
+        ppl_within=args.ppl_within,
+        model_dtype=args.model_dtype,
+    )
+    verbosity = Verbosity.from_args(args)
+    verbosity.apply()
+    where = placement_from_args(args)
+    outcome = search_vllm(
+        model=args.model,
+        target=target,
+        output=args.output,
+        n_trials=args.n_trials,
+        storage=args.storage,
+        study_name=args.study_name,
+        dataset=args.dataset,
+        num_samples=args.num_samples,
+        seq_len=args.seq_len,
+        confirm_samples=args.confirm_samples,
+        device=where.device,
+        dtype=where.dtype,
+        log=verbosity.info,
+    )
+    print(outcome.summary)
+    flags = " ".join(outcome.profile.plan.cli_args())
+    print(f"wrote {outcome.output} (hash {outcome.profile.hash}); vllm serve flags: {flags}")
+    return 0

@@ -1,0 +1,146 @@
+"""vLLM's own KV cache formats (``--kv-cache-dtype``), emulated exactly as vLLM 0.32 stores them.
+
+vLLM stores a layer either at the model's dtype (``auto``, or a layer listed in
+``--kv-cache-dtype-skip-layers``) or in one format for the whole model. The definitions, read from
+vLLM 0.32's source:
+
+- ``fp8`` / ``fp8_e4m3`` / ``fp8_e5m2`` (per-tensor scale, ``KVQuantMode.FP8_PER_TENSOR``): the
+  cache holds ``(x / k_scale).to(float8)`` (fp32 divide, round to nearest even); reads multiply by
+  the scale. Without calibrated scales vLLM uses 1.0, so e4m3 saturates at ±448. vLLM's CPU
+  kernel (``cpu_attn_reshape_and_cache``) saturates out-of-range values to ±max (tested bit-exact
+  in tests/runtime_loader/vllm); torch's own cast would give NaN, so this module clamps first.
+- ``int8_per_token_head`` / ``fp8_per_token_head`` (Triton ``_reshape_cache_per_token_head``):
+  one fp32 scale per token and KV head, ``scale = max(absmax / QMAX, 1e-6)``;
+  ``q = x * (1 / scale)``; int8 rounds half away from zero, then clamps to [-128, 127]; fp8
+  clamps to ±448 and casts. The page holds the codes and the fp32 scale inline.
+
+Not emulated (named in docs/vllm.md): ``int4_per_token_head`` (packed nibbles after a Hadamard
+rotation whose exact kernel was not reproduced here), ``turboquant_*``, ``nvfp4*``,
+``ultraquant_4bit``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "NOT_EMULATED",
+    "VLLM_KV_DTYPES",
+    "VllmKVFormat",
+    "model_dtype_bytes",
+]
+
+FP8_DTYPES = {
+    "fp8": torch.float8_e4m3fn,
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+}
+PER_TOKEN_HEAD = {  # dtype -> (storage dtype, QUANT_MIN, QUANT_MAX) as vLLM's Triton kernel
+    "int8_per_token_head": (torch.int8, -128.0, 127.0),
+    "fp8_per_token_head": (torch.float8_e4m3fn, -448.0, 448.0),
+}
+VLLM_KV_DTYPES = (*FP8_DTYPES, *PER_TOKEN_HEAD)
+NOT_EMULATED = {
+    "int4_per_token_head": "Hadamard-rotated packed nibbles; the kernel was not reproduced",
+    "turboquant": "turboquant_* codebooks and packed K|V layout were not reproduced",
+    "nvfp4": "packed fp4 with fp8 block scales; GPU-only kernels were not reproduced",
+    "ultraquant_4bit": "packed fp4 with UE8M0 group scales; not reproduced",
+}
+SCALE_FLOOR = 1e-6  # vLLM's per-token-head scale floor
+_MODEL_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def model_dtype_bytes(dtype: str) -> int:
+    """Bytes per element of a layer vLLM keeps at the model's dtype (a skipped layer)."""
+    if dtype not in _MODEL_DTYPE_BYTES:
+        raise ValueError(f"model dtype must be one of {tuple(_MODEL_DTYPE_BYTES)}, got {dtype!r}")
+    return _MODEL_DTYPE_BYTES[dtype]
+
+
+def _check_scale(name: str, value: float) -> None:
+    bad = isinstance(value, bool) or not isinstance(value, int | float)
+    if bad or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+
+
+@dataclass(frozen=True)
+class VllmKVFormat:
+    """One vLLM ``--kv-cache-dtype`` and, for the per-tensor fp8 formats, the k/v scales vLLM
+    would load (1.0 when the checkpoint has none)."""
+
+    kv_cache_dtype: str
+    k_scale: float = 1.0
+    v_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.kv_cache_dtype not in VLLM_KV_DTYPES:
+            name = self.kv_cache_dtype
+            why = next((v for k, v in NOT_EMULATED.items() if name.startswith(k)), "")
+            detail = f" ({why})" if why else ""
+            raise ValueError(
+                f"kv_cache_dtype {self.kv_cache_dtype!r} is not emulated{detail}; "
+                f"choose one of {', '.join(VLLM_KV_DTYPES)}"
+            )
+        _check_scale("k_scale", self.k_scale)
+        _check_scale("v_scale", self.v_scale)
+        if self.per_token_head and (self.k_scale, self.v_scale) != (1.0, 1.0):
+            raise ValueError(f"{self.kv_cache_dtype} computes its own scales; k/v scales are 1.0")
+
+    @property
+    def per_token_head(self) -> bool:
+        return self.kv_cache_dtype in PER_TOKEN_HEAD
+
+    @property
+    def storage_dtype(self) -> torch.dtype:
+        if self.per_token_head:
+            return PER_TOKEN_HEAD[self.kv_cache_dtype][0]
+        return FP8_DTYPES[self.kv_cache_dtype]
+
+    def head_bytes(self, head_dim: int) -> int:
+        """Bytes one token-head of K (or of V) takes in vLLM's page: codes (+ fp32 scale)."""
+        return head_dim + (4 if self.per_token_head else 0)
+
+    def scale_of(self, which: str) -> float:
+        return {"k": self.k_scale, "v": self.v_scale}[which]
+
+    def store(self, x: torch.Tensor, which: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x [..., head_dim] -> (codes [..., head_dim] in storage dtype, per-row fp32 scales
+        [...] or None), exactly as vLLM writes its cache: :meth:`prepare`, then the store's
+        cast (fp8: round to nearest even, saturating like PTX ``cvt.rn.satfinite``; int8:
+        truncation)."""
+        values, scales = self.prepare(x, which)
+        if self.storage_dtype == torch.int8:
+            return values.trunc().to(torch.int8), scales
+        fmax = torch.finfo(self.storage_dtype).max
+        return values.clamp(-fmax, fmax).to(self.storage_dtype), scales
+
+    def prepare(self, x: torch.Tensor, which: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The fp32 values vLLM's store kernel hands to its final cast, and the scales."""
+        xf = x.float()
+        if not self.per_token_head:
+            return xf / torch.tensor(self.scale_of(which), dtype=torch.float32), None
+        store_dtype, qmin, qmax = PER_TOKEN_HEAD[self.kv_cache_dtype]
+        scale = (xf.abs().amax(-1) / qmax).clamp_min(SCALE_FLOOR)  # [...] fp32
+        q = xf * (1.0 / scale)[..., None]
+        if store_dtype == torch.int8:  # round half away from zero; the store then truncates
+            q = torch.where(q >= 0, q + 0.5, q - 0.5)
+        return q.clamp(qmin, qmax), scale
+
+    def load(
+        self, codes: torch.Tensor, scales: torch.Tensor | None, which: str, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """What attention reads: codes times the scale (fp32), in ``dtype``."""
+        scale = scales[..., None] if scales is not None else self.scale_of(which)
+        return (codes.float() * scale).to(dtype)
+
+    def fake_quantize(self, x: torch.Tensor, which: str) -> torch.Tensor:
+        return self.load(*self.store(x, which), which, x.dtype)
+
+    def to_dict(self) -> dict:
+        out: dict = {"kv_cache_dtype": self.kv_cache_dtype}
+        if (self.k_scale, self.v_scale) != (1.0, 1.0):
+            out.update(k_scale=self.k_scale, v_scale=self.v_scale)
+        return out

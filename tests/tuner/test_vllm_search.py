@@ -1,0 +1,51 @@
+"""`search_vllm()` on a tiny real checkpoint (random LLaMA + byte tokenizer): the skip set
+fits the budget, beats or ties D on every layer, the study resumes, --ppl-within answers."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvtuner import KVTunerError
+from kvtuner.cli.main import main
+from kvtuner.profile import load_vllm_profile
+from kvtuner.tuner.budget import Budget
+from kvtuner.tuner.vllm_search import VllmTarget, search_vllm
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "calibration"))
+from calib_helpers import save_tiny  # noqa: E402
+
+
+@pytest.fixture
+def tiny_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVTUNER_CACHE_DIR", str(tmp_path / "cache"))
+    return save_tiny(tmp_path / "tiny", num_hidden_layers=4)
+
+
+def _search(tiny_dir, out, **target):
+    kw = dict(num_samples=2, seq_len=32, confirm_samples=1, n_trials=5, log=lambda _: None)
+    return search_vllm(model=str(tiny_dir), target=VllmTarget(**target), output=out, **kw)
+
+
+def test_search_fits_the_budget_beats_uniform_and_resumes(tiny_dir, tmp_path):
+    out = tmp_path / "p.json"
+    # 4 layers: fp8 everywhere is 0.5x of bf16, each skip adds 0.125x -> 0.75x allows 2
+    first = _search(tiny_dir, out, kv_cache_dtype="fp8_e4m3", budget=Budget.parse("0.75x"))
+    profile = load_vllm_profile(out)
+    assert len(profile.plan.skip_layers) <= 2 and profile.budget["skip_cap"] == 2
+    assert profile.budget["ratio_to_model_dtype"] <= 0.75
+    assert first.kl <= first.uniform_kl
+    again = _search(tiny_dir, out, kv_cache_dtype="fp8_e4m3", budget=Budget.parse("0.75x"))
+    assert again.trials == first.trials  # every candidate was in the study already
+    capped = _search(tiny_dir, tmp_path / "q.json", kv_cache_dtype="fp8_e4m3", max_skip=1)
+    assert len(capped.profile.plan.skip_layers) <= 1
+
+
+def test_ppl_within_and_bad_input(tiny_dir, tmp_path, capsys):
+    loose = _search(tiny_dir, tmp_path / "p.json", kv_cache_dtype="fp8_e5m2", ppl_within=50.0)
+    assert loose.profile.plan.skip_layers == ()  # fp8 alone is well within 50 %
+    with pytest.raises(KVTunerError, match="below"):
+        _search(tiny_dir, tmp_path / "b.json", kv_cache_dtype="fp8", budget=Budget.parse("0.4x"))
+    argv = ["search", "--model", str(tiny_dir), "--target", "vllm", "--max-skip", "1"]
+    assert main(argv) == 2
+    assert "--kv-cache-dtype" in capsys.readouterr().err
