@@ -60,11 +60,11 @@ def group_rss_mb(pgid: int) -> float:
     return total / 2**20
 
 
-def _request(url: str, rng: random.Random) -> dict:
+def _request(rng: random.Random, max_tokens: int) -> dict:
     body = {
         "model": "default",
         "prompt": " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 400))),
-        "max_tokens": rng.randint(1, 128),
+        "max_tokens": rng.randint(1, max_tokens),
         "temperature": rng.choice((0.0, 0.8)),
         "stream": rng.random() < 0.5,
     }
@@ -91,10 +91,10 @@ def _one(url: str, body: dict, cancel_after: int | None) -> bool:
         return True
 
 
-def _client(url: str, seed: int, deadline: float, result: LoadResult, lock: threading.Lock):
+def _client(url: str, seed: int, deadline: float, max_tokens: int, result: LoadResult, lock):
     rng = random.Random(seed)
     while time.monotonic() < deadline:
-        body = _request(url, rng)
+        body = _request(rng, max_tokens)
         cancel = rng.randint(1, 5) if body["stream"] and rng.random() < CANCEL_SHARE else None
         start = time.monotonic()
         try:
@@ -113,15 +113,25 @@ def _client(url: str, seed: int, deadline: float, result: LoadResult, lock: thre
 
 
 def run_load(
-    base_url: str, pgid: int, *, streams: int, seconds: float, rss_every: float = 5.0, seed: int = 0
+    base_url: str,
+    pgid: int,
+    *,
+    streams: int,
+    seconds: float,
+    max_tokens: int = 128,
+    rss_every: float = 5.0,
+    seed: int = 0,
 ) -> LoadResult:
-    """``streams`` clients for ``seconds`` (requests in flight at the deadline finish)."""
+    """``streams`` clients for ``seconds`` (requests in flight at the deadline finish), each
+    request asking 1..``max_tokens`` tokens."""
     result, lock = LoadResult(), threading.Lock()
     start = time.monotonic()
     deadline = start + seconds
     url = base_url + "/v1/completions"
     threads = [
-        threading.Thread(target=_client, args=(url, seed + i, deadline, result, lock), daemon=True)
+        threading.Thread(
+            target=_client, args=(url, seed + i, deadline, max_tokens, result, lock), daemon=True
+        )
         for i in range(streams)
     ]
     for t in threads:

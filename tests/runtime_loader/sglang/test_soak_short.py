@@ -1,6 +1,6 @@
-"""A short soak of the real server with the exported KIVI profile (``--page-size 32``): 16 mixed
-client streams for 20 s over a 1024-token pool (queueing), then every slot back in the allocator
-once idle. The long run is ``benchmarks/sglang_soak.py``."""
+"""A short soak of the real server with the exported KIVI profile (``--page-size 32``): 8 mixed
+client streams (up to 16 new tokens each) for 10 s over a 1024-token pool, then every slot back
+in the allocator once idle. The long run is ``benchmarks/sglang_soak.py``."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ FLAGS = (
     "--max-total-tokens",
     "1024",
     "--max-running-requests",
-    "16",
+    "8",
     "--disable-radix-cache",
     "--enable-metrics",
 )
@@ -31,8 +31,10 @@ def test_mixed_load_fails_nothing_and_leaves_no_slot_behind(tmp_path):
     from soak_load import idle_used_tokens, run_load
 
     with SGLangServer(smollm2_hf_dir(), *FLAGS, log_path=tmp_path / "server.log") as server:
-        load = run_load(server.url, server.proc.pid, streams=16, seconds=20, rss_every=2)
+        load = run_load(
+            server.url, server.proc.pid, streams=8, seconds=10, max_tokens=16, rss_every=2
+        )
         idle = idle_used_tokens(server.url)
     assert load.failed == 0, load.errors[:3]
-    assert load.served >= 4 and load.rss_mb and all(mb > 0 for _, mb in load.rss_mb)
+    assert load.served >= 2 and load.rss_mb and all(mb > 0 for _, mb in load.rss_mb)
     assert idle == 0
