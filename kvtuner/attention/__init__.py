@@ -12,12 +12,20 @@ from .reference import decode_attention_reference, extend_attention_reference
 
 __all__ = [
     "AttentionBatch",
+    "attend",
     "choose_splits",
     "decode_attention",
     "decode_attention_reference",
     "extend_attention",
     "extend_attention_reference",
 ]
+
+
+def attend(*args: Any, **kwargs: Any):
+    """See :func:`kvtuner.attention.decode.attend` (imported on first use)."""
+    from . import decode
+
+    return decode.attend(*args, **kwargs)
 
 
 def decode_attention(*args: Any, **kwargs: Any):

@@ -25,7 +25,7 @@ from ..quant.triton_kernels import interpreted
 from .kernel import launch
 from .layout import AttentionBatch, choose_splits
 
-__all__ = ["decode_attention", "extend_attention"]
+__all__ = ["attend", "decode_attention", "extend_attention"]
 
 
 def _rotated(x: torch.Tensor | None, spec: QuantSpec) -> torch.Tensor | None:
@@ -64,26 +64,10 @@ def extend_attention(
     k_spec: QuantSpec,
     v_spec: QuantSpec,
     *,
-    lengths: torch.Tensor | None = None,
-    slot_table: torch.Tensor | None = None,
-    table_rows: torch.Tensor | None = None,
-    k_tail: torch.Tensor | None = None,
-    v_tail: torch.Tensor | None = None,
-    starts: torch.Tensor | None = None,
-    sm_scale: float | None = None,
-    qo_indptr: torch.Tensor | None = None,
-    max_q_len: int | None = None,
-    k_smooth: torch.Tensor | None = None,
-    window: int | None = None,
-    logit_cap: float | None = None,
-    sinks: torch.Tensor | None = None,
-    k_stage: torch.Tensor | None = None,
-    k_stage_rows: torch.Tensor | None = None,
-    rope_freq: torch.Tensor | None = None,
-    rope_offset: int | torch.Tensor = 0,
     num_splits: int | None = None,
     block_tokens: int = 64,
     scale_after_dot: bool | None = None,
+    **fields: Any,
 ) -> torch.Tensor:
     """Causal attention of each request's newest Tq tokens over its packed K/V (and tail)
     -> [B, Tq, Hq, D] (ragged: [N, Hq, D]) in q's dtype.
@@ -95,7 +79,8 @@ def extend_attention(
       token t lives in slot ``slot_table[table_rows[b], t]``, ``table_rows`` default
       ``arange(B)``), ``lengths [B]`` int32 packed tokens (required);
     - contiguous (HF cache): ``k_rows [B, Hkv, T, R]``, ``lengths`` default T for all.
-    Optional keywords:
+    Optional keywords (the fields of :class:`.layout.AttentionBatch`, passed on by name; a
+    caller holding a batch calls :func:`attend`):
     - ``k_tail`` / ``v_tail``: unpacked tokens ``[B, Hkv, Tt, D]`` after the packed ones;
     - ``starts`` int32 [B]: the request attends positions >= starts[b] (left padding);
     - ragged batches (paged only; SGLang's extend): q ``[N, Hq, D]``, ``qo_indptr [B+1]``
@@ -121,10 +106,23 @@ def extend_attention(
     Needs CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``.
     """
     batch = AttentionBatch(
-        q, k_rows, v_rows, k_spec, v_spec, lengths, slot_table, table_rows, k_tail, v_tail,
-        starts, sm_scale, qo_indptr, max_q_len, k_smooth, window, logit_cap, sinks, k_stage,
-        k_stage_rows, rope_freq, rope_offset,
-    )  # fmt: skip
+        q=q, k_rows=k_rows, v_rows=v_rows, k_spec=k_spec, v_spec=v_spec, **fields
+    )  # the other keywords above are AttentionBatch fields, checked there
+    return attend(
+        batch, num_splits=num_splits, block_tokens=block_tokens, scale_after_dot=scale_after_dot
+    )
+
+
+def attend(
+    batch: AttentionBatch,
+    *,
+    num_splits: int | None = None,
+    block_tokens: int = 64,
+    scale_after_dot: bool | None = None,
+) -> torch.Tensor:
+    """The fused attention of one checked batch (build it by keyword) -> [B, Tq, Hq, D]
+    (ragged: [N, Hq, D]) in q's dtype; launch options as in :func:`extend_attention`."""
+    q, v_spec = batch.q, batch.v_spec
     if not q.is_cuda and not interpreted():
         raise ValueError("packed attention needs CUDA tensors, or TRITON_INTERPRET=1 on CPU")
     if block_tokens < 16 or block_tokens & (block_tokens - 1):

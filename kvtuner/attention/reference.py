@@ -3,11 +3,14 @@ logit soft cap or attention sinks the softmax is written out."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
 from ..quant.reference import dequantize
 from ..quant.smoothing import unsmooth
+from ..quant.spec import QuantSpec
 from .layout import AttentionBatch
 from .rope import rope_forward
 
@@ -107,13 +110,22 @@ def _attention(batch: AttentionBatch, q, k, v, allowed) -> torch.Tensor:
     return att.transpose(0, 1)
 
 
-def extend_attention_reference(q: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+def extend_attention_reference(
+    q: torch.Tensor,
+    k_rows: torch.Tensor,
+    v_rows: torch.Tensor,
+    k_spec: QuantSpec,
+    v_spec: QuantSpec,
+    **kwargs: Any,
+) -> torch.Tensor:
     """Same arguments as :func:`~.decode.extend_attention` (``num_splits``/``block_tokens``
     ignored) -> [B, Tq, Hq, D] (ragged: [N, Hq, D]) in q's dtype; a query with nothing to
     attend gets zeros."""
     kwargs.pop("num_splits", None)
     kwargs.pop("block_tokens", None)
-    batch = AttentionBatch(q, *args, **kwargs)
+    batch = AttentionBatch(
+        q=q, k_rows=k_rows, v_rows=v_rows, k_spec=k_spec, v_spec=v_spec, **kwargs
+    )
     outs = []
     for b in range(batch.batch_size):
         qb = _queries(batch, b).float()  # [Tq_b, Hq, D]

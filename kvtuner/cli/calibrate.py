@@ -7,6 +7,7 @@ import time
 from dataclasses import replace
 
 from ..errors import KVTunerError
+from ..search_spaces.preset_table import preset_help
 from .output import Verbosity, add_verbosity_arguments
 from .placement_args import add_placement_arguments, placement_from_args
 
@@ -40,10 +41,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--preset",
         default="per-token",
-        help="per-token (Hadamard keys, token axis, g32), per-token-g64, kivi (channel keys "
-        "g32), kivi-hadv (kivi, Hadamard values), kivi-prerope-hadv (kivi-hadv, keys stored "
-        "before RoPE) or a preset JSON file; the flags below "
-        "override it",
+        help=preset_help("per-token") + "; the flags below override it",
     )
     p.add_argument("--key-axis", choices=("token", "channel"))
     p.add_argument("--key-rotation", choices=("hadamard", "none"))

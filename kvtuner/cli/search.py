@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..search_spaces.preset_table import preset_help
 from .calibrate import add_batch_size_argument, add_bits_argument, parse_bits
 from .output import Verbosity, add_verbosity_arguments
 from .placement_args import add_placement_arguments, placement_from_args
@@ -37,9 +38,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--preset",
         default="per-token",
-        help="per-token, per-token-g64 or per-token-smooth (SGLang-servable at any page size), "
-        "kivi, kivi-hadv, kivi-prerope or kivi-prerope-hadv (channel-axis keys, the last two "
-        "stored pre-RoPE; SGLang with --page-size 32) or a JSON file of specs",
+        help=preset_help("per-token"),
     )
     add_bits_argument(
         p,
