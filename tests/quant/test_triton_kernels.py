@@ -114,6 +114,22 @@ def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
     )
 
 
+def _same_up_to_summation_order(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """fp32 reads of Hadamard rows: the inverse rotation is a D-term dot per element, summed in
+    another order by the interpreter's numpy BLAS than by torch's on some CPUs (bitwise equal on
+    Intel, a few ulps of the row's scale apart on AMD): NaN where the other is NaN, else within
+    4e-6 of the row's largest |value| (measured 6.4e-7 at D = 128)."""
+    nan = a.isnan() | b.isnan()
+    if not torch.equal(a.isnan(), b.isnan()):
+        return False
+    a, b = torch.where(nan, 0, a), torch.where(nan, 0, b)
+    row = torch.nan_to_num(b, posinf=0, neginf=0).abs().amax(-1, keepdim=True)
+    finite = a.isfinite() & b.isfinite()
+    return torch.equal(a[~finite], b[~finite]) and bool(
+        ((a - b).abs() <= 4e-6 * row).where(finite, True).all()
+    )
+
+
 @pytest.mark.parametrize(("spec", "head_dim"), list(_cases()))
 def test_scatter_gather_match_reference(tk, spec, head_dim):
     for dtype in (torch.float32, torch.bfloat16):
@@ -127,7 +143,10 @@ def test_scatter_gather_match_reference(tk, spec, head_dim):
             out = tk.triton_gather_dequantized(buf, LOC.int(), spec, head_dim, out_dtype)
             ref = dequantize(expected[LOC], spec, head_dim, out_dtype)
             assert out.dtype == out_dtype and out.shape == (len(LOC), HEADS, head_dim)
-            assert _same_values(out, ref)
+            if spec.rotation == "hadamard" and out_dtype == torch.float32:
+                assert _same_up_to_summation_order(out, ref)
+            else:
+                assert _same_values(out, ref)
 
 
 @settings(max_examples=30, deadline=None)

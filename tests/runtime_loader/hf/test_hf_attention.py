@@ -50,9 +50,11 @@ def generate(model, profile, ids, mask=None, new=6, **cache_kw):
 
 def same_generation(got, ref) -> None:
     """Identical tokens, and logits within fp32 rounding (tokens of a random tiny model barely
-    depend on attention: a 1 % error in q leaves them alone, not the logits)."""
+    depend on attention: a 1 % error in q leaves them alone, not the logits). Rounding: the
+    kernel's online softmax and SDPA sum in different orders; through two layers and lm_head
+    that measured up to 3.7e-5 on a 2-core AMD EPYC (AVX2; 1e-5 held on Intel Xeon)."""
     assert torch.equal(got[0], ref[0])
-    torch.testing.assert_close(got[1], ref[1], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got[1], ref[1], atol=1e-4, rtol=1e-5)
 
 
 @pytest.mark.parametrize(
