@@ -28,9 +28,11 @@ PROMPTS = [
 ]
 NEW_TOKENS = 48  # every prompt (37-40 tokens) crosses the page boundary at 64
 # Teacher-forced HF, fed the served tokens: its top logit minus its logit of the served token.
-# Measured: kivi-4bit at most 0.50, 76 of 81 steps 0 (HF's own choice); pre-RoPE K4V4 at most
-# 0.27, 101 of 104 (HF keeps the newest value and a just-filled page in fp; the pool does not).
-CLOSE_LOGIT = 1.0
+# Measured on Intel Xeon: kivi-4bit at most 0.50, 76 of 81 steps 0 (HF's own choice); pre-RoPE
+# K4V4 at most 0.27, 101 of 104 (HF keeps the newest value and a just-filled page in fp; the pool
+# does not). On AMD EPYC (AVX2) pre-RoPE K4V4 reaches 1.44 at one step: another BLAS sums the
+# rotation in another order and moves a 4-bit code, and the two greedy paths part there.
+CLOSE_LOGIT = 2.0
 SAME_CHOICE = 0.9  # share of steps where the server picks HF's argmax
 
 
