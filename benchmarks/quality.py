@@ -66,7 +66,7 @@ def exported_profiles(fingerprint: ModelFingerprint, folder: Path) -> list[EvalC
         try:
             rows.append(profile_config(str(path), fingerprint))
         except KVTunerError as exc:
-            print(f"[quality] skip {path.relative_to(ROOT)}: {exc}", file=sys.stderr)
+            print(f"[quality] skip {path}: {exc}", file=sys.stderr)
     return rows
 
 
