@@ -77,10 +77,14 @@ def test_quantized_prerope_keys_are_the_packed_unrotated_keys():
 @pytest.mark.slow
 def test_prerope_keys_lose_less_than_post_rope_keys_on_smollm2(smollm2):
     """The reason the option exists, on the real model: 3-bit channel-axis keys (values left
-    16-bit) stored pre-RoPE move the next-token distribution less than post-RoPE ones."""
+    16-bit) stored pre-RoPE move the next-token distribution less than post-RoPE ones, on 2 x 512
+    tokens of WikiText-2 test (measured: 0.0346 vs 0.0518, ratio 0.67 on AMD EPYC; one short
+    repeated sentence, this test's earlier text, gave 0.0260 vs 0.0216 there while it passed on
+    Intel Xeon: too few tokens to say)."""
+    from kvtuner.evaluation import load_eval_windows
+
     model, tok = smollm2
-    text = "The tower is 324 metres tall, about as high as an 81-storey building. " * 8
-    ids = tok(text, return_tensors="pt").input_ids
+    ids = load_eval_windows(tok, num_windows=2, seq_len=512).tokens
     with torch.no_grad():
         fp = torch.log_softmax(model(ids).logits, -1)
 
@@ -91,7 +95,7 @@ def test_prerope_keys_lose_less_than_post_rope_keys_on_smollm2(smollm2):
 
         post, pre = kl(QuantSpec(3, 32, axis="channel")), kl(QuantSpec(3, 32, axis="channel",
                                                                       pre_rope=True))  # fmt: skip
-    assert pre < 0.9 * post
+    assert pre < 0.8 * post
 
 
 def test_make_cache_needs_the_model_for_prerope_keys():
