@@ -24,7 +24,13 @@ import torch
 from kvtuner.calibration import load_model
 from kvtuner.calibration.batches import load_calibration_data
 from kvtuner.calibration.smoothing import key_magnitudes
-from kvtuner.profile import ModelFingerprint, load_profile, write_json_atomic
+from kvtuner.profile import (
+    ModelFingerprint,
+    is_vllm_profile,
+    load_profile,
+    read_json,
+    write_json_atomic,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "key_outliers.json"
@@ -64,6 +70,8 @@ def profile_keys(folder: Path, model_config) -> dict[str, list[str]]:
     """Profile stem -> per-layer key treatment, for the profiles in ``folder``."""
     out = {}
     for path in sorted(folder.glob("*.json")):
+        if is_vllm_profile(read_json(path, "profile")):
+            continue  # a vLLM skip set stores no kvtuner key spec
         profile = load_profile(str(path), model_config)
         out[path.stem] = [key_treatment(layer) for layer in profile.layers]
     return out
