@@ -61,9 +61,10 @@ def measure_layer(
             acc[1] += r.err_sq
             acc[2] += r.ref_sq
     positions = fp.reference.tokens.numel()
-    entry = {"layer": layer, **{part: {} for part in parts}}
+    measured = [p for p in PARTS if p in parts]  # the variants' order: keys, then values
+    entry = {"layer": layer, **{part: {} for part in measured}}
     for i, (kl, err, ref) in enumerate(sums):
-        part, b = [p for p in PARTS if p in parts][i // len(bits)], bits[i % len(bits)]
+        part, b = measured[i // len(bits)], bits[i % len(bits)]
         rel = math.sqrt(err / ref) if ref > 0 else 0.0
         entry[part][str(b)] = {"kl": max(0.0, kl / positions), "attn_rel_err": rel}
     return entry
