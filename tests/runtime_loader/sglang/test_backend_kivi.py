@@ -48,7 +48,7 @@ def parts():
 
     profile = tiny_profile(SPECS, heads=HEADS, head_dim=D)
     packed = pool_over(profile, SIZE, page_size=G, read_mode="packed")
-    packed._rope.bind(FREQ)  # what the plugin binds from the model before the first forward
+    packed._parts.rope.bind(FREQ)  # what the plugin binds from the model before the first forward
     stock = MHATokenToKVPool(SIZE, page_size=G, dtype=torch.float32, head_num=HEADS,
                              head_dim=D, layer_num=len(SPECS), device="cpu",
                              enable_memory_saver=False)  # fmt: skip

@@ -44,7 +44,7 @@ def _exact(a, b):
 
 
 def _from_batch(pool, out, which):
-    dense = pool._batch._kv[0 if which == "k" else 1]
+    dense = pool._parts.reads.batch._kv[0 if which == "k" else 1]
     return out.untyped_storage().data_ptr() == dense.untyped_storage().data_ptr()
 
 

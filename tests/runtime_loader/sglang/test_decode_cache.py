@@ -89,7 +89,7 @@ def test_decode_steps_dequantize_only_the_new_token_and_equal_read_kv(dtype):
         _write(pool, slots[n - 1 : n], g, dtype)
         _read_all(pool, slots[:n])
         assert pool.reads == [1] * (len(LAYERS) - 1)  # the last layer's write is still fresh
-    assert 0 < pool._cache.cached_bytes() <= pool.decode_cache_bound_bytes()
+    assert 0 < pool._parts.reads.cache.cached_bytes() <= pool.decode_cache_bound_bytes()
 
 
 def test_a_reused_slot_is_never_served_stale():
@@ -152,10 +152,13 @@ def test_the_cache_stays_within_its_bound_and_what_does_not_fit_is_read_directly
     _write(pool, slots, g)
     first, second = slots[:20], slots[20:40]
     _read_all(pool, first)
-    cached, keys = pool._cache.cached_bytes(), set(pool._cache._entries)
+    cached, keys = pool._parts.reads.cache.cached_bytes(), set(pool._parts.reads.cache._entries)
     for _ in range(2):  # does not fit next to the first: read directly, twice
         _read_all(pool, second)
-        assert pool._cache.cached_bytes() == cached and set(pool._cache._entries) == keys
+        assert (
+            pool._parts.reads.cache.cached_bytes() == cached
+            and set(pool._parts.reads.cache._entries) == keys
+        )
     assert cached <= pool.decode_cache_bound_bytes() == 32 * len(LAYERS) * 2 * HEADS * D * 2
 
 
@@ -168,11 +171,11 @@ def test_idle_entries_are_evicted_and_scratch_mode_has_no_cache():
     _write(pool, slots, g)
     _read_all(pool, slots)
     for _ in range(IDLE_STEPS + 1):
-        assert pool._cache.cached_bytes() > 0
+        assert pool._parts.reads.cache.cached_bytes() > 0
         pool.prepare_reads(torch.empty(0, dtype=torch.int64))
-    assert pool._cache.cached_bytes() == 0
+    assert pool._parts.reads.cache.cached_bytes() == 0
     scratch = make_pool(tiny_profile(LAYERS, heads=HEADS, head_dim=D), read_mode="scratch")
-    assert not scratch._cache.enabled and scratch.decode_cache_bound_bytes() == 0
+    assert not scratch._parts.reads.cache.enabled and scratch.decode_cache_bound_bytes() == 0
 
 
 def test_dequantizing_rows_alone_or_in_a_batch_gives_the_same_bits():

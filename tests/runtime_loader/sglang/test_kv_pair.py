@@ -33,7 +33,7 @@ def written(request):
     dtype = request.param
     g = torch.Generator().manual_seed(4)
     pool = make_pool(tiny_profile(PAIRED, heads=HEADS, head_dim=D), dtype=dtype, read_mode="lazy")
-    assert all(p is not None for p in pool._pairs)
+    assert all(p is not None for p in pool._parts.pairs)
     loc = torch.randperm(SIZE, generator=g)[:16] + 1
     data = {}
     for layer in range(len(PAIRED)):
@@ -81,6 +81,6 @@ def test_small_numpy_and_large_torch_writes_store_the_same_bytes(n):
         pool.set_kv_buffer(Layer(layer), loc, k, v)
         assert torch.equal(pool.k_buffer[layer][loc], quantize(k, k_spec))
         assert torch.equal(pool.v_buffer[layer][loc], quantize(v, v_spec))
-        fresh = pool._cache._fresh  # what the next read of these slots is served from
+        fresh = pool._parts.reads.cache._fresh  # what the next read of these slots is served from
         assert torch.equal(fresh[2], dequantize(quantize(k, k_spec), k_spec, D, torch.float16))
         assert torch.equal(fresh[3], dequantize(quantize(v, v_spec), v_spec, D, torch.float16))

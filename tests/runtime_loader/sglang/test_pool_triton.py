@@ -105,7 +105,7 @@ def test_triton_page_packer_equals_the_torch_one(kernels):
     slots = torch.cat([torch.arange(p * g, p * g + g) for p in (3, 1, 4)])[:40]
     x = torch.randn(40, HEADS, D, generator=torch.Generator().manual_seed(2))
     for pool in pools:
-        pool._rope.note(slots, torch.arange(40))
+        pool._parts.rope.note(slots, torch.arange(40))
         for start, n in ((0, 20), (20, 1), (21, 19)):
             for layer in range(len(specs)):
                 part = slots[start : start + n]

@@ -74,7 +74,7 @@ def test_both_read_modes_give_the_same_values_and_lazy_has_no_scratch(pools):
         pairs = zip(lazy.get_kv_buffer(layer), scratch.get_kv_buffer(layer), strict=True)
         for ours, theirs in pairs:
             assert torch.equal(ours[batch], theirs[batch])
-    assert lazy.scratch_bytes() == 0 and lazy._k_scratch is None and lazy._v_scratch is None
+    assert lazy.scratch_bytes() == 0 and lazy._parts.reads.scratch is None
     assert scratch.scratch_bytes() == 2 * (SIZE + 1) * HEADS * D * 4
     assert lazy.get_kv_size_bytes() == scratch.get_kv_size_bytes()
     assert lazy.get_kv_buffer_shape() == scratch.get_kv_buffer_shape()

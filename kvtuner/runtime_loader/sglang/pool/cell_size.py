@@ -29,6 +29,7 @@ __all__ = [
     "READ_MODES",
     "STAGE_MARGIN",
     "CellSize",
+    "allocation_line",
     "cell_size",
     "read_mode",
     "stage_pages_for",
@@ -128,3 +129,39 @@ def stage_pages_for(max_running_requests: int) -> int:
     """Filling pages the staging holds per channel-axis side: one per running request (each
     fills at most one page at a time) plus ``STAGE_MARGIN``."""
     return max_running_requests + STAGE_MARGIN
+
+
+def allocation_line(pool: Any) -> str:
+    """The start-up log line of a built kvtuner pool: its bytes, and the profile's prediction."""
+    k, v = pool.get_kv_size_bytes()
+    ids, layers = pool.layer_ids, pool.profile.layers
+    predicted = cell_size(
+        pool.profile,
+        heads=pool.head_num,
+        start_layer=pool.start_layer,
+        num_layers=pool.layer_num,
+        dtype_bytes=pool.dtype.itemsize,
+        read_mode=pool.read_mode,
+        layer_ids=ids,
+    )
+    sides = [qs for i in ids for qs in (layers[i].k, layers[i].v)]
+    channel = sum(qs.axis == "channel" and qs.is_quantized for qs in sides)
+    return (
+        f"kvtuner pool: profile {pool.profile.hash}, layers {_layer_range(ids)} of "
+        f"{len(layers)}, #tokens: {pool.size}, rows: {pool.size + pool.page_size}, packed KV "
+        f"bytes: {k + v} (profile predicts {predicted.packed} B/token), read mode "
+        f"{pool.read_mode}, dequant scratch bytes: {pool.scratch_bytes()}, decode cache: at most "
+        f"{pool.decode_cache_tokens} tokens per layer ({pool.decode_cache_bound_bytes()} bytes), "
+        f"fp staging: {pool.stage_pages} filling pages per channel-axis side ({channel} sides, "
+        f"{pool.staging_bytes()} bytes)"
+    )
+
+
+def _layer_range(ids: Sequence[int]) -> str:
+    """``15..29`` for contiguous ids, else the list (a SWAKVPool sub-pool's layers)."""
+    ids = tuple(ids)
+    if not ids:
+        return "none"
+    if ids == tuple(range(ids[0], ids[0] + len(ids))):
+        return f"{ids[0]}..{ids[-1]}"
+    return ",".join(map(str, ids))

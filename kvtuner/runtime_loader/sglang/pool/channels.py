@@ -1,60 +1,133 @@
-"""The pool's channel-axis (KIVI) sides: a :class:`ChannelPages` store per side (packed page
-blocks plus the fp staging of filling pages), created with the buffers and told by SGLang's
-allocator hooks when pages are freed."""
+"""ChannelSides: the pool's channel-axis (KIVI) sides, a :class:`ChannelPages` store per side
+(packed page blocks plus the fp staging of filling pages), created with the layers' packed
+buffers and told by SGLang's allocator hooks when pages are freed."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
 import torch
+from sglang.srt.mem_cache.memory_pool import KvBufferDesc
 
+from ....profile import LayerSpec
+from ....quant import QuantSpec
 from .channel_pages import ChannelPages
+from .slot_rope import SlotRope
 
-__all__ = ["PoolChannels"]
+__all__ = ["ChannelSides", "PoolGeometry", "buffer_descs"]
+
+SidePair = tuple[ChannelPages | None, ChannelPages | None]
 
 
-class PoolChannels:
-    """Mixin of :class:`KVTunerMHATokenToKVPool`: channel-axis page stores. Needs ``_channel``
-    (per local layer: (K pages, V pages) or None), ``size``, ``page_size``, ``head_num``,
-    ``head_dim``, ``stage_pages``, ``dtype``, ``device``, ``pack_pages`` (the page packer)
-    and, for pre-RoPE keys, ``_slot_rope`` (:class:`.slot_rope.PoolRope`)."""
+@dataclass(frozen=True)
+class PoolGeometry:
+    """What every packed buffer of the pool shares: ``rows`` slots (size + page), ``page``
+    slots per page, ``heads`` KV heads of ``head_dim``, the model ``dtype``, the ``device``."""
 
-    def _rows(self, spec) -> tuple[int, int, int]:
-        return (self.size + self.page_size, self.head_num, spec.row_bytes(self.head_dim))
+    rows: int
+    page: int
+    heads: int
+    head_dim: int
+    dtype: torch.dtype
+    device: torch.device | str
 
-    def _side_buffer(self, spec) -> tuple[torch.Tensor, ChannelPages | None]:
-        """A layer side's packed buffer and, for a channel-axis spec, its page store."""
-        if spec.axis == "token" or not spec.is_quantized:
-            return torch.zeros(self._rows(spec), dtype=torch.uint8, device=self.device), None
-        pages = ChannelPages(
-            spec,
-            pages=(self.size + self.page_size) // self.page_size,
-            heads=self.head_num,
-            head_dim=self.head_dim,
-            stage_pages=self.stage_pages,
-            dtype=self.dtype,
-            device=self.device,
-            rope=self._slot_rope() if spec.pre_rope else None,
-            packer=self.pack_pages,
-        )
-        return pages.blocks, pages
+    def __post_init__(self) -> None:
+        if min(self.rows, self.page, self.heads, self.head_dim) <= 0 or self.rows % self.page:
+            raise ValueError(f"invalid pool geometry {self}")
 
-    def _channel_stores(self) -> list[ChannelPages]:
+
+class ChannelSides:
+    """Per local layer: (K pages, V pages) when a side is channel-axis, else None."""
+
+    def __init__(self, pairs: Sequence[SidePair | None]) -> None:
+        self._pairs = list(pairs)
+
+    @classmethod
+    def allocate(
+        cls,
+        specs: Sequence[LayerSpec],
+        geometry: PoolGeometry,
+        *,
+        stage_pages: int,
+        rope: SlotRope | None,
+        packer: Callable[..., None],
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor], ChannelSides]:
+        """Packed K and V buffers of every layer (uint8 ``[rows, heads, row_bytes]``, or a
+        channel-axis side's page blocks) and the page stores of the channel-axis sides.
+        ``rope``: the slot positions of pre-RoPE keys; ``packer``: the page packer."""
+
+        def side(spec: QuantSpec) -> tuple[torch.Tensor, ChannelPages | None]:
+            if spec.axis == "token" or not spec.is_quantized:
+                shape = (geometry.rows, geometry.heads, spec.row_bytes(geometry.head_dim))
+                return torch.zeros(shape, dtype=torch.uint8, device=geometry.device), None
+            pages = ChannelPages(
+                spec,
+                pages=geometry.rows // geometry.page,
+                heads=geometry.heads,
+                head_dim=geometry.head_dim,
+                stage_pages=stage_pages,
+                dtype=geometry.dtype,
+                device=geometry.device,
+                rope=rope if spec.pre_rope else None,
+                packer=packer,
+            )
+            return pages.blocks, pages
+
+        sides = [(side(s.k), side(s.v)) for s in specs]
+        pairs = [(k[1], v[1]) if k[1] or v[1] else None for k, v in sides]
+        return [k[0] for k, _ in sides], [v[0] for _, v in sides], cls(pairs)
+
+    def __getitem__(self, local: int) -> SidePair | None:
+        return self._pairs[local]
+
+    def __len__(self) -> int:
+        return len(self._pairs)
+
+    def any(self) -> bool:
+        """Whether any layer has a channel-axis side."""
+        return any(pair is not None for pair in self._pairs)
+
+    def side(self, local: int, which: str) -> ChannelPages | None:
+        """Local layer ``local``'s K (``which="k"``) or V page store, or None (token-axis)."""
+        pair = self._pairs[local]
+        return None if pair is None else pair[which == "v"]
+
+    def stores(self) -> list[ChannelPages]:
         """Every channel-axis side's page store, all local layers."""
-        return [side for pair in self._channel if pair for side in pair if side is not None]
+        return [side for pair in self._pairs if pair for side in pair if side is not None]
 
     def staging_bytes(self) -> int:
         """Bytes of the fp staging of channel-axis sides (0 without them)."""
-        return sum(side.staging_bytes() for side in self._channel_stores())
+        return sum(side.staging_bytes() for side in self.stores())
 
-    def release_pages(self, *page_ids: torch.Tensor) -> None:
+    def release(self, *page_ids: torch.Tensor) -> None:
         """SGLang's allocator freed these pages: drop their staged (filling) values."""
-        filling = [side for side in self._channel_stores() if side.staged_pages]
+        filling = [side for side in self.stores() if side.staged_pages]
         if not filling:
             return
         pages = torch.cat([p.reshape(-1) for p in page_ids]).tolist() if page_ids else []
         for side in filling:
             side.release(pages)
 
-    def clear_staging(self) -> None:
+    def clear(self) -> None:
         """SGLang's allocator was cleared: no page is filling."""
-        for side in self._channel_stores():
+        for side in self.stores():
             side.clear()
+
+
+def buffer_descs(
+    k_buffer: Sequence[torch.Tensor], v_buffer: Sequence[torch.Tensor], rows: int
+) -> list[KvBufferDesc]:
+    """SGLang's descriptor per packed buffer (k0..kL-1, v0..vL-1) of a pool of ``rows`` slots:
+    row bytes differ per layer; a channel-axis buffer's row is a page's block."""
+    return [
+        KvBufferDesc(
+            f"{prefix}{i}",
+            tuple(buf.shape),
+            row_bytes=buf[0].numel(),
+            tokens_per_row=rows // buf.shape[0],
+        )
+        for prefix, bufs in (("k", k_buffer), ("v", v_buffer))
+        for i, buf in enumerate(bufs)
+    ]

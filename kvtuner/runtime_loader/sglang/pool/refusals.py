@@ -1,6 +1,9 @@
 """What the kvtuner pool stores, from the profile and the pool's constructor arguments: the
 one-line refusals checked before any KV memory is sized (the server-level ones, which read
-SGLang's configurator: :mod:`..hooks.refusals`)."""
+SGLang's configurator: :mod:`..hooks.refusals`), and the one across ranks: under tensor/pipeline
+parallelism every rank must serve the same profile (the profile is per layer; a TP rank holds its
+own KV heads, a PP stage its own layers), so all ranks exchange the profile hash and all refuse
+on a mismatch."""
 
 from __future__ import annotations
 
@@ -10,7 +13,14 @@ from ....errors import KVTunerError
 from ....profile import Profile
 from ....profile.channel_sides import channel_sides
 
-__all__ = ["FLOAT_DTYPES", "check_profile_servable", "check_staging_bound", "pool_refusal"]
+__all__ = [
+    "FLOAT_DTYPES",
+    "check_profile_servable",
+    "check_same_profile",
+    "check_staging_bound",
+    "pool_refusal",
+    "sglang_rank_group",
+]
 
 FLOAT_DTYPES = ("torch.float16", "torch.bfloat16", "torch.float32")
 
@@ -58,3 +68,31 @@ def pool_refusal(args: dict[str, Any]) -> str | None:
         "different K and V head dims": args.get("v_head_dim") not in (None, args["head_dim"]),
     }
     return next((what for what, bad in checks.items() if bad), None)
+
+
+def sglang_rank_group() -> Any:
+    """The CPU (gloo) group of all of SGLang's ranks (every TP rank of every PP stage, on every
+    node) when its model parallel state is up and has several ranks, else None."""
+    from sglang.srt.distributed import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        return None
+    world = parallel_state.get_world_group()
+    return world.cpu_group if world.world_size > 1 else None
+
+
+def check_same_profile(profile_hash: str, group: Any) -> None:
+    """All-gather ``profile_hash`` over ``group`` (a torch.distributed group, None = no-op);
+    every rank raises the same one-line error if any rank differs."""
+    if group is None:
+        return
+    import torch.distributed as dist
+
+    hashes: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(hashes, profile_hash, group=group)
+    if len(set(hashes)) > 1:
+        listing = ", ".join(f"rank {r}: {h}" for r, h in enumerate(hashes))
+        raise KVTunerError(
+            f"--kvtuner-profile differs across ranks ({listing}); "
+            "give every node the same profile file"
+        )

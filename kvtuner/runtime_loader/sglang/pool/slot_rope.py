@@ -17,6 +17,7 @@ loaded by then, so an unsupported RoPE stops start-up in one line).
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -24,7 +25,7 @@ import torch
 from ....attention.rope import rope_rotate_at
 from ....errors import KVTunerError
 
-__all__ = ["PoolRope", "SlotRope", "pre_rope_frequencies", "rotary_frequencies"]
+__all__ = ["SlotRope", "pre_rope_frequencies", "rotary_frequencies"]
 
 POSITION_BYTES = 4  # int32 per slot
 
@@ -36,6 +37,19 @@ class SlotRope:
     def __init__(self, rows: int, device: torch.device | str) -> None:
         self.positions = torch.zeros(rows, dtype=torch.int32, device=device)
         self.freq: torch.Tensor | None = None
+
+    @classmethod
+    def for_layers(
+        cls, specs: Sequence[Any], rows: int, device: torch.device | str, freq: torch.Tensor | None
+    ) -> SlotRope | None:
+        """The table of a pool whose layers ``specs`` store keys pre-RoPE (channel-axis), bound
+        to ``freq`` when given (unbound, a write or read is a one-line error); else None."""
+        if not any(_pre_rope_pages(s.k) or _pre_rope_pages(s.v) for s in specs):
+            return None
+        rope = cls(rows, device)
+        if freq is not None:
+            rope.bind(freq)
+        return rope
 
     def bind(self, freq: torch.Tensor) -> None:
         if freq.ndim != 1 or not len(freq):
@@ -50,6 +64,12 @@ class SlotRope:
                 f"{tuple(positions.shape)} for {tuple(loc.shape)} slots"
             )
         self.positions[loc.long()] = positions.to(torch.int32)
+
+    def note_batch(self, forward_batch: Any) -> None:
+        """Before a forward: record the positions of the slots the batch writes."""
+        loc, positions = forward_batch.out_cache_loc, forward_batch.positions
+        if loc is not None and positions is not None and loc.numel():
+            self.note(loc, positions)
 
     def turn(self, loc: torch.Tensor, x: torch.Tensor, *, forward: bool) -> torch.Tensor:
         """Keys x [n, heads, D] of slots ``loc`` -> fp32, rotated forward to their positions
@@ -110,30 +130,6 @@ def _check_against_cache(freq: torch.Tensor, cache: torch.Tensor, name: str) -> 
         )
 
 
-class PoolRope:
-    """Mixin of :class:`KVTunerMHATokenToKVPool`: the slot positions of pre-RoPE key sides.
-    ``_rope`` is None until a pre-RoPE side is created (:meth:`_slot_rope`); it is bound to
-    ``bound_rope_freq``, the model's frequencies the plugin reads when it picks the pool class
-    (unbound, a write or read is a one-line error)."""
-
-    _rope: SlotRope | None = None
-    bound_rope_freq: torch.Tensor | None = None
-
-    def _slot_rope(self) -> SlotRope:
-        if self._rope is None:
-            self._rope = SlotRope(self.size + self.page_size, self.device)
-            if self.bound_rope_freq is not None:
-                self._rope.bind(self.bound_rope_freq)
-        return self._rope
-
-    def note_positions(self, forward_batch: Any) -> None:
-        """Before a forward: record the positions of the slots the batch writes."""
-        loc, positions = forward_batch.out_cache_loc, forward_batch.positions
-        if self._rope is not None and loc is not None and positions is not None and loc.numel():
-            self._rope.note(loc, positions)
-
-    def rope_freq(self, layer_id: int) -> torch.Tensor | None:
-        """fp32 [R/2] for a layer whose keys are stored pre-RoPE (the kernels' ``rope_freq``)."""
-        if self._rope is None or not self.layer_spec(layer_id).k.pre_rope:
-            return None
-        return self._rope.freq
+def _pre_rope_pages(spec: Any) -> bool:
+    """Whether a side goes to channel-axis pages that turn its keys (ChannelPages' rope)."""
+    return spec.pre_rope and spec.axis == "channel" and spec.is_quantized

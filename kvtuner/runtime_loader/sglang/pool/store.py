@@ -2,29 +2,18 @@
 the profile's bits (supported: sglang 0.5.23, see ``version.py``).
 
 Storage: per layer, ``k_buffer[l]: uint8[size + page, heads, k_row_bytes(l)]`` (same for V), the
-packed rows of ``kvtuner.quant`` (slot 0's page stays SGLang's padding page). Writes quantize,
-pack and scatter (:mod:`.pool_writes`: Triton kernels on CUDA; on CPU a numpy writer equal to the
-torch reference, or the reference itself). Reads (``read_mode``, :mod:`.pool_reads`):
+packed rows of ``kvtuner.quant`` (slot 0's page stays SGLang's padding page); a channel-axis
+(KIVI) side (page size = its group size) keeps one block per page plus an fp staging area of
+``stage_pages`` filling pages. ``read_mode`` picks what backends read: ``"lazy"`` (SGLang's
+``torch_native``: views dequantizing just the indexed slots, :class:`ReadState`), ``"packed"``
+(the plugin's ``kvtuner`` backend on CUDA: the packed rows, dequantized in its kernels) or
+``"scratch"`` (CPU, any other backend: the announced slots dequantized into a layer scratch).
 
-- ``"lazy"`` (backends that only index ``get_key_buffer(layer)`` with slot ids, e.g. SGLang's
-  ``torch_native``): ``get_key_buffer`` returns a :class:`DequantizedView` whose indexing gathers
-  and dequantizes just the indexed slots. No scratch; the pool costs its packed bytes only.
-  A bounded :class:`DecodeCache` keeps each request's dequantized K/V per layer, so a decode
-  step dequantizes only the new token (``decode_cache_tokens`` rows per layer at most; 0: off).
-  Requests that do not fit: with the batch announced (:meth:`prepare_reads`), each layer's batch
-  is dequantized once and every request's read is a range of it (:class:`BatchReads`).
-- ``"packed"`` (the plugin's ``kvtuner`` attention backend, on CUDA): ``get_key_buffer`` and
-  :meth:`packed_rows` give the packed uint8 rows; the backend's fused kernels dequantize in
-  registers. No scratch, no decode cache, no announced slots (CUDA-graph safe).
-- ``"scratch"`` (CPU only: any other backend, which needs a real tensor with last dim
-  head_dim; refused on CUDA): a layer-sized scratch ``[size + page, heads, head_dim]`` in the
-  model dtype into which only the slots of the current batch (announced by
-  :meth:`prepare_reads`) are dequantized, once per layer and step.
-
-Channel-axis (KIVI) sides (page size = their group size) are stored by :class:`ChannelPages`:
-``uint8[pages, heads, block_bytes]`` (one channel-axis block per page) plus an fp staging area of
-``stage_pages`` filling pages; every read path above reads them through ``read_kv``. Pre-RoPE
-channel-axis keys keep a per-slot position table (:mod:`.slot_rope`).
+The class holds only the methods SGLang (and the plugin's hooks and backend) call; each
+delegates to a part that owns its state, built in :meth:`_create_buffers` and handed what it
+needs explicitly: :class:`ChannelSides` (channel-axis page stores), :class:`KeySmoothing` (λ per
+layer), :class:`SlotRope` (pre-RoPE slot positions), :class:`PackedReads` (dequantization),
+:class:`ReadState` (views, scratch, batch and decode caches) and :class:`PoolWriter` (writes).
 """
 
 from __future__ import annotations
@@ -35,25 +24,20 @@ from typing import Any
 
 import torch
 from sglang.srt.constants import GPU_MEMORY_TYPE_KV_CACHE
-from sglang.srt.mem_cache.memory_pool import KvBufferDesc, MHATokenToKVPool
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, unwrap_write_loc
 
 from ....errors import KVTunerError
 from ....profile import Profile
 from ....quant import gather_dequantized, scatter_quantized
 from ....quant.slot_ops import pack_channel_pages
-from .cell_size import READ_MODES, cell_size
-from .channels import PoolChannels
-from .cpu_writes.kv_pair import pair_spec
+from .cell_size import READ_MODES, allocation_line
+from .channels import PoolGeometry, buffer_descs
 from .layer_ids import pool_layer_ids
-from .lazy_reads.batch_reads import BatchReads
-from .lazy_reads.decode_cache import DEFAULT_DECODE_CACHE_TOKENS, DecodeCache
+from .lazy_reads.decode_cache import DEFAULT_DECODE_CACHE_TOKENS
+from .lazy_reads.read_state import SlotMap
 from .lazy_reads.view import DequantizedView
-from .reads import PoolReads
-from .refusals import check_profile_servable, pool_refusal
-from .slot_rope import PoolRope
-from .smoothing import PoolSmoothing
-from .tp_check import check_same_profile, sglang_rank_group
-from .writes import PoolWrites
+from .parts import PoolOps, build_parts
+from .refusals import check_profile_servable, check_same_profile, pool_refusal, sglang_rank_group
 
 logger = logging.getLogger(__name__)
 
@@ -61,11 +45,11 @@ __all__ = ["DEFAULT_STAGE_PAGES", "KVTunerMHATokenToKVPool"]
 
 _PARENT_SIG = inspect.signature(MHATokenToKVPool.__init__)
 DEFAULT_STAGE_PAGES = 64  # pools built without the plugin (tests); the plugin sizes it
+_UNUSED_BUFFERS = ("k_scale_buffer", "v_scale_buffer", "dq_k_buffer", "dq_v_buffer")
+_UNUSED_BUFFERS += ("native_k_scale_buffer", "native_v_scale_buffer")  # parent's; None here
 
 
-class KVTunerMHATokenToKVPool(
-    PoolReads, PoolWrites, PoolSmoothing, PoolChannels, PoolRope, MHATokenToKVPool
-):
+class KVTunerMHATokenToKVPool(MHATokenToKVPool):
     """``MHATokenToKVPool(*parent_args, profile=..., read_mode=..., tp_group=...)``.
 
     ``profile`` (a :class:`kvtuner.profile.Profile`, global layer indices) and ``read_mode``
@@ -73,11 +57,9 @@ class KVTunerMHATokenToKVPool(
     attributes set by :meth:`bound` (SGLang constructs pools with the parent's arguments only).
     ``decode_cache_tokens``: the lazy mode's :class:`DecodeCache` bound (rows per layer; 0: off).
     ``stage_pages``: filling pages the fp staging of channel-axis sides holds (per side).
-    ``tp_group`` is the torch.distributed group whose ranks must hold the same profile (None:
-    SGLang's TP CPU group when tensor parallelism is on).
-    ``layer_ids``: the global (profile) layer id of each of the pool's layers (None:
-    ``start_layer`` on; SWAKVPool's sub-pools get theirs bound, see :mod:`.pool_layers`).
-    """
+    ``tp_group``: the torch.distributed group whose ranks must hold the same profile (None:
+    SGLang's TP CPU group under tensor parallelism). ``layer_ids``: the global layer id of each
+    of the pool's layers (None: ``start_layer`` on; SWAKVPool's sub-pools get theirs bound)."""
 
     bound_profile: Profile | None = None
     bound_read_mode: str = "scratch"
@@ -85,6 +67,8 @@ class KVTunerMHATokenToKVPool(
     bound_stage_pages: int = DEFAULT_STAGE_PAGES
     # global layer ids of the pool's layers (None: start_layer on); SWAKVPool's sub-pools
     bound_layer_ids: tuple[int, ...] | None = None
+    # the model's rotary frequencies for pre-RoPE keys (unbound: their writes/reads refuse)
+    bound_rope_freq: torch.Tensor | None = None
     # the quantizer ops (Triton on CUDA, torch on CPU); tests swap in the interpreted kernels
     scatter = staticmethod(scatter_quantized)
     gather = staticmethod(gather_dequantized)
@@ -134,90 +118,54 @@ class KVTunerMHATokenToKVPool(
             raise KVTunerError(f"the kvtuner pool does not support {refusal} in v1")
         check_profile_servable(self.profile, bound.arguments["page_size"])
         self.stage_pages = stage_pages if stage_pages is not None else self.bound_stage_pages
+        if decode_cache_tokens is None:
+            decode_cache_tokens = self.bound_decode_cache_tokens
+        self.decode_cache_tokens = decode_cache_tokens if self.read_mode == "lazy" else 0
         ids = layer_ids if layer_ids is not None else self.bound_layer_ids
         self.layer_ids = pool_layer_ids(self.profile, bound.arguments, ids)
         group = tp_group if tp_group is not None else sglang_rank_group()
         check_same_profile(self.profile.hash, group)
-        self._read_slots: torch.Tensor | None = None
-        self._materialized: int | None = None
-        self._batch = BatchReads()  # lazy mode: the announced batch, dequantized per layer
-        self._cache = DecodeCache(0, 0, "cpu")  # off until the parent has sized the pool
-        self._last_read: tuple | None = None  # (index tensor, layer, (K, V)) of the last read
-        super().__init__(*args, **kwargs)
-        if decode_cache_tokens is None:
-            decode_cache_tokens = self.bound_decode_cache_tokens
-        lazy_cache = decode_cache_tokens if self.read_mode == "lazy" else 0
-        self._cache = DecodeCache(lazy_cache, self.size + self.page_size, self.device)
-        self._pairs = self._pair_specs()
-        self._lams = self._smoothing_factors()  # key smoothing λ per local layer (or None)
-        self._codecs = self._write_codecs()  # after _pair_specs: it sets _torch_cpu
-        self._host: dict[int, tuple] = {}  # local layer -> numpy views of its packed buffers
+        super().__init__(*args, **kwargs)  # calls _create_buffers, which builds the parts
         self.model_layer_ids = self.layer_ids
-        self._log_allocation()
+        logger.info(allocation_line(self))
 
-    def _pair_specs(self) -> list:
-        """Per local layer: the grid K and V share (one quantizer call for both), or None.
-        CPU torch path only (the Triton kernels take one tensor per launch)."""
-        torch_path = self.scatter is scatter_quantized and self.gather is gather_dequantized
-        self._torch_cpu = torch_path and torch.device(self.device).type == "cpu"
-        specs = [self.layer_spec(self.start_layer + i) for i in range(self.layer_num)]
-        return [pair_spec(s.k, s.v) if self._torch_cpu else None for s in specs]
-
-    # -- storage -----------------------------------------------------------------------------
+    # -- storage: SGLang's allocation point builds the parts ---------------------------------
     def layer_spec(self, layer_id: int):
         """The profile's LayerSpec of the pool's layer ``layer_id`` (SGLang's id for it: the
         global id, or the sub-pool's own index under SWAKVPool; ``layer_ids`` maps it)."""
         return self.profile.layers[self.layer_ids[layer_id - self.start_layer]]
 
-    def _rows(self, spec) -> tuple[int, int, int]:
-        return (self.size + self.page_size, self.head_num, spec.row_bytes(self.head_dim))
-
     def _create_buffers(self) -> None:
         specs = [self.layer_spec(self.start_layer + i) for i in range(self.layer_num)]
         rows = self.size + self.page_size
-        zeros = torch.zeros
+        shape = dict(rows=rows, page=self.page_size, heads=self.head_num, head_dim=self.head_dim)
+        torch_path = self.scatter is scatter_quantized and self.gather is gather_dequantized
+        cpu = torch_path and torch.device(self.device).type == "cpu"
         with self.memory_saver_adapter.region(GPU_MEMORY_TYPE_KV_CACHE):
-            sides = [(self._side_buffer(s.k), self._side_buffer(s.v)) for s in specs]
-            self.k_buffer = [k[0] for k, _ in sides]
-            self.v_buffer = [v[0] for _, v in sides]
-            # per local layer: (K pages, V pages) when a side is channel-axis, else None
-            self._channel = [(k[1], v[1]) if k[1] or v[1] else None for k, v in sides]
-            self._k_scratch = self._v_scratch = None
-            if self.read_mode == "scratch":
-                # [rows, heads, head_dim]: last dim stays head_dim for the triton backend
-                shape = (rows, self.head_num, self.head_dim)
-                self._k_scratch = zeros(shape, dtype=self.dtype, device=self.device)
-                self._v_scratch = zeros(shape, dtype=self.dtype, device=self.device)
-        self._views = [
-            (DequantizedView(self, layer, "k"), DequantizedView(self, layer, "v"))
-            for layer in range(self.start_layer, self.start_layer + self.layer_num)
-        ]
+            self._parts = build_parts(
+                specs,
+                PoolGeometry(**shape, dtype=self.dtype, device=self.device),
+                read_mode=self.read_mode,
+                start_layer=self.start_layer,
+                model_heads=self.profile.fingerprint.num_kv_heads,
+                stage_pages=self.stage_pages,
+                decode_cache_tokens=self.decode_cache_tokens,
+                rope_freq=self.bound_rope_freq,
+                ops=PoolOps(self.scatter, self.gather, self.pack_pages, torch_cpu=cpu),
+                views=self._views() if self.read_mode == "lazy" else {},
+                read_kv=self.read_kv,
+                read_one=self.read_one,
+            )
+        self.k_buffer, self.v_buffer = self._parts.k_buffer, self._parts.v_buffer
         self.store_dtype = torch.uint8
-        for name in (
-            "k_scale_buffer",
-            "v_scale_buffer",
-            "native_k_scale_buffer",
-            "native_v_scale_buffer",
-            "dq_k_buffer",
-            "dq_v_buffer",
-        ):
+        for name in _UNUSED_BUFFERS:
             setattr(self, name, None)
-        self._kv_buffer_descs = self._build_kv_buffer_descs()
+        self._kv_buffer_descs = buffer_descs(self.k_buffer, self.v_buffer, rows)
         self._init_data_ptrs_and_strides()
 
-    def _build_kv_buffer_descs(self) -> list[KvBufferDesc]:
-        """One descriptor per buffer (k0..kL-1, v0..vL-1): row bytes differ per layer; a
-        channel-axis buffer's row is a page's block."""
-        return [
-            KvBufferDesc(
-                f"{prefix}{i}",
-                tuple(buf.shape),
-                row_bytes=buf[0].numel(),
-                tokens_per_row=(self.size + self.page_size) // buf.shape[0],
-            )
-            for prefix, bufs in (("k", self.k_buffer), ("v", self.v_buffer))
-            for i, buf in enumerate(bufs)
-        ]
+    def _views(self) -> dict[int, tuple[DequantizedView, DequantizedView]]:
+        layers = range(self.start_layer, self.start_layer + self.layer_num)
+        return {i: (DequantizedView(self, i, "k"), DequantizedView(self, i, "v")) for i in layers}
 
     def get_kv_size_bytes(self) -> tuple[int, int]:
         """Packed K and V bytes (the dequant scratch is reported by :meth:`scratch_bytes`)."""
@@ -225,54 +173,122 @@ class KVTunerMHATokenToKVPool(
 
     def scratch_bytes(self) -> int:
         """Bytes of the dequant scratch (0 in lazy read mode)."""
-        scratch = (self._k_scratch, self._v_scratch)
-        return sum(t.numel() * t.element_size() for t in scratch if t is not None)
+        return self._parts.reads.scratch_bytes()
 
-    def _log_allocation(self) -> None:
-        k, v = self.get_kv_size_bytes()
-        predicted = cell_size(
-            self.profile,
-            heads=self.head_num,
-            start_layer=self.start_layer,
-            num_layers=self.layer_num,
-            dtype_bytes=self.dtype.itemsize,
-            read_mode=self.read_mode,
-            layer_ids=self.layer_ids,
-        )
-        logger.info(
-            "kvtuner pool: profile %s, layers %s of %d, #tokens: %d, rows: %d, "
-            "packed KV bytes: %d "
-            "(profile predicts %d B/token), read mode %s, dequant scratch bytes: %d, "
-            "decode cache: at most %d tokens per layer (%d bytes), "
-            "fp staging: %d filling pages per channel-axis side (%d sides, %d bytes)",
-            self.profile.hash,
-            _layer_range(self.layer_ids),
-            len(self.profile.layers),
-            self.size,
-            self.size + self.page_size,
-            k + v,
-            predicted.packed,
-            self.read_mode,
-            self.scratch_bytes(),
-            self._cache.max_tokens,
-            self.decode_cache_bound_bytes(),
-            self.stage_pages,
-            len(self._channel_stores()),
-            self.staging_bytes(),
-        )
+    def staging_bytes(self) -> int:
+        """Bytes of the fp staging of channel-axis sides (0 without them)."""
+        return self._parts.channels.staging_bytes()
 
     def decode_cache_bound_bytes(self) -> int:
         """Most bytes the lazy mode's decode cache can hold (0 when off)."""
         row = 2 * self.head_num * self.head_dim * self.dtype.itemsize  # K and V of one token
-        return self._cache.max_tokens * self.layer_num * row
+        return self._parts.reads.cache.max_tokens * self.layer_num * row
+
+    # -- reads ---------------------------------------------------------------------------------
+    def read_kv(self, layer_id: int, loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Dequantized K, V [len(loc), heads, head_dim] (model dtype) of slots ``loc``."""
+        return self._parts.packed.read_kv(layer_id - self.start_layer, loc)
+
+    def read_one(self, layer_id: int, which: str, loc: torch.Tensor) -> torch.Tensor:
+        """Dequantized K (``which="k"``) or V [len(loc), heads, head_dim] of slots ``loc``."""
+        return self._parts.packed.read_one(layer_id - self.start_layer, which, loc)
+
+    def read_for_view(self, layer_id: int, which: str, loc: torch.Tensor) -> torch.Tensor:
+        """What a :class:`DequantizedView` returns for ``view[loc]`` (see :class:`ReadState`)."""
+        return self._parts.reads.for_view(layer_id, which, loc)
+
+    def prepare_reads(self, slots: torch.Tensor | None) -> None:
+        """Announce the slots the next forward reads, request by request (int64 [n]).
+        Scratch mode: only these are dequantized, None forbids reads. Lazy mode: a speed-up."""
+        self._parts.reads.prepare(slots)
+
+    @property
+    def read_slot_map(self) -> SlotMap | None:
+        """Full-pool slots -> this pool's slots, for reads (SWAKVPool's window sub-pool)."""
+        return self._parts.reads.slot_map
+
+    @read_slot_map.setter
+    def read_slot_map(self, slot_map: SlotMap | None) -> None:
+        self._parts.reads.slot_map = slot_map
+
+    def packed_rows(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``layer_id``'s packed K and V rows, uint8 ``[size + page, heads, row_bytes]``."""
+        local = layer_id - self.start_layer
+        return self.k_buffer[local], self.v_buffer[local]
+
+    def channel_keys(self, layer_id: int):
+        """Layer ``layer_id``'s channel-axis key pages (:class:`ChannelPages`: blocks, staged
+        filling pages and their device ``stage_rows``), or None for token-axis keys."""
+        return self._parts.channels.side(layer_id - self.start_layer, "k")
+
+    def key_smoothing(self, layer_id: int) -> torch.Tensor | None:
+        """fp32 λ [heads, D] of global layer ``layer_id`` (its packed keys hold k / λ), or None."""
+        return self._parts.smoothing.factor(layer_id - self.start_layer)
+
+    def rope_freq(self, layer_id: int) -> torch.Tensor | None:
+        """fp32 [R/2] for a layer whose keys are stored pre-RoPE (the kernels' ``rope_freq``)."""
+        rope = self._parts.rope
+        return None if rope is None or not self.layer_spec(layer_id).k.pre_rope else rope.freq
+
+    def _get_key_buffer(self, layer_id: int) -> torch.Tensor | DequantizedView:
+        if self.read_mode == "packed":
+            return self.packed_rows(layer_id)[0]
+        return self._parts.reads.buffer(layer_id, "k")
+
+    def _get_value_buffer(self, layer_id: int) -> torch.Tensor | DequantizedView:
+        if self.read_mode == "packed":
+            return self.packed_rows(layer_id)[1]
+        return self._parts.reads.buffer(layer_id, "v")
+
+    def get_kv_buffer_shape(self):
+        """Shapes of what the backends read: [rows, heads, head_dim] (not the packed rows)."""
+        shape = torch.Size((self.size + self.page_size, self.head_num, self.head_dim))
+        return shape, shape
+
+    # -- writes and the allocator's notices ----------------------------------------------------
+    def set_kv_buffer(
+        self,
+        layer,
+        loc_info,
+        cache_k: torch.Tensor,
+        cache_v: torch.Tensor,
+        k_scale=None,
+        v_scale=None,
+        layer_id_override=None,
+        dcp_kv_mask=None,
+    ) -> None:
+        """Quantize, pack and scatter K/V[N, heads, head_dim] into slots ``loc``.
+        (k_scale/v_scale are fp8-cache scales: unused, the pool stores model-dtype input.)"""
+        if dcp_kv_mask is not None:
+            raise KVTunerError("the kvtuner pool does not support decode context parallelism")
+        loc, _, _ = unwrap_write_loc(loc_info)
+        self._check_physical_write_loc(loc_info, "set_kv_buffer (kvtuner)")
+        layer_id = layer_id_override if layer_id_override is not None else layer.layer_id
+        self._parts.writer.write(layer_id, loc, cache_k, cache_v)
+
+    def note_positions(self, forward_batch: Any) -> None:
+        """Before a forward: record the positions of the slots the batch writes."""
+        if self._parts.rope is not None:
+            self._parts.rope.note_batch(forward_batch)
+
+    def on_rows_loaded(self, local_layer: int, slots: torch.Tensor) -> None:
+        """HiCache loaded packed rows from host into ``slots`` (int64 [n]) of local layer
+        ``local_layer``: what reads cached of those slots is stale."""
+        self._parts.reads.on_rows_loaded(self.start_layer + local_layer, slots)
+
+    def release_pages(self, *page_ids: torch.Tensor) -> None:
+        """SGLang's allocator freed these pages: drop their staged (filling) values."""
+        self._parts.channels.release(*page_ids)
+
+    def clear_staging(self) -> None:
+        """SGLang's allocator was cleared: no page is filling."""
+        self._parts.channels.clear()
 
     def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
         """Slot-to-slot copy of the packed rows (SGLang's); the decode cache is dropped."""
-        if any(self._channel):
+        if self._parts.channels.any():
             raise KVTunerError("the kvtuner pool cannot move single slots of channel-axis pages")
-        self._cache.clear()
-        self._batch.invalidate()
-        self._last_read = None
+        self._parts.reads.drop()
         super().move_kv_cache(tgt_loc, src_loc)
 
     def get_cpu_copy(self, *args, **kwargs):
@@ -280,12 +296,3 @@ class KVTunerMHATokenToKVPool(
 
     def load_cpu_copy(self, *args, **kwargs):
         raise KVTunerError("the kvtuner pool does not support KV CPU offload in v1")
-
-
-def _layer_range(ids: tuple[int, ...]) -> str:
-    """``15..29`` for contiguous ids, else the list (a SWAKVPool sub-pool's layers)."""
-    if not ids:
-        return "none"
-    if ids == tuple(range(ids[0], ids[0] + len(ids))):
-        return f"{ids[0]}..{ids[-1]}"
-    return ",".join(map(str, ids))

@@ -1,4 +1,5 @@
-"""The pool's write path: ``set_kv_buffer`` quantizes, packs and stores one layer's new K/V rows.
+"""PoolWriter: the pool's write path; ``set_kv_buffer`` quantizes, packs and stores one layer's
+new K/V rows through it.
 
 - CPU, quantized token-axis K and V (every servable profile but 16-bit layers), writes of at
   most ``SMALL_WRITE_TOKENS`` tokens (decode steps): a :class:`PairCodec` per layer (numpy; one
@@ -15,17 +16,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import numpy as np
 import torch
-from sglang.srt.mem_cache.memory_pool import unwrap_write_loc
 
-from ....errors import KVTunerError
-from ....quant import quantize
+from ....profile import LayerSpec
+from ....quant import QuantSpec, quantize
 from ....quant.reference import quantize_dequantize
+from .channels import ChannelSides
 from .cpu_writes.cpu_codec import PairCodec
-from .cpu_writes.kv_pair import quantize_pair, quantize_pair_values
+from .cpu_writes.kv_pair import pair_spec, quantize_pair, quantize_pair_values
+from .lazy_reads.batch_reads import ReadKV
+from .lazy_reads.read_state import ReadState
+from .smoothing import KeySmoothing
 
-__all__ = ["PoolWrites"]
+__all__ = ["PoolWriter", "SMALL_WRITE_TOKENS", "shared_grids"]
 
 # Writes of up to this many tokens (decode steps of up to 64 requests) take the numpy writer;
 # larger ones (prefill) the torch reference, whose per-token cost is lower: numpy is ahead below
@@ -33,90 +39,119 @@ __all__ = ["PoolWrites"]
 SMALL_WRITE_TOKENS = 64
 
 
-class PoolWrites:
-    """Mixin of :class:`KVTunerMHATokenToKVPool`: writes. Needs ``k_buffer``/``v_buffer``,
-    ``_pairs`` (shared grid per local layer), ``_codecs`` (PairCodec or None per local layer),
-    ``_torch_cpu``, the decode cache ``_cache`` and the batch cache ``_batch``."""
+Scatter = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, QuantSpec], None]
 
-    def _forget_reads(self, layer_id: int) -> None:
-        """Rows of ``layer_id`` change: no read of the batch or of the scratch is current."""
-        self._batch.invalidate()
-        self._last_read = None
-        if self._materialized == layer_id:
-            self._materialized = None
 
-    def on_rows_loaded(self, local_layer: int, slots: torch.Tensor) -> None:
-        """HiCache loaded packed rows from host into ``slots`` (int64 [n]) of local layer
-        ``local_layer``: what reads cached of those slots is stale."""
-        layer_id = self.start_layer + local_layer
-        self._forget_reads(layer_id)
-        self._cache.on_write(layer_id, slots)
+def shared_grids(specs: Sequence[LayerSpec], torch_cpu: bool) -> list[QuantSpec | None]:
+    """Per local layer: the grid K and V share (one quantizer call for both), or None.
+    CPU torch path only (the Triton kernels take one tensor per launch)."""
+    return [pair_spec(s.k, s.v) if torch_cpu else None for s in specs]
 
-    def set_kv_buffer(
+
+class PoolWriter:
+    """Writes into the packed buffers ``k_buffer``/``v_buffer`` (the pool's lists, per local
+    layer) of layers ``start_layer ..``; ``specs``/``pairs``: each local layer's LayerSpec and
+    shared grid; ``torch_cpu``: the CPU torch path (numpy writer and reference; else
+    ``scatter`` per side); ``reads``: told which rows change (the decode cache gets the values
+    written); ``read_kv``: the pool's read (a channel-axis layer's values for the cache)."""
+
+    def __init__(
         self,
-        layer,
-        loc_info,
-        cache_k: torch.Tensor,
-        cache_v: torch.Tensor,
-        k_scale=None,
-        v_scale=None,
-        layer_id_override=None,
-        dcp_kv_mask=None,
+        k_buffer: Sequence[torch.Tensor],
+        v_buffer: Sequence[torch.Tensor],
+        *,
+        start_layer: int,
+        specs: Sequence[LayerSpec],
+        pairs: Sequence[QuantSpec | None],
+        channels: ChannelSides,
+        smoothing: KeySmoothing,
+        reads: ReadState,
+        read_kv: ReadKV,
+        scatter: Scatter,
+        torch_cpu: bool,
+        page_size: int,
+        heads: int,
+        head_dim: int,
     ) -> None:
-        """Quantize, pack and scatter K/V[N, heads, head_dim] into slots ``loc``.
-        (k_scale/v_scale are fp8-cache scales: unused, the pool stores model-dtype input.)"""
-        if dcp_kv_mask is not None:
-            raise KVTunerError("the kvtuner pool does not support decode context parallelism")
-        loc, _, _ = unwrap_write_loc(loc_info)
-        self._check_physical_write_loc(loc_info, "set_kv_buffer (kvtuner)")
-        layer_id = layer_id_override if layer_id_override is not None else layer.layer_id
-        local, n = layer_id - self.start_layer, loc.shape[0]
-        self._forget_reads(layer_id)
+        self._k, self._v, self._start, self._specs, self._pairs = (
+            k_buffer,
+            v_buffer,
+            start_layer,
+            specs,
+            pairs,
+        )
+        self._channels, self._smoothing, self._reads, self._read_kv = (
+            channels,
+            smoothing,
+            reads,
+            read_kv,
+        )
+        self._scatter, self._torch_cpu, self._page = scatter, torch_cpu, page_size
+        self._shape = (heads, head_dim)
+        # per local layer: the numpy writer, or None (torch path; see the module doc)
+        self._codecs = [
+            PairCodec(s.k, s.v, heads, head_dim)
+            if torch_cpu and PairCodec.supports(s.k, s.v)
+            else None
+            for s in specs
+        ]
+        self._host: dict[int, tuple] = {}  # local layer -> numpy views of its packed buffers
+
+    def write(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Quantize, pack and store K/V [N, heads, head_dim] (or any shape of that many
+        values) of layer ``layer_id`` into slots ``loc`` (int [N])."""
+        local, n = layer_id - self._start, loc.shape[0]
+        self._reads.forget(layer_id)
         if n == 0:
             return
-        shape = (n, self.head_num, self.head_dim)
-        k = cache_k if cache_k.shape == shape else cache_k.reshape(shape)
-        v = cache_v if cache_v.shape == shape else cache_v.reshape(shape)
-        k = self._smoothed_keys(local, k)  # key smoothing: fp32 k / λ
-        if self._channel[local] is not None:
+        shape = (n, *self._shape)
+        k = k if k.shape == shape else k.reshape(shape)
+        v = v if v.shape == shape else v.reshape(shape)
+        k = self._smoothing.smoothed_keys(local, k)  # key smoothing: fp32 k / λ
+        cache = self._reads.cache
+        if self._channels[local] is not None:
             self._write_channel_layer(layer_id, loc, k, v)
             return
         if not self._torch_cpu:
-            self._cache.on_write(layer_id, loc)  # a tensor: read back only if entries exist
-            self._scatter_each(local, loc, k, v)
+            cache.on_write(layer_id, loc)  # a tensor: read back only if entries exist
+            spec = self._specs[local]
+            self._scatter(self._k[local], loc, k, spec.k)
+            self._scatter(self._v[local], loc, v, spec.v)
             return
         slots = loc.tolist()  # Python ints: numpy row indices, the decode cache's bookkeeping
-        self._cache.on_write(layer_id, slots)
+        cache.on_write(layer_id, slots)
         if self._codecs[local] is not None and n <= SMALL_WRITE_TOKENS:
             k_hat, v_hat = self._write_numpy(local, slots, k, v)
         else:
             k_rows, v_rows, k_hat, v_hat = self._quantize(local, k, v)
             idx = loc.long()
-            self.k_buffer[local][idx], self.v_buffer[local][idx] = k_rows, v_rows
-        if self._cache.enabled:
-            self._cache.remember(layer_id, slots, *self._read_back(local, k_hat, v_hat))
+            self._k[local][idx], self._v[local][idx] = k_rows, v_rows
+        if cache.enabled:
+            cache.remember(layer_id, slots, *self._smoothing.read_back(local, k_hat, v_hat))
 
     def _write_channel_layer(self, layer_id: int, loc, k: torch.Tensor, v: torch.Tensor):
         """A layer with a channel-axis side: stage/pack that side, quantize the other."""
-        local, spec = layer_id - self.start_layer, self.layer_spec(layer_id)
-        buffers, stores = (self.k_buffer[local], self.v_buffer[local]), self._channel[local]
+        local = layer_id - self._start
+        spec, buffers = self._specs[local], (self._k[local], self._v[local])
         packed: set[int] = set()
-        for x, qs, buffer, pages in zip((k, v), (spec.k, spec.v), buffers, stores, strict=True):
+        for x, qs, buffer, pages in zip(
+            (k, v), (spec.k, spec.v), buffers, self._channels[local], strict=True
+        ):
             if pages is not None:
                 packed.update(pages.write(loc, x))
             elif self._torch_cpu:
                 buffer[loc.long()] = quantize(x, qs)
             else:
-                self.scatter(buffer, loc, x, qs)
-        slots = loc.tolist()
-        page = self.page_size  # the packed pages' earlier slots now read their quantized values
-        self._cache.on_write(layer_id, slots + [p * page + i for p in packed for i in range(page)])
-        if self._cache.enabled:
-            self._cache.remember(layer_id, slots, *self.read_kv(layer_id, loc))
+                self._scatter(buffer, loc, x, qs)
+        slots, page, cache = loc.tolist(), self._page, self._reads.cache
+        # the packed pages' earlier slots now read their quantized values
+        cache.on_write(layer_id, slots + [p * page + i for p in packed for i in range(page)])
+        if cache.enabled:
+            cache.remember(layer_id, slots, *self._read_kv(layer_id, loc))
 
     def _write_numpy(self, local: int, slots: list[int], k: torch.Tensor, v: torch.Tensor):
         """PairCodec rows into the packed buffers' numpy views; returns the values (or None)."""
-        dtype = self._values_dtype(local) if self._cache.enabled else None
+        dtype = self._smoothing.values_dtype(local) if self._reads.cache.enabled else None
         k_rows, v_rows, k_hat, v_hat = self._codecs[local].encode(k, v, dtype)
         k_host, v_host = self._host_buffers(local)
         if len(slots) == 1:  # basic indexing: the cheapest numpy store
@@ -129,7 +164,7 @@ class PoolWrites:
     def _host_buffers(self, local: int) -> tuple[np.ndarray, np.ndarray]:
         """Numpy views (shared memory) of layer ``local``'s packed K and V buffers, made once
         per buffer tensor (rebuilt if the pool's buffers are ever replaced)."""
-        k, v = self.k_buffer[local], self.v_buffer[local]
+        k, v = self._k[local], self._v[local]
         cached = self._host.get(local)
         if cached is None or cached[0] is not k or cached[1] is not v:
             cached = self._host[local] = (k, v, k.numpy(), v.numpy())
@@ -137,31 +172,16 @@ class PoolWrites:
 
     def _quantize(self, local: int, k: torch.Tensor, v: torch.Tensor) -> tuple:
         """Torch reference: rows of K, V [n, heads, D] and, for the decode cache, the values
-        they dequantize to (model dtype; None when the cache is off)."""
-        spec, shared = self.layer_spec(self.start_layer + local), self._pairs[local]
-        if not self._cache.enabled:
+        they dequantize to (None when the cache is off)."""
+        spec, shared = self._specs[local], self._pairs[local]
+        if not self._reads.cache.enabled:
             if shared is not None:
                 return (*quantize_pair(k, v, spec.k, spec.v, shared), None, None)
             return quantize(k, spec.k), quantize(v, spec.v), None, None
-        dtype = self._values_dtype(local)  # fp32 for smoothed keys (see pool_smoothing)
+        dtype = self._smoothing.values_dtype(local)  # fp32 for smoothed keys
         if shared is not None:
             return quantize_pair_values(k, v, spec.k, spec.v, shared, dtype)
         (k_rows, k_hat), (v_rows, v_hat) = (
             quantize_dequantize(x, qs, dtype) for x, qs in ((k, spec.k), (v, spec.v))
         )
         return k_rows, v_rows, k_hat, v_hat
-
-    def _scatter_each(self, local: int, loc, k: torch.Tensor, v: torch.Tensor) -> None:
-        spec = self.layer_spec(self.start_layer + local)
-        self.scatter(self.k_buffer[local], loc, k, spec.k)
-        self.scatter(self.v_buffer[local], loc, v, spec.v)
-
-    def _write_codecs(self) -> list[PairCodec | None]:
-        """Per local layer: the numpy writer, or None (torch path; see the module doc)."""
-        specs = [self.layer_spec(self.start_layer + i) for i in range(self.layer_num)]
-        return [
-            PairCodec(s.k, s.v, self.head_num, self.head_dim)
-            if self._torch_cpu and PairCodec.supports(s.k, s.v)
-            else None
-            for s in specs
-        ]
