@@ -10,8 +10,9 @@ Layout (imports point one way: ``plugin -> hooks -> {cuda, swa, hicache} -> pool
 - ``hooks/``: everything that touches SGLang's private API (the hook table, the start-up proof
   that every hook took, the version guard, capacity hooks, server-level refusals): an SGLang
   upgrade is checked in this one folder;
-- ``pool/``: the packed KV pool (``store.py``: the methods SGLang calls; reads, writes, channel
-  pages, slot RoPE, cell size, refusals); ``lazy_reads/`` and ``cpu_writes/`` its CPU paths;
+- ``pool/``: the packed KV pool (``store.py``: the methods SGLang calls, delegating to parts
+  that own their state, built in ``parts.py``: buffers and channel pages, key smoothing, slot
+  RoPE, reads, writes; cell size, refusals); ``lazy_reads/`` and ``cpu_writes/`` its CPU paths;
 - ``cuda/``: the kvtuner attention backend; ``swa/``: the sliding-window sub-pools;
   ``hicache/``: the HiCache host pool.
 """

@@ -53,9 +53,12 @@ def host_pool_arguments(pool: Any, args: tuple, kwargs: dict, what: str):
 
 
 class TorchIndexTransfers:
-    """Mixin for a ``HostKVCache`` with ``k_data_refs``/``v_data_refs`` (host, per layer),
-    ``device_k_buffers``/``device_v_buffers`` (device, per layer) and ``target_layer_num``.
-    The io backend argument is accepted and ignored: an index copy serves every backend."""
+    """The two transfer methods SGLang's ``HostKVCache`` leaves abstract, for host pools with
+    ``k_data_refs``/``v_data_refs`` (host, per layer), ``device_k_buffers``/``device_v_buffers``
+    (device, per layer) and ``target_layer_num``: SGLang's own public fields of
+    ``MHATokenToKVPoolHost``. It holds no state and shares no private field; it stays a base of
+    the host pools because SGLang calls these as overrides of its own abstract methods. The io
+    backend argument is accepted and ignored: an index copy serves every backend."""
 
     def backup_from_device_all_layer(
         self, device_pool: Any, host_indices, device_indices, io_backend: str

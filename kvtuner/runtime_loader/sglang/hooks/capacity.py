@@ -7,7 +7,7 @@
 - ``HybridSWAPoolConfigurator.__init__`` / ``_full_cell_bytes`` / ``_swa_cell_bytes`` (around,
   :func:`swa_configurator_init`, :func:`full_cell_hook`, :func:`swa_cell_hook`): with SGLang's
   separate sliding-window pool, a full token costs the full layers' packed bytes and a window
-  token the window layers' packed bytes (:func:`.swa_pool.sub_pool_cells`).
+  token the window layers' packed bytes (:func:`..swa.sub_pools.sub_pool_cells`).
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ __all__ = [
     "staging_bytes",
 ]
 
-READ_MODES = ("lazy", "scratch", "packed")  # how attention backends read the pool (pool.py)
+READ_MODES = ("lazy", "scratch", "packed")  # how attention backends read the pool (store.py)
 # backends whose only pool reads are ``get_key_buffer(l)[slot_ids]`` / ``get_value_buffer(l)[...]``
 # (sglang 0.5.23 layers/attention/torch_native_backend.py); anything else gets a real tensor
 LAZY_BACKENDS = frozenset({"torch_native"})

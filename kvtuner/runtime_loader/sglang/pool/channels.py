@@ -33,7 +33,7 @@ class PoolGeometry:
     device: torch.device | str
 
     def __post_init__(self) -> None:
-        if min(self.rows, self.page, self.heads, self.head_dim) <= 0 or self.rows % self.page:
+        if min(self.rows, self.page, self.heads, self.head_dim) <= 0:
             raise ValueError(f"invalid pool geometry {self}")
 
 

@@ -7,7 +7,7 @@ new K/V rows through it.
   indexing op), and the values they dequantize to handed to the decode cache. A decode step
   costs a few dozen numpy calls per layer.
 - CPU otherwise (prefill, 16-bit layers, tests that swap in other quantizer ops): the torch
-  reference, K and V in one call when they share a grid (:mod:`.kv_pair`).
+  reference, K and V in one call when they share a grid (:mod:`.cpu_writes.kv_pair`).
 - CUDA/ROCm: the Triton scatter kernels, K and V separately.
 - Layers with a channel-axis side: that side goes to its :class:`ChannelPages` (staged, packed
   a page at a time with the torch reference), the other side through the path above for one

@@ -5,7 +5,7 @@ slots and a window sub-pool of ``size_swa`` slots from one pool class, each with
 0 and its own layer count, and addresses a sub-pool's layers by their index in
 ``full_attention_layer_ids`` / ``swa_attention_layer_ids``. The plugin's AROUND hook on its
 ``__init__`` (:func:`swa_pool_init`) gives each sub-pool the kvtuner pool class bound to its
-global layer ids (:mod:`.pool_layers`), so every layer is packed at its own profile spec.
+global layer ids (:mod:`..pool.layer_ids`), so every layer is packed at its own profile spec.
 
 Reads: SGLang's ``torch_native`` backend (the CPU backend; the lazy read mode) indexes every
 layer's buffer with ``req_to_token`` slots, which are full-pool slots; a window layer's rows live

@@ -1,1 +1,2 @@
-"""The lazy read mode's parts: dequantized views, the per-batch read cache and the decode cache."""
+"""What the pool's reads are served from: dequantized views, the per-batch read cache, the decode
+cache and the read state that holds them (and the scratch mode's scratch)."""
