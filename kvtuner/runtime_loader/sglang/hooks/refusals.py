@@ -12,8 +12,8 @@ does that for Gemma 2/3 on its own, ``arg_groups/model_overrides/gemma2_gemma3.p
 ``disable_hybrid_swa_memory``, and for any model with ``--disable-hybrid-swa-memory``), each
 layer, window or global, is packed at its own spec and attention applies the window. When SGLang
 builds its separate window pool (``SWAKVPool``), both sub-pools are kvtuner pools
-(:mod:`..swa.sub_pools`), served with lazy reads (``torch_native``) only; channel-axis specs, HiCache
-and SGLang's unified memory pool are refused with it.
+(:mod:`..swa.sub_pools`), served with lazy reads (``torch_native``) only; channel-axis specs,
+HiCache and SGLang's unified memory pool are refused with it.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def _refusals(kvc: Any) -> list[str]:
 
 
 def _swa_pool_refusal(kvc: Any) -> str:
-    """SWAKVPool's sub-pools are kvtuner pools with lazy reads (swa/sub_pools.py); not with the rest."""
+    """SWAKVPool's sub-pools are kvtuner pools with lazy reads (swa/sub_pools.py), nothing else."""
     if not kvc.is_hybrid_swa:
         return ""
     sa, what = kvc.server_args, "SGLang's separate sliding-window KV pool (SWAKVPool)"
