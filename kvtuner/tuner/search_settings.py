@@ -44,6 +44,23 @@ def _whole(name: str, value: object, *, zero: bool = False, optional: bool = Fal
         raise KVTunerError(f"{name} must be {kind} integer, got {value!r}")
 
 
+def check_model(model: object) -> None:
+    if not isinstance(model, str) or not model:
+        raise KVTunerError(f"--model must name a model, got {model!r}")
+
+
+def check_text(num_samples: int, seq_len: int, data_seed: int, confirm_samples: int) -> None:
+    """The calibration windows asked for: positive counts, and held-back ones >= 0."""
+    c = confirm_samples
+    if isinstance(c, bool) or not isinstance(c, int):
+        raise KVTunerError(f"confirm_samples must be an integer, got {c!r}")
+    if c < 0:
+        raise KVTunerError(f"confirm_samples must be >= 0, got {c}")
+    _whole("--num-samples", num_samples)
+    _whole("--seq-len", seq_len)
+    _whole("--data-seed", data_seed, zero=True)
+
+
 @dataclass(frozen=True, kw_only=True)
 class SearchSettings:
     """budget: ``"4bit"``, ``"0.30x"`` or a :class:`Budget`. preset: a name or a JSON file (held
@@ -76,8 +93,7 @@ class SearchSettings:
     batch_size: int | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.model, str) or not self.model:
-            raise KVTunerError(f"--model must name a model, got {self.model!r}")
+        check_model(self.model)
         budget = self.budget
         self._set("budget", budget if isinstance(budget, Budget) else Budget.parse(budget))
         preset = self.preset
@@ -96,14 +112,7 @@ class SearchSettings:
         object.__setattr__(self, name, value)  # frozen: normalised once, here
 
     def _check_counts(self) -> None:
-        c = self.confirm_samples
-        if isinstance(c, bool) or not isinstance(c, int):
-            raise KVTunerError(f"confirm_samples must be an integer, got {c!r}")
-        if c < 0:
-            raise KVTunerError(f"confirm_samples must be >= 0, got {c}")
-        _whole("--num-samples", self.num_samples)
-        _whole("--seq-len", self.seq_len)
-        _whole("--data-seed", self.data_seed, zero=True)
+        check_text(self.num_samples, self.seq_len, self.data_seed, self.confirm_samples)
         _whole("--num-clusters", self.num_clusters, optional=True)
         _whole("--context-length", self.context_length, optional=True)
         _whole("--batch-size", self.batch_size, optional=True)

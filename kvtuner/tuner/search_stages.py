@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     import optuna
 
     from ..calibration import CalibrationData
+    from .vllm_settings import VllmSettings
 
 __all__ = ["Calibrated", "Prepared", "Studied", "calibrate", "confirm", "prepare", "study"]
 
@@ -76,17 +77,18 @@ def load_placed(
 
 
 def load_text(
-    tokenizer: Any, settings: SearchSettings
+    tokenizer: Any, settings: SearchSettings | VllmSettings, confirm_samples: int
 ) -> tuple[CalibrationData, CalibrationData | None]:
-    """The study's windows and, with ``confirm_samples``, as many more disjoint ones."""
+    """The study's windows (``settings``' dataset, num_samples, seq_len, data_seed) and, with
+    ``confirm_samples``, as many more disjoint ones (None without)."""
     from ..calibration import load_calibration_data
 
     s = settings
     data = load_calibration_data(
         tokenizer, dataset=s.dataset, num_samples=s.num_samples, seq_len=s.seq_len, seed=s.data_seed
     )
-    samples = s.confirm_samples
-    return data, held_back(tokenizer, s.dataset, data, samples) if samples else None
+    held = held_back(tokenizer, s.dataset, data, confirm_samples) if confirm_samples else None
+    return data, held
 
 
 def prepare(settings: SearchSettings, loaded: tuple[Any, Any] | None = None) -> Prepared:
@@ -101,7 +103,7 @@ def prepare(settings: SearchSettings, loaded: tuple[Any, Any] | None = None) -> 
     fp = fingerprint_of(lm)
     budget = s.budget.at_context(fp, s.context)
     _check_feasible(budget, s.preset, fp, min(s.bits or DEFAULT_BITS))
-    data, held = load_text(tokenizer, s)
+    data, held = load_text(tokenizer, s, s.confirm_samples)
     return Prepared(lm, tokenizer, where, fp, budget, data, held)
 
 
