@@ -31,7 +31,7 @@ def test_plan_flags_and_kwargs():
     assert plan.engine_kwargs() == {"kv_cache_dtype": "fp8_e4m3",
                                     "kv_cache_dtype_skip_layers": ["0", "29"]}  # fmt: skip
     assert plan.layer_format(0) is None and plan.layer_format(1) == VllmKVFormat("fp8_e4m3")
-    for bad in (dict(skip_layers=(30,)), dict(kv_cache_dtype="int4_per_token_head")):
+    for bad in (dict(skip_layers=(30,)), dict(kv_cache_dtype="turboquant_4bit_nc")):
         with pytest.raises(KVTunerError):
             VllmPlan(**{"kv_cache_dtype": "fp8", "num_layers": 30, **bad})
 
