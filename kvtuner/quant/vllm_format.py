@@ -52,7 +52,11 @@ PER_TOKEN_HEAD = {  # dtype -> (storage dtype, QUANT_MIN, QUANT_MAX) as vLLM's T
 INT4 = "int4_per_token_head"
 VLLM_KV_DTYPES = (*FP8_DTYPES, *PER_TOKEN_HEAD, INT4)
 NOT_EMULATED = {
-    "turboquant": "turboquant_* codebooks and packed K|V layout were not reproduced",
+    "turboquant": (
+        "vLLM's TurboQuant attention is not a function of the stored bytes alone: a first "
+        "prefill chunk attends over the unquantized K/V, later chunks and decode steps over "
+        "the cache, so what a query sees depends on vLLM's chunk schedule"
+    ),
     "nvfp4": "packed fp4 with fp8 block scales; GPU-only kernels were not reproduced",
     "ultraquant_4bit": "packed fp4 with UE8M0 group scales; not reproduced",
 }
