@@ -143,10 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     write_json_atomic(out, {"command": command, "hardware": hardware(), "model": args.model,
                             "windows": windows.describe(), "fp_ppl": fp.ppl,
                             "saturation_per_layer": stats, "rows": rows})  # fmt: skip
-    print(
-        f"fp ppl {fp.ppl:.4f}; most saturated layers: "
-        f"{sorted(range(n), key=lambda i: -sat[i])[:5]} ({max(sat):.2e} of elements); wrote {out}"
-    )
+    ranked = sorted(range(n), key=lambda i: -sat[i])[:5]
+    what = f"largest |K| in layers {ranked}"  # per-token-head formats do not saturate
+    if max(s["share"] for s in stats) > 0:
+        what = f"most saturated layers: {ranked} ({max(sat):.2e} of elements)"
+    print(f"fp ppl {fp.ppl:.4f}; {what}; wrote {out}")
     return 0
 
 
