@@ -17,8 +17,9 @@ vLLM 0.32's source:
   zero point hidden in the fp32 scale's low mantissa bits (:mod:`kvtuner.quant.vllm_int4`);
   reads return the K and V attention effectively sees in the model's basis.
 
-On a GPU, Triton's fp32 ``/`` is ``div.full.f32`` (up to 2 ulp) where the interpreter the tests
-run vLLM's kernels in divides exactly; a scale can differ in its last bit there, rarely.
+Tested bit-exact against vLLM's kernels under the Triton interpreter (IEEE fp32). On a GPU,
+Triton's fp32 ``/`` is ``div.full.f32`` (up to 2 ulp), so a per-token-head scale can differ in its
+last bit there and, rarely, a code by one (docs/vllm.md).
 
 Not emulated (named in docs/vllm.md, reasons in :data:`NOT_EMULATED`): ``turboquant_*``,
 ``nvfp4*``, ``ultraquant_4bit``.
