@@ -8,10 +8,13 @@ protection, N=2). Perplexity: WikiText-2 test, first N non-overlapping windows o
 tokens, every layer's K/V stored as vLLM stores it (HF cache emulation, prefill included) before
 any query reads it. Bytes per token as vLLM 0.32 allocates them (bf16 model). Saturation: per
 layer, the share of K and V elements beyond the fp8 format's max at scale 1.0 on the first
-window, and the largest |K| and |V|.
+window (0 for the per-token-head formats), and the largest |K| and |V|.
 
     OMP_NUM_THREADS=1 python benchmarks/vllm_quality.py --model smollm2-135m \\
         --profile exported_configs/smollm2-135m/vllm-fp8_e4m3-0.55x.json [--num-windows 32]
+    OMP_NUM_THREADS=1 python benchmarks/vllm_quality.py --model smollm2-135m \\
+        --kv-cache-dtype int4_per_token_head \\
+        --profile exported_configs/smollm2-135m/vllm-int4_per_token_head-0.4x.json
 
 Writes benchmarks/results/vllm_quality-<model>-<dtype>.json and prints a table.
 """
@@ -19,6 +22,7 @@ Writes benchmarks/results/vllm_quality-<model>-<dtype>.json and prints a table.
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
 from pathlib import Path
@@ -46,9 +50,10 @@ def _ppl(model, windows, plan: VllmPlan | None) -> PerplexityResult:
 
 @torch.inference_mode()
 def saturation(model, ids: torch.Tensor, fmt: VllmKVFormat) -> list[dict]:
-    """Per layer: share of K and V elements with |x| / scale above the format's max, and the
-    largest |K| and |V| (post-RoPE keys, as vLLM stores them)."""
-    fmax = torch.finfo(fmt.storage_dtype).max
+    """Per layer: share of K and V elements with |x| / scale above the format's max (0 for the
+    per-token-head formats: their scale comes from each row's range), and the largest |K| and
+    |V| (post-RoPE keys, as vLLM stores them)."""
+    fmax = math.inf if fmt.per_token_head else torch.finfo(fmt.storage_dtype).max
     n = model.config.num_hidden_layers
     cache = make_vllm_cache(model, VllmPlan(fmt.kv_cache_dtype, n, tuple(range(n))))
     model(ids[None], past_key_values=cache, use_cache=True)
@@ -110,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.profile:
         prof = load_vllm_profile(path)
         prof.check_model(fp_print)
+        if prof.plan.kv_cache_dtype != args.kv_cache_dtype:
+            p.error(f"{path} is a {prof.plan.kv_cache_dtype} profile; pass --kv-cache-dtype "
+                    f"{prof.plan.kv_cache_dtype}")  # fmt: skip
         plans.append((f"kvtuner skip {list(prof.plan.skip_layers)}", prof.plan))
     if args.boundary:
         edge = sorted({*range(args.boundary), *range(n - args.boundary, n)})
@@ -135,10 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     write_json_atomic(out, {"command": command, "hardware": hardware(), "model": args.model,
                             "windows": windows.describe(), "fp_ppl": fp.ppl,
                             "saturation_per_layer": stats, "rows": rows})  # fmt: skip
-    print(
-        f"fp ppl {fp.ppl:.4f}; most saturated layers: "
-        f"{sorted(range(n), key=lambda i: -sat[i])[:5]} ({max(sat):.2e} of elements); wrote {out}"
-    )
+    ranked = sorted(range(n), key=lambda i: -sat[i])[:5]
+    what = f"largest |K| in layers {ranked}"  # per-token-head formats do not saturate
+    if max(s["share"] for s in stats) > 0:
+        what = f"most saturated layers: {ranked} ({max(sat):.2e} of elements)"
+    print(f"fp ppl {fp.ppl:.4f}; {what}; wrote {out}")
     return 0
 
 

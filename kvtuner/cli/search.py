@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from ..search_spaces.preset_table import preset_help
 from .calibrate import add_batch_size_argument, add_bits_argument, parse_bits
 from .output import Verbosity, add_verbosity_arguments
 from .placement_args import add_placement_arguments, placement_from_args
 from .search_vllm import add_vllm_arguments, run_vllm
+
+if TYPE_CHECKING:
+    from ..tuner.search_settings import SearchSettings
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -98,21 +102,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def settings_from_args(args: argparse.Namespace) -> SearchSettings:
+    """The flags as :class:`SearchSettings` (validated: bad input fails here)."""
     from ..errors import KVTunerError
-    from ..tuner.budget import Budget
-    from ..tuner.search import search
+    from ..tuner.search_settings import SearchSettings
     from ..tuner.study import StudySettings
 
-    if args.target == "vllm":
-        return run_vllm(args)
     if args.budget is None:
         raise KVTunerError("--budget is required (e.g. --budget 4bit)")
-    bits = parse_bits(args.bits) if args.bits else None
-    verbosity = Verbosity.from_args(args)
-    verbosity.apply()
     where = placement_from_args(args)
-    settings = StudySettings(
+    study = StudySettings(
         n_trials=args.n_trials,
         timeout=args.timeout,
         seed=args.seed,
@@ -120,14 +119,14 @@ def run(args: argparse.Namespace) -> int:
         study_name=args.study_name,
         sampler=args.sampler,
     )
-    outcome = search(
+    return SearchSettings(
         model=args.model,
-        budget=Budget.parse(args.budget),
+        budget=args.budget,
         output=args.output,
         sensitivity=args.sensitivity,
         preset=args.preset,
-        bits=bits,
-        study=settings,
+        bits=parse_bits(args.bits) if args.bits else None,
+        study=study,
         num_clusters=args.num_clusters,
         dataset=args.dataset,
         num_samples=args.num_samples,
@@ -137,12 +136,21 @@ def run(args: argparse.Namespace) -> int:
         pareto_dir=args.pareto_dir,
         plot=args.plot,
         baselines=args.all_baselines,
-        progress=verbosity.progress,
-        log=verbosity.info,
         device=where.device,
         dtype=where.dtype,
         batch_size=args.batch_size,
     )
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..tuner.search import run_search
+
+    if args.target == "vllm":
+        return run_vllm(args)
+    verbosity = Verbosity.from_args(args)
+    verbosity.apply()
+    settings = settings_from_args(args)
+    outcome = run_search(settings, log=verbosity.info, progress=verbosity.progress)
     print(outcome.summary)
     p = outcome.profile
     print(

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from .output import Verbosity
 from .placement_args import placement_from_args
+
+if TYPE_CHECKING:
+    from ..tuner.vllm_settings import VllmSettings
 
 
 def add_vllm_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,10 +38,12 @@ def add_vllm_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def run_vllm(args: argparse.Namespace) -> int:
+def vllm_settings_from_args(args: argparse.Namespace) -> VllmSettings:
+    """The flags as :class:`VllmSettings` (validated: bad input fails here)."""
     from ..errors import KVTunerError
     from ..tuner.budget import Budget
-    from ..tuner.vllm_search import VllmTarget, search_vllm
+    from ..tuner.study import StudySettings
+    from ..tuner.vllm_settings import VllmSettings, VllmTarget
 
     if not args.kv_cache_dtype:
         raise KVTunerError("--target vllm needs --kv-cache-dtype (e.g. fp8_e4m3)")
@@ -48,24 +54,28 @@ def run_vllm(args: argparse.Namespace) -> int:
         ppl_within=args.ppl_within,
         model_dtype=args.model_dtype,
     )
-    verbosity = Verbosity.from_args(args)
-    verbosity.apply()
     where = placement_from_args(args)
-    outcome = search_vllm(
+    study = StudySettings(n_trials=args.n_trials, storage=args.storage, study_name=args.study_name)
+    return VllmSettings(
         model=args.model,
         target=target,
         output=args.output,
-        n_trials=args.n_trials,
-        storage=args.storage,
-        study_name=args.study_name,
+        study=study,
         dataset=args.dataset,
         num_samples=args.num_samples,
         seq_len=args.seq_len,
         confirm_samples=args.confirm_samples,
         device=where.device,
         dtype=where.dtype,
-        log=verbosity.info,
     )
+
+
+def run_vllm(args: argparse.Namespace) -> int:
+    from ..tuner.vllm_search import run_vllm_search
+
+    verbosity = Verbosity.from_args(args)
+    verbosity.apply()
+    outcome = run_vllm_search(vllm_settings_from_args(args), log=verbosity.info)
     print(outcome.summary)
     flags = " ".join(outcome.profile.plan.cli_args())
     print(f"wrote {outcome.output} (hash {outcome.profile.hash}); vllm serve flags: {flags}")

@@ -34,10 +34,20 @@ def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=2)
             f.write("\n")
+        os.chmod(tmp, _plain_file_mode(path))  # mkstemp's 0600 would hide it from other users
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _plain_file_mode(path: Path) -> int:
+    """The mode ``open(path, "w")`` would give: the existing file's, else 0666 less the umask."""
+    if path.exists():
+        return path.stat().st_mode & 0o777
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def read_json(path: str | os.PathLike, what: str = "file") -> Any:

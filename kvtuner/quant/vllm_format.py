@@ -13,10 +13,16 @@ vLLM 0.32's source:
   one fp32 scale per token and KV head, ``scale = max(absmax / QMAX, 1e-6)``;
   ``q = x * (1 / scale)``; int8 rounds half away from zero, then clamps to [-128, 127]; fp8
   clamps to ±448 and casts. The page holds the codes and the fp32 scale inline.
+- ``int4_per_token_head``: Hadamard-rotated, asymmetric 4-bit codes packed two per byte, the
+  zero point hidden in the fp32 scale's low mantissa bits (:mod:`kvtuner.quant.vllm_int4`);
+  reads return the K and V attention effectively sees in the model's basis.
 
-Not emulated (named in docs/vllm.md): ``int4_per_token_head`` (packed nibbles after a Hadamard
-rotation whose exact kernel was not reproduced here), ``turboquant_*``, ``nvfp4*``,
-``ultraquant_4bit``.
+Tested bit-exact against vLLM's kernels under the Triton interpreter (IEEE fp32). On a GPU,
+Triton's fp32 ``/`` is ``div.full.f32`` (up to 2 ulp), so a per-token-head scale can differ in its
+last bit there and, rarely, a code by one (docs/vllm.md).
+
+Not emulated (named in docs/vllm.md, reasons in :data:`NOT_EMULATED`): ``turboquant_*``,
+``nvfp4*``, ``ultraquant_4bit``.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ import math
 from dataclasses import dataclass
 
 import torch
+
+from . import vllm_int4
 
 __all__ = [
     "NOT_EMULATED",
@@ -42,10 +50,14 @@ PER_TOKEN_HEAD = {  # dtype -> (storage dtype, QUANT_MIN, QUANT_MAX) as vLLM's T
     "int8_per_token_head": (torch.int8, -128.0, 127.0),
     "fp8_per_token_head": (torch.float8_e4m3fn, -448.0, 448.0),
 }
-VLLM_KV_DTYPES = (*FP8_DTYPES, *PER_TOKEN_HEAD)
+INT4 = "int4_per_token_head"
+VLLM_KV_DTYPES = (*FP8_DTYPES, *PER_TOKEN_HEAD, INT4)
 NOT_EMULATED = {
-    "int4_per_token_head": "Hadamard-rotated packed nibbles; the kernel was not reproduced",
-    "turboquant": "turboquant_* codebooks and packed K|V layout were not reproduced",
+    "turboquant": (
+        "vLLM's TurboQuant attention is not a function of the stored bytes alone: a first "
+        "prefill chunk attends over the unquantized K/V, later chunks and decode steps over "
+        "the cache, so what a query sees depends on vLLM's chunk schedule"
+    ),
     "nvfp4": "packed fp4 with fp8 block scales; GPU-only kernels were not reproduced",
     "ultraquant_4bit": "packed fp4 with UE8M0 group scales; not reproduced",
 }
@@ -91,17 +103,21 @@ class VllmKVFormat:
 
     @property
     def per_token_head(self) -> bool:
-        return self.kv_cache_dtype in PER_TOKEN_HEAD
+        return self.kv_cache_dtype in PER_TOKEN_HEAD or self.kv_cache_dtype == INT4
 
     @property
     def storage_dtype(self) -> torch.dtype:
+        if self.kv_cache_dtype == INT4:
+            return torch.uint8  # two codes per byte
         if self.per_token_head:
             return PER_TOKEN_HEAD[self.kv_cache_dtype][0]
         return FP8_DTYPES[self.kv_cache_dtype]
 
     def head_bytes(self, head_dim: int) -> int:
-        """Bytes one token-head of K (or of V) takes in vLLM's page: codes (+ fp32 scale)."""
-        return head_dim + (4 if self.per_token_head else 0)
+        """Bytes one token-head of K (or of V) takes in vLLM's page: codes (+ fp32 scale);
+        int4 packs two codes per byte (vLLM's ``TritonAttentionBackend.customize_spec``)."""
+        codes = head_dim // 2 if self.kv_cache_dtype == INT4 else head_dim
+        return codes + (4 if self.per_token_head else 0)
 
     def scale_of(self, which: str) -> float:
         return {"k": self.k_scale, "v": self.v_scale}[which]
@@ -110,7 +126,9 @@ class VllmKVFormat:
         """x [..., head_dim] -> (codes [..., head_dim] in storage dtype, per-row fp32 scales
         [...] or None), exactly as vLLM writes its cache: :meth:`prepare`, then the store's
         cast (fp8: round to nearest even, saturating like PTX ``cvt.rn.satfinite``; int8:
-        truncation)."""
+        truncation; int4: :func:`kvtuner.quant.vllm_int4.store`, codes [..., head_dim / 2])."""
+        if self.kv_cache_dtype == INT4:
+            return vllm_int4.store(x)
         values, scales = self.prepare(x, which)
         if self.storage_dtype == torch.int8:
             return values.trunc().to(torch.int8), scales
@@ -119,6 +137,8 @@ class VllmKVFormat:
 
     def prepare(self, x: torch.Tensor, which: str) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The fp32 values vLLM's store kernel hands to its final cast, and the scales."""
+        if self.kv_cache_dtype == INT4:
+            raise ValueError("int4_per_token_head has no separate final cast; use store()")
         xf = x.float()
         if not self.per_token_head:
             return xf / torch.tensor(self.scale_of(which), dtype=torch.float32), None
@@ -132,7 +152,10 @@ class VllmKVFormat:
     def load(
         self, codes: torch.Tensor, scales: torch.Tensor | None, which: str, dtype: torch.dtype
     ) -> torch.Tensor:
-        """What attention reads: codes times the scale (fp32), in ``dtype``."""
+        """What attention reads: codes times the scale (fp32), in ``dtype``; int4: what it
+        effectively reads in the model's basis (:func:`kvtuner.quant.vllm_int4.read`)."""
+        if self.kv_cache_dtype == INT4:
+            return vllm_int4.read(codes, scales, dtype)
         scale = scales[..., None] if scales is not None else self.scale_of(which)
         return (codes.float() * scale).to(dtype)
 

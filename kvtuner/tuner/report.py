@@ -4,25 +4,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..profile import Profile, write_json_atomic
-from .results import Measured
+from .results import Baseline, Measured
 
 __all__ = ["Baseline", "format_summary", "write_pareto_dir", "plot_pareto"]
-
-
-@dataclass(frozen=True)
-class Baseline:
-    """A uniform configuration measured on the same tokens (fits: within the budget)."""
-
-    label: str
-    nominal_bits: float
-    effective_bits: float
-    bytes_per_token: float
-    kl: float
-    fits: bool
 
 
 def format_summary(best: Measured, baselines: Sequence[Baseline], budget_label: str) -> str:

@@ -1,16 +1,18 @@
-"""What a study measured: feasible configurations with their KL, the best one, the Pareto set."""
+"""What a study measured: feasible configurations with their KL, the best one, the Pareto set,
+the uniform baselines."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import optuna
 from optuna.trial import TrialState
 
 from ..profile import LayerSpec, Profile
-from ..search_spaces import Pair, SearchSpace
+from ..search_spaces import Pair, SearchSpace, pair_label
 
-__all__ = ["Measured", "best_measured", "measured_trials", "pareto_set"]
+__all__ = ["Baseline", "Measured", "best_measured", "measured_trials", "pareto_set"]
 
 
 @dataclass(frozen=True)
@@ -70,3 +72,43 @@ def pareto_set(measured: list[Measured]) -> list[Measured]:
             front.append(m)
             best = m.kl
     return front
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A uniform configuration measured on the same tokens (fits: within the budget)."""
+
+    label: str
+    nominal_bits: float
+    effective_bits: float
+    bytes_per_token: float
+    kl: float
+    fits: bool
+
+
+def uniform_baselines(
+    study: optuna.Study,
+    space: SearchSpace,
+    measured: list[Measured],
+    evaluate: Callable[[tuple[LayerSpec, ...]], float],
+    extra: bool,
+) -> tuple[Baseline, ...]:
+    """Uniform configs over the space's widths: the fitting ones come from the study; with
+    ``extra`` the others are measured once and cached in the study's user attributes (a rerun
+    does not measure them again)."""
+    known = {m.choice[0]: m.kl for m in measured if len(set(m.choice)) == 1}
+    widths = [b for b in space.widths if b < 16]
+    out = []
+    for pair in ((k, v) for k in widths for v in widths):
+        key = f"baseline {pair[0]}-{pair[1]}"
+        kl = known.get(pair, study.user_attrs.get(key))
+        if kl is None and not extra:
+            continue
+        choice = space.uniform(pair)
+        if kl is None:
+            kl = float(evaluate(space.layer_specs(choice)))
+            study.set_user_attr(key, kl)
+        m, label = Measured.of(space, choice, kl), pair_label(pair)
+        bits = (m.nominal_bits, m.effective_bits)
+        out.append(Baseline(label, *bits, m.bytes_per_token, kl, space.fits(choice)))
+    return tuple(out)

@@ -17,69 +17,25 @@ perplexity on the calibration windows stays within X % of fp's.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import KVTunerError
-from ..placement import placement, placement_of
+from ..placement import placement_of
 from ..profile import VllmProfile, save_vllm_profile
-from ..runtime_loader.vllm import VllmLayout, VllmPlan
-from .budget import Budget
-from .search import default_storage
+from ..runtime_loader.vllm import VllmLayout
+from .search_stages import load_placed, load_text
+from .skip_kl import SkipKL
+from .study import StudySettings
+from .vllm_settings import VllmSettings, VllmTarget
 
-__all__ = ["VllmOutcome", "VllmTarget", "search_vllm"]
+if TYPE_CHECKING:
+    from ..calibration import CalibrationData
+
+__all__ = ["VllmOutcome", "VllmSettings", "VllmTarget", "run_vllm_search", "search_vllm"]
 CONFIRM_FINALISTS = 4
-
-
-@dataclass(frozen=True)
-class VllmTarget:
-    """What the skip set may cost: ``budget`` (bytes vs vLLM's cache at the model dtype, ``0.6x``,
-    or mean bits per element, ``10bit``), ``max_skip`` layers, or both; ``ppl_within``: percent."""
-
-    kv_cache_dtype: str
-    budget: Budget | None = None
-    max_skip: int | None = None
-    ppl_within: float | None = None
-    model_dtype: str = "bfloat16"
-
-    def __post_init__(self) -> None:
-        VllmPlan(self.kv_cache_dtype, 1)  # one line for an unknown dtype
-        m = self.max_skip
-        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 0):
-            raise KVTunerError(f"--max-skip must be a non-negative int, got {m!r}")
-        p = self.ppl_within
-        if p is not None and not (isinstance(p, int | float) and 0 < p < 1000):
-            raise KVTunerError(f"--ppl-within must be a percentage > 0, got {p!r}")
-        if self.budget is None and m is None and p is None:
-            raise KVTunerError("the vLLM target needs --budget, --max-skip or --ppl-within")
-
-    def ratio_cap(self) -> Fraction | None:
-        if self.budget is None:
-            return None
-        value = self.budget.value
-        return value if self.budget.kind == "ratio" else value / 16
-
-    def skip_cap(self, layout: VllmLayout) -> int:
-        """The most layers that may be skipped: --max-skip and the bytes budget, as vLLM counts."""
-        n = layout.fingerprint.num_layers
-        cap, ratio = n if self.max_skip is None else min(self.max_skip, n), self.ratio_cap()
-        fp = layout.fp_bytes_per_token()
-
-        def fits(k: int) -> bool:
-            cost = layout.bytes_per_token(VllmPlan(self.kv_cache_dtype, n, tuple(range(k))))
-            return ratio is None or Fraction(cost, fp) <= ratio
-
-        if not fits(0):
-            cost = layout.bytes_per_token(VllmPlan(self.kv_cache_dtype, n))
-            raise KVTunerError(
-                f"budget {self.budget.label} is below {self.kv_cache_dtype} on every layer "
-                f"({cost / fp:.4f}x of {self.model_dtype})"
-            )
-        return max(k for k in range(cap + 1) if fits(k))
 
 
 @dataclass(frozen=True)
@@ -151,105 +107,128 @@ def _fewest_within(measure_ppl, order: list[int], cap: int, limit: float, log) -
 
 def search_vllm(
     *,
-    model: str,
-    target: VllmTarget,
-    output: str | Path = "profile.json",
     n_trials: int = 12,
     storage: str | None = None,
     study_name: str | None = None,
-    dataset: str | None = None,
-    num_samples: int = 2,
-    seq_len: int = 256,
-    data_seed: int = 0,
-    confirm_samples: int = 4,
-    device: str = "auto",
-    dtype: str = "auto",
+    log: Callable[[str], None] = print,
+    loaded: tuple[Any, Any] | None = None,
+    **settings: Any,
+) -> VllmOutcome:
+    """:func:`run_vllm_search` over ``VllmSettings(**settings)`` (keywords: model, target,
+    output, dataset, num_samples, ...), its study from ``n_trials``, ``storage``, ``study_name``."""
+    study = StudySettings(n_trials=n_trials, storage=storage, study_name=study_name)
+    return run_vllm_search(VllmSettings(study=study, **settings), log=log, loaded=loaded)
+
+
+def run_vllm_search(
+    settings: VllmSettings,
+    *,
     log: Callable[[str], None] = print,
     loaded: tuple[Any, Any] | None = None,
 ) -> VllmOutcome:
-    """Search the skip set for ``target`` on ``model`` and write a vLLM profile (atomic)."""
-    import optuna
+    """Search the skip set for ``settings.target`` and write a vLLM profile (atomic): the model
+    and text as :func:`kvtuner.tuner.search.run_search` prepares them, then sensitivity and study
+    (or the fewest layers within ``ppl_within``), confirmation, write."""
+    s, target = settings, settings.target
+    run = _prepare(s, loaded)
+    text = f"{run.data.seq_len}x{s.num_samples}"
+    name = s.study.study_name or f"vllm {target.kv_cache_dtype} cap {run.cap} {text}"
+    study = _open_study(s.study.storage, name)
+    skip_kl = run.skip_kl
+    sens = _layer_sensitivity(study, skip_kl.kl, skip_kl.num_layers, target.kv_cache_dtype, log)
+    order = sorted(range(skip_kl.num_layers), key=lambda i: (-sens[i], i))
+    best, measured, metrics = _choose(target, study, skip_kl, order, run.cap, s.study.n_trials, log)
+    if run.held is not None:
+        best, confirmed = _confirm(skip_kl, run.held.tokens, measured, log)
+        metrics.update(confirmed)
+    metrics.update({"layer_kl": [float(f"{x:.6g}") for x in sens],
+                    "trials": len(study.trials), "study": name})  # fmt: skip
+    profile = _profile(s, run, best, measured, metrics)
+    save_vllm_profile(profile, s.output)
+    return VllmOutcome(profile, s.output, measured[best], measured[()], tuple(sens),
+                       len(study.trials), _summary(profile, target))  # fmt: skip
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    from ..calibration import fingerprint_of, fp_reference, load_calibration_data, load_model
-    from ..calibration.kl import measure_with_cache
-    from ..runtime_loader.hf.vllm_cache import make_vllm_cache
 
-    output = Path(output)
-    where = placement(device, dtype)
-    lm, tokenizer = loaded or load_model(model, device=where.device, dtype=where.dtype)
+@dataclass(frozen=True)
+class _Prepared:
+    layout: VllmLayout
+    cap: int  # the most layers the target lets stay at the model dtype
+    data: CalibrationData
+    held: CalibrationData | None
+    skip_kl: SkipKL  # on ``data``
+
+
+def _prepare(settings: VllmSettings, loaded: tuple[Any, Any] | None) -> _Prepared:
+    """Model and text (shared with the kvtuner search), vLLM's layout, the skip cap."""
+    from ..calibration import fingerprint_of
+
+    s, target = settings, settings.target
+    lm, tokenizer, _ = load_placed(s.model, s.device, s.dtype, loaded)
     fp = fingerprint_of(lm)
     layout = VllmLayout(fp, target.model_dtype)
     cap = target.skip_cap(layout)
-    data = load_calibration_data(
-        tokenizer, dataset=dataset, num_samples=num_samples, seq_len=seq_len, seed=data_seed
-    )
-    reference = fp_reference(lm, data.tokens)
+    confirm = 0 if target.ppl_within is not None else s.confirm_samples  # no study to confirm
+    data, held = load_text(tokenizer, s, confirm)
+    s.output.parent.mkdir(parents=True, exist_ok=True)
+    skip_kl = SkipKL.on(lm, target.kv_cache_dtype, fp.num_layers, data.tokens)
+    return _Prepared(layout, cap, data, held, skip_kl)
 
-    def plan(skip) -> VllmPlan:
-        return VllmPlan(target.kv_cache_dtype, fp.num_layers, tuple(skip))
 
-    def run(skip, ref=reference, tokens=data.tokens, nll=False):
-        new_cache = lambda: make_vllm_cache(lm, plan(skip))  # noqa: E731
-        return measure_with_cache(lm, tokens, ref, new_cache, nll=nll)
+def _open_study(storage: str, name: str) -> Any:
+    import optuna
 
-    output.parent.mkdir(parents=True, exist_ok=True)
-    name = study_name or f"vllm {target.kv_cache_dtype} cap {cap} {data.seq_len}x{num_samples}"
-    study = optuna.create_study(
-        storage=storage or default_storage(output), study_name=name, load_if_exists=True
-    )
-    kl_of = lambda skip: run(skip)[0]  # noqa: E731
-    sens = _layer_sensitivity(study, kl_of, fp.num_layers, target.kv_cache_dtype, log)
-    order = sorted(range(fp.num_layers), key=lambda i: (-sens[i], i))
-    metrics: dict[str, Any] = {}
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna.create_study(storage=storage, study_name=name, load_if_exists=True)
+
+
+def _choose(target, study, skip_kl: SkipKL, order, cap: int, n_trials: int, log):
+    """(best skip set, KL of every measured one, metrics): the fewest within ``ppl_within``, or
+    the least KL over the study's candidates."""
     if target.ppl_within is not None:
-        limit = reference.ppl * (1 + target.ppl_within / 100)
-        best = _fewest_within(lambda s: math.exp(run(s, nll=True)[1]), order, cap, limit, log)
-        measured = {best: run(best)[0], (): run(())[0]}
-        metrics["ppl_within_pct"] = target.ppl_within
-    else:
-        candidates = _candidates(order, cap, n_trials)
-        measured = _run_study(study, kl_of, candidates, fp.num_layers)
-        best = min(measured, key=lambda s: (measured[s], len(s)))
-        if confirm_samples:
-            best, metrics = _confirm(lm, tokenizer, dataset, data, confirm_samples, measured,
-                                     run, log)  # fmt: skip
-    final = plan(best)
-    ppl = math.exp(run(best, nll=True)[1])
-    metrics.update({"kl": measured[best], "uniform_kl": measured[()], "fp_ppl": reference.ppl,
-                    "ppl": ppl, "layer_kl": [float(f"{x:.6g}") for x in sens],
-                    "trials": len(study.trials), "study": name})  # fmt: skip
-    bytes_tok = layout.bytes_per_token(final)
-    budget = {"skip_cap": cap, "bytes_per_token": bytes_tok,
-              "ratio_to_model_dtype": round(bytes_tok / layout.fp_bytes_per_token(), 4),
-              **({} if target.budget is None else {"asked": target.budget.label}),
-              **({} if target.max_skip is None else {"max_skip": target.max_skip})}  # fmt: skip
-    calibration = {**data.describe(), **placement_of(lm).describe()}
-    profile = VllmProfile(model, fp, final, target.model_dtype, budget, calibration, metrics)
-    save_vllm_profile(profile, output)
-    summary = (
-        f"vLLM {target.kv_cache_dtype}: skip {list(best)} -> KL {measured[best]:.5g} "
-        f"(every layer {target.kv_cache_dtype}: {measured[()]:.5g}), ppl {ppl:.4f} "
-        f"(fp {reference.ppl:.4f}), {bytes_tok} bytes/token ({budget['ratio_to_model_dtype']}x "
-        f"of {target.model_dtype})"
-    )
-    return VllmOutcome(profile, output, measured[best], measured[()], tuple(sens),
-                       len(study.trials), summary)  # fmt: skip
+        limit = skip_kl.reference.ppl * (1 + target.ppl_within / 100)
+        best = _fewest_within(skip_kl.ppl, order, cap, limit, log)
+        measured = {best: skip_kl.kl(best), (): skip_kl.kl(())}
+        return best, measured, {"ppl_within_pct": target.ppl_within}
+    candidates = _candidates(order, cap, n_trials)
+    measured = _run_study(study, skip_kl.kl, candidates, skip_kl.num_layers)
+    return min(measured, key=lambda s: (measured[s], len(s))), measured, {}
 
 
-def _confirm(lm, tokenizer, dataset, data, samples, measured, run, log):
+def _confirm(skip_kl: SkipKL, tokens, measured, log):
     """The best finalists and D-everywhere re-measured on held-back windows; the best there."""
-    from ..calibration import fp_reference
-    from .confirmation import held_back
-
-    held = held_back(tokenizer, dataset, data, samples)
-    ref = fp_reference(lm, held.tokens)
+    held = SkipKL.on(skip_kl.lm, skip_kl.kv_cache_dtype, skip_kl.num_layers, tokens)
     finalists = sorted(measured, key=lambda s: (measured[s], len(s)))[:CONFIRM_FINALISTS]
     finalists = list(dict.fromkeys([*finalists, ()]))
-    again = {s: run(s, ref=ref, tokens=held.tokens)[0] for s in finalists}
-    log(f"confirmation on {held.tokens.numel()} held-back tokens:")
+    again = {s: held.kl(s) for s in finalists}
+    log(f"confirmation on {tokens.numel()} held-back tokens:")
     for s in finalists:
         log(f"  skip {list(s)}: {measured[s]:.5g} -> {again[s]:.5g}")
     best = min(again, key=lambda s: (again[s], len(s)))
     return best, {"confirm_kl": again[best], "confirm_uniform_kl": again[()],
-                  "confirm_tokens": held.tokens.numel()}  # fmt: skip
+                  "confirm_tokens": tokens.numel()}  # fmt: skip
+
+
+def _profile(settings: VllmSettings, run: _Prepared, best, measured, metrics) -> VllmProfile:
+    """The vLLM profile of ``best``: its plan, vLLM's bytes for it, KL and ppl vs fp."""
+    target, layout, skip_kl = settings.target, run.layout, run.skip_kl
+    final, fp_ppl = skip_kl.plan(best), skip_kl.reference.ppl
+    metrics = {"kl": measured[best], "uniform_kl": measured[()], "fp_ppl": fp_ppl,
+               "ppl": skip_kl.ppl(best), **metrics}  # fmt: skip
+    bytes_tok = layout.bytes_per_token(final)
+    budget = {"skip_cap": run.cap, "bytes_per_token": bytes_tok,
+              "ratio_to_model_dtype": round(bytes_tok / layout.fp_bytes_per_token(), 4),
+              **({} if target.budget is None else {"asked": target.budget.label}),
+              **({} if target.max_skip is None else {"max_skip": target.max_skip})}  # fmt: skip
+    calibration = {**run.data.describe(), **placement_of(skip_kl.lm).describe()}
+    return VllmProfile(settings.model, layout.fingerprint, final, target.model_dtype, budget,
+                       calibration, metrics)  # fmt: skip
+
+
+def _summary(profile: VllmProfile, target: VllmTarget) -> str:
+    m, b, d = profile.metrics, profile.budget, target.kv_cache_dtype
+    return (
+        f"vLLM {d}: skip {list(profile.plan.skip_layers)} -> KL {m['kl']:.5g} "
+        f"(every layer {d}: {m['uniform_kl']:.5g}), ppl {m['ppl']:.4f} "
+        f"(fp {m['fp_ppl']:.4f}), {b['bytes_per_token']} bytes/token "
+        f"({b['ratio_to_model_dtype']}x of {target.model_dtype})"
+    )

@@ -40,6 +40,20 @@ def test_round_trip(tmp_path):
     assert not list(path.parent.glob(".*.tmp"))  # atomic write left no temp file
 
 
+def test_written_profile_has_a_plain_file_mode(tmp_path):
+    import os
+
+    umask = os.umask(0o022)
+    try:
+        path = save_profile(_profile(), tmp_path / "p.json")
+        assert path.stat().st_mode & 0o777 == 0o644  # readable by a server run as another user
+        path.chmod(0o600)
+        save_profile(_profile(), path)
+        assert path.stat().st_mode & 0o777 == 0o600  # an existing file keeps its mode
+    finally:
+        os.umask(umask)
+
+
 def test_version_is_the_lowest_that_holds_the_bits(tmp_path):
     assert _profile().schema_version == 1  # 2/4/8/16 only: v1 readers can still load it
     layers = (LayerSpec(0, QuantSpec(3, 32), QuantSpec(5, 32)), LayerSpec(1, K4, QuantSpec(6, 32)))

@@ -49,3 +49,22 @@ def test_ppl_within_and_bad_input(tiny_dir, tmp_path, capsys):
     argv = ["search", "--model", str(tiny_dir), "--target", "vllm", "--max-skip", "1"]
     assert main(argv) == 2
     assert "--kv-cache-dtype" in capsys.readouterr().err
+
+
+def test_int4_per_token_head_from_the_cli(tiny_dir, tmp_path, capsys):
+    """int4_per_token_head is searched, saved and handed back as vLLM's flags; turboquant_* is
+    refused in one line that says why."""
+    out = tmp_path / "int4.json"
+    argv = ["search", "--model", str(tiny_dir), "--target", "vllm", "--kv-cache-dtype",
+            "int4_per_token_head", "--max-skip", "1", "--num-samples", "2", "--seq-len", "32",
+            "--confirm-samples", "1", "--n-trials", "3", "--output", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    plan = load_vllm_profile(out).plan
+    assert plan.kv_cache_dtype == "int4_per_token_head" and len(plan.skip_layers) <= 1
+    capsys.readouterr()
+    assert main(["vllm-args", str(out)]) == 0
+    assert "--kv-cache-dtype int4_per_token_head" in capsys.readouterr().out
+    argv[argv.index("int4_per_token_head")] = "turboquant_4bit_nc"
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "chunk schedule" in err[0]

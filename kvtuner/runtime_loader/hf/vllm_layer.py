@@ -10,8 +10,8 @@ from ...quant.vllm_format import VllmKVFormat
 
 
 class _Stored:
-    """One side's history: codes [B, H, T, D] in vLLM's storage dtype, fp32 scales [B, H, T]
-    (per-token-head formats) or None (per-tensor scale)."""
+    """One side's history: codes [B, H, T, D] in vLLM's storage dtype ([B, H, T, D/2] uint8 for
+    int4), fp32 scales [B, H, T] (per-token-head formats) or None (per-tensor scale)."""
 
     def __init__(self) -> None:
         self.codes: torch.Tensor | None = None
@@ -30,7 +30,8 @@ class _Stored:
 
 class VllmFormatLayer(DynamicLayer):
     """``update(k, v)`` stores the new states [B, H, T, D] as vLLM would (codes and scales) and
-    returns the whole history read back as vLLM's attention reads it, in the states' dtype."""
+    returns the whole history read back as vLLM's attention reads it, in the states' dtype
+    (int4: the K and V attention effectively sees, un-rotated to the model's basis)."""
 
     is_croppable = False
 

@@ -4,8 +4,9 @@ Read from vLLM's source (``platforms/interface.py: _align_heterogeneous_kv_block
 ``v1/core/kv_cache_utils.py``, ``v1/kv_cache_interface.py``) for full-attention models:
 
 - a layer's page holds ``block_size`` tokens of K and V for every KV head: per token and head,
-  ``2 * head_dim`` elements at 1 byte (fp8 / int8) or at the model dtype's size (a skipped
-  layer), plus two fp32 scales for the per-token-head formats;
+  ``2 * head_dim`` elements at 1 byte (fp8 / int8), at half a byte (int4, two per byte) or at
+  the model dtype's size (a skipped layer), plus two fp32 scales for the per-token-head formats
+  (``VllmKVFormat.head_bytes``; vLLM's ``TritonAttentionBackend.customize_spec``);
 - with skip layers, vLLM first raises the block size to
   ``align * ceil(skip_page * smallest_kernel_block / (align * primary_page))`` (align =
   max(smallest kernel block, block size)) so that the primary page covers a skipped page;

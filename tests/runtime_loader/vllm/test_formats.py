@@ -11,6 +11,7 @@ is skipped with the reason shown.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 
@@ -156,3 +157,90 @@ def test_cpu_fp8_kernel_matches_when_the_cpu_runs_it():
     ops.cpu_attn_reshape_and_cache(k, v, kc, vc, SLOTS, isa, 1.0, 1.0, "fp8_e4m3")
     got = kc.permute(0, 2, 1, 3).reshape(-1, H, D)[SLOTS]
     assert torch.equal(_bits(VllmKVFormat("fp8_e4m3").store(k, "k")[0]), got)
+
+
+@contextlib.contextmanager
+def _int4_ops():
+    """vLLM's int4 module, its launchers' kernels jitted for real while the context lasts."""
+    from vllm.v1.attention.ops import int4_per_token_head as ops
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ops, "triton", importlib.import_module("triton"))
+        for name in ("_reshape_cache_int4_kernel", "_attn_packed"):
+            mp.setattr(ops, name, real_kernel(getattr(ops, name)))
+        yield ops
+
+
+def test_int4_rotation_is_vllms():
+    from vllm.v1.attention.ops import int4_per_token_head as ops
+
+    from kvtuner.quant import vllm_int4
+
+    for d in (64, 96):  # 96: vLLM rotates three blocks of 32
+        x = torch.randn(5, 3, d).to(torch.bfloat16).float()
+        assert torch.equal(vllm_int4.rht(x), ops.single_rht(x))
+        assert torch.equal(vllm_int4.rht(x, inverse=True), ops.single_rht(x, inverse=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_int4_matches_vllm_store(dtype):
+    """vLLM's ``reshape_and_cache_int4`` (its RHT, then its Triton kernel): codes and scale bits
+    (zero point included) equal kvtuner's, with ±1e4 outliers and an all-zero row."""
+    k, v = _states(3, spread=60.0)
+    k, v = k.to(dtype), v.to(dtype)
+    k[2, 1] = 0.0
+    fmt = VllmKVFormat("int4_per_token_head")
+    kc = torch.zeros(BLOCKS, BLOCK, H, D // 2, dtype=torch.uint8)
+    vc, ks, vs = torch.zeros_like(kc), torch.zeros(BLOCKS, BLOCK, H), torch.zeros(BLOCKS, BLOCK, H)
+    with _int4_ops() as ops:
+        ops.reshape_and_cache_int4(k, v, kc, vc, SLOTS, k_scale_cache=ks, v_scale_cache=vs)
+    for x, cache, scales in ((k, kc, ks), (v, vc, vs)):
+        codes, scale = fmt.store(x, "k")
+        assert torch.equal(codes, _at_slots(cache))
+        assert torch.equal(_bits(scale), _bits(_at_slots(scales)))
+
+
+def test_int4_attention_sees_kvtuners_read():
+    """vLLM's ``unified_attention_int4`` (query rotated, scores in the rotated basis, output
+    un-rotated) over its own int4 cache equals causal attention over kvtuner's read of the same
+    K and V, to fp32 rounding: far closer than either is to attention over the fp states."""
+    t, q_heads = 7, 2 * H
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(t, n, D, generator=g) for n in (q_heads, H, H))
+    k = k * 4
+    kc = torch.zeros(2, BLOCK, H, D // 2, dtype=torch.uint8)
+    vc, ks, vs = torch.zeros_like(kc), torch.zeros(2, BLOCK, H), torch.zeros(2, BLOCK, H)
+    out, lens = torch.zeros(t, q_heads, D), torch.tensor([0, t], dtype=torch.int32)
+    with _int4_ops() as ops:  # the sequence lives in physical block 1
+        ops.reshape_and_cache_int4(k, v, kc, vc, torch.arange(t) + BLOCK, k_scale_cache=ks,
+                                   v_scale_cache=vs)  # fmt: skip
+        ops.unified_attention_int4(
+            q, kc, vc, out, cu_seqlens_q=lens, max_seqlen_q=t, seqused_k=lens[1:],
+            max_seqlen_k=t, softmax_scale=D**-0.5, window_size=(-1, -1),
+            block_table=torch.tensor([[1, 0]], dtype=torch.int32), softcap=0.0, sinks=None,
+            alibi_slopes=None, use_alibi_sqrt=False, qq_bias=None, output_scale=None,
+            mm_prefix_range=None, k_scale_cache=ks, v_scale_cache=vs,
+        )  # fmt: skip
+    fmt = VllmKVFormat("int4_per_token_head")
+
+    def attention(keys, values):  # [t, heads, D], GQA: each KV head serves two query heads
+        kk, vv = (x.repeat_interleave(q_heads // H, 1).transpose(0, 1) for x in (keys, values))
+        o = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1), kk, vv,
+                                                             is_causal=True)  # fmt: skip
+        return o.transpose(0, 1)
+
+    emulated = attention(fmt.fake_quantize(k, "k"), fmt.fake_quantize(v, "v"))
+    assert (out - emulated).abs().max() < 1e-4
+    assert (out - attention(k, v)).abs().max() > 0.05
+
+
+def test_int4_page_bytes_are_vllms():
+    """vLLM's Triton backend sizes a token-head of int4 (and int8) as kvtuner counts it."""
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, get_kv_quant_mode
+
+    for dtype in ("int4_per_token_head", "int8_per_token_head"):
+        spec = FullAttentionSpec(block_size=16, num_kv_heads=H, head_size=D, dtype=torch.uint8,
+                                 kv_quant_mode=get_kv_quant_mode(dtype))  # fmt: skip
+        page = TritonAttentionBackend.customize_spec(spec).page_size_bytes
+        assert page == 16 * H * 2 * VllmKVFormat(dtype).head_bytes(D)

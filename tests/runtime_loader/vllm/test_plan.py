@@ -31,7 +31,7 @@ def test_plan_flags_and_kwargs():
     assert plan.engine_kwargs() == {"kv_cache_dtype": "fp8_e4m3",
                                     "kv_cache_dtype_skip_layers": ["0", "29"]}  # fmt: skip
     assert plan.layer_format(0) is None and plan.layer_format(1) == VllmKVFormat("fp8_e4m3")
-    for bad in (dict(skip_layers=(30,)), dict(kv_cache_dtype="int4_per_token_head")):
+    for bad in (dict(skip_layers=(30,)), dict(kv_cache_dtype="turboquant_4bit_nc")):
         with pytest.raises(KVTunerError):
             VllmPlan(**{"kv_cache_dtype": "fp8", "num_layers": 30, **bad})
 
@@ -46,6 +46,11 @@ def test_bytes_and_capacity_as_vllm_allocates():
     assert layout.capacity_tokens(plan, 2**30) == 87_296
     per_head = VllmLayout(SMOLLM2).layer_bytes_per_token(VllmPlan("int8_per_token_head", 30), 3)
     assert per_head == 3 * 2 * (64 + 4)  # codes + an inline fp32 scale per side
+    int4 = VllmPlan("int4_per_token_head", 30, (0,))
+    assert layout.layer_bytes_per_token(int4, 3) == 3 * 2 * (32 + 4)  # two codes per byte
+    assert layout.bytes_per_token(int4) == 29 * 216 + 768
+    gpu = VllmLayout(SMOLLM2, block_size=16, smallest_kernel_block=16)
+    assert gpu.aligned_block_size(int4) == 64  # 16 * ceil(768 * 16 / (16 * 216))
 
 
 def test_block_size_alignment_when_skipped_pages_outgrow_the_primary():
@@ -104,3 +109,8 @@ def test_hf_cache_stores_each_layer_as_the_plan_says(tiny_llama):
     assert cache.layers[1].nbytes() == 2 * 9 * kv_heads * (d + 4)
     with pytest.raises(KVTunerError):
         make_vllm_cache(tiny_llama, VllmPlan("fp8", n + 1))
+    cache = make_vllm_cache(tiny_llama, VllmPlan("int4_per_token_head", n, (0,)))
+    with torch.no_grad():
+        tiny_llama(ids, past_key_values=cache, use_cache=True)
+    assert cache.layers[1].k.codes.shape == (1, kv_heads, 9, d // 2)
+    assert cache.layers[1].nbytes() == 2 * 9 * kv_heads * (d // 2 + 4)
