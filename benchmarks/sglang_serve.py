@@ -9,7 +9,7 @@ measured just before and after it (the shared CPU's speed drifts):
 - decode tok/s of one stream, and aggregate tok/s of 8 concurrent streams (ignore_eos);
 - greedy-output agreement with stock over a fixed prompt set (token ids of the outputs).
 
-CPU (default): SmolLM2-135M-Instruct exported from its GGUF, the recipe of SGLANG_CPU.md (test-only
+CPU (default): SmolLM2-135M-Instruct exported from its GGUF, docs/serving.md's CPU recipe (test-only
 ``sgl_kernel`` stand-in, torch_native attention, OMP_NUM_THREADS=1 per server). On a GPU box:
 ``--device cuda --model-path <hf dir>`` is the same benchmark. Profiles: ``--profiles a.json ...``,
 default: uniform per-token profiles built here (K Hadamard-rotated): a 16-bit control (fp16 rows:
