@@ -61,7 +61,7 @@ NOT_EMULATED = {
     "nvfp4": "packed fp4 with fp8 block scales; GPU-only kernels were not reproduced",
     "ultraquant_4bit": "packed fp4 with UE8M0 group scales; not reproduced",
 }
-SCALE_FLOOR = 1e-6  # vLLM's per-token-head scale floor
+SCALE_FLOOR = vllm_int4.SCALE_FLOOR  # vLLM's per-token-head scale floor (int8, fp8, int4)
 _MODEL_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
