@@ -130,15 +130,21 @@ def _markdown(report, targets, fp_scan, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def results_stem(model: str, task: str, haystack: str) -> str:
+    """Results path without extension; a string, since a model name like ``qwen2.5-0.5b`` holds a
+    dot that ``Path.with_suffix`` would cut at."""
+    return str(RESULTS / f"long_context-{model}-{task}-{haystack}")
+
+
 def main() -> int:
     args = _args()
     torch.set_num_threads(args.threads)
     command = "OMP_NUM_THREADS=1 python benchmarks/long_context.py " + shlex.join(sys.argv[1:])
-    stem = RESULTS / f"long_context-{args.model}-{args.task}-{args.haystack}"
+    stem = results_stem(args.model, args.task, args.haystack)
     model, tokenizer = load_model(args.model, dtype=torch.float32)
     fingerprint = ModelFingerprint.from_config(model.config)
     profiles, uniforms = _configs(args, fingerprint)
-    kw = dict(model_name=args.model, results_path=str(stem.with_suffix(".jsonl")))
+    kw = dict(model_name=args.model, results_path=str(stem + ".jsonl"))
     fp_scan = evaluate_retrieval(model, tokenizer, [], _settings(args, args.lengths), **kw)
     print(format_retrieval_table(fp_scan, args.task), flush=True)
     fp_ok = [r["length"] for r in fp_scan["rows"] if r["accuracy"] >= FP_FLOOR]
@@ -154,11 +160,11 @@ def main() -> int:
     out = {"command": command, "hardware": hardware(), "fp_floor": FP_FLOOR,
            "fp_scan": fp_scan, "fp_ok_lengths": fp_ok, "report": report,
            "targets": targets}  # fmt: skip
-    write_json_atomic(stem.with_suffix(".json"), out)
+    write_json_atomic(Path(stem + ".json"), out)
     md = _markdown(report, targets, fp_scan, command)
-    tmp = stem.with_suffix(".md.tmp")
+    tmp = Path(stem + ".md.tmp")
     tmp.write_text(md)
-    tmp.replace(stem.with_suffix(".md"))
+    tmp.replace(stem + ".md")
     print(md)
     return 0
 

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import torch
+from long_context import results_stem
 
 from kvtuner.calibration import load_model
 from kvtuner.evaluation.configs import EvalConfig, profile_config
@@ -29,7 +30,6 @@ from kvtuner.evaluation.retrieval import (
 from kvtuner.profile import ModelFingerprint
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = Path(__file__).parent / "results"
 
 
 def _raised(spec, bits: int):
@@ -73,10 +73,10 @@ def main() -> int:
         args.task, tuple(args.lengths), tuple(args.depths), args.samples, args.haystack,
         chat=not args.no_chat_template,
     )  # fmt: skip
-    stem = RESULTS / f"long_context-{args.model}-{args.task}-{args.haystack}"
+    stem = results_stem(args.model, args.task, args.haystack)
     report = evaluate_retrieval(
         model, tokenizer, [base, *variants(base)], settings, model_name=args.model,
-        results_path=str(stem.with_suffix(".jsonl")),
+        results_path=stem + ".jsonl",
     )  # fmt: skip
     print(format_retrieval_table(report, args.task))
     return 0
