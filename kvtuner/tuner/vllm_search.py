@@ -20,6 +20,7 @@ perplexity on the calibration windows stays within X % of fp's.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -102,12 +103,14 @@ def search_vllm(
     study_name: str | None = None,
     log: Callable[[str], None] = print,
     loaded: tuple[Any, Any] | None = None,
+    progress: bool = False,
     **settings: Any,
 ) -> VllmOutcome:
     """:func:`run_vllm_search` over ``VllmSettings(**settings)`` (keywords: model, target,
     output, dataset, num_samples, ...), its study from ``n_trials``, ``storage``, ``study_name``."""
     study = StudySettings(n_trials=n_trials, storage=storage, study_name=study_name)
-    return run_vllm_search(VllmSettings(study=study, **settings), log=log, loaded=loaded)
+    settings = VllmSettings(study=study, **settings)
+    return run_vllm_search(settings, log=log, loaded=loaded, progress=progress)
 
 
 def run_vllm_search(
@@ -115,19 +118,22 @@ def run_vllm_search(
     *,
     log: Callable[[str], None] = print,
     loaded: tuple[Any, Any] | None = None,
+    progress: bool = False,
 ) -> VllmOutcome:
     """Search the skip set for ``settings.target`` and write a vLLM profile (atomic): the model
     and text as :func:`kvtuner.tuner.search.run_search` prepares them, then sensitivity and study
-    (or the fewest layers within ``ppl_within``), confirmation, write."""
+    (or the fewest layers within ``ppl_within``), confirmation, write. ``progress``: a bar
+    counting the skip sets measured."""
     s, target = settings, settings.target
     run = _prepare(s, loaded)
     text = f"{run.data.seq_len}x{s.num_samples}"
     name = s.study.study_name or f"vllm {target.kv_cache_dtype} cap {run.cap} {text}"
     study = _open_study(s.study.storage, name)
     skip_kl = run.skip_kl
-    sens = _layer_sensitivity(study, skip_kl.kl, skip_kl.num_layers, target.kv_cache_dtype, log)
-    order = sorted(range(skip_kl.num_layers), key=lambda i: (-sens[i], i))
-    best, measured, metrics = _choose(target, study, run, order, s.study.n_trials, log)
+    with _counting(skip_kl.kl, progress) as measure:
+        sens = _layer_sensitivity(study, measure, skip_kl.num_layers, target.kv_cache_dtype, log)
+        order = sorted(range(skip_kl.num_layers), key=lambda i: (-sens[i], i))
+        best, measured, metrics = _choose(target, study, run, measure, order, s.study.n_trials, log)
     if run.held is not None:
         best, confirmed = _confirm(skip_kl, run.held.tokens, measured, log)
         metrics.update(confirmed)
@@ -172,7 +178,21 @@ def _open_study(storage: str, name: str) -> Any:
     return optuna.create_study(storage=storage, study_name=name, load_if_exists=True)
 
 
-def _choose(target, study, run: _Prepared, order, n_trials: int, log):
+@contextmanager
+def _counting(measure: Callable[[tuple[int, ...]], float], enabled: bool):
+    """``measure`` with a progress bar counting its calls (the sets measured)."""
+    from tqdm.auto import tqdm
+
+    with tqdm(desc="skip sets", unit="set", disable=not enabled, dynamic_ncols=True) as bar:
+
+        def counted(skip: tuple[int, ...]) -> float:
+            bar.update()
+            return measure(skip)
+
+        yield counted
+
+
+def _choose(target, study, run: _Prepared, measure, order, n_trials: int, log):
     """(best skip set, KL of every measured one, metrics): the fewest within ``ppl_within``, or
     the least KL over the sets the rules propose (``metrics["rules"]``: set -> rule)."""
     skip_kl, cap = run.skip_kl, run.cap
@@ -182,7 +202,7 @@ def _choose(target, study, run: _Prepared, order, n_trials: int, log):
         measured = {best: skip_kl.kl(best), (): skip_kl.kl(())}
         return best, measured, {"ppl_within_pct": target.ppl_within}
     layers = skip_kl.num_layers
-    measure_all = lambda sets: _run_study(study, skip_kl.kl, sets, layers)  # noqa: E731
+    measure_all = lambda sets: _run_study(study, measure, sets, layers)  # noqa: E731
     rules = merge_rules({
         "additive": additive(order, cap, n_trials),
         "greedy": greedy(measure_all, layers, cap, log),
