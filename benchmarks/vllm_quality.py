@@ -1,7 +1,9 @@
 """vLLM rows of the quality table: a vLLM KV dtype D on every layer vs kvtuner's skip set (from
 a vLLM profile) at the same bytes or fewer, and what each layer's fp8 saturation costs.
 
-Rows (kind ``vllm``, one run, same windows, paired): fp; D on every layer; each given vLLM
+Rows (kind ``vllm``, one run, same windows, paired): perplexity, and the mean per-token
+KL(fp || row) (what the search minimises; ppl can move toward fp's while the distribution moves
+away from it); fp; D on every layer; each given vLLM
 profile (D, its skip set); ``--top-k K``: D with the K most saturated layers skipped (a naive
 rule); ``--boundary N``: the first and last N layers skipped (vLLM's own TurboQuant boundary
 protection, N=2). Perplexity: WikiText-2 test, first N non-overlapping windows of ``--seq-len``
@@ -28,10 +30,13 @@ import sys
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
 
 from kvtuner.calibration import load_model
+from kvtuner.calibration.kl import kl_sum
 from kvtuner.evaluation import hardware, load_eval_windows
-from kvtuner.evaluation.perplexity import PerplexityResult, window_nll
+from kvtuner.evaluation.perplexity import PerplexityResult
 from kvtuner.profile import ModelFingerprint, load_vllm_profile, write_json_atomic
 from kvtuner.quant.vllm_format import VllmKVFormat
 from kvtuner.runtime_loader.hf.vllm_cache import make_vllm_cache
@@ -40,12 +45,25 @@ from kvtuner.runtime_loader.vllm import VllmLayout, VllmPlan
 RESULTS = Path(__file__).parent / "results"
 
 
-def _ppl(model, windows, plan: VllmPlan | None) -> PerplexityResult:
-    nll = []
-    for ids in windows.tokens:
-        cache = None if plan is None else make_vllm_cache(model, plan)
-        nll.append(window_nll(model, ids, cache))
-    return PerplexityResult(tuple(nll), windows.seq_len - 1)
+@torch.inference_mode()
+def _scores(model, windows, plans) -> dict[str, tuple[PerplexityResult, list[float]]]:
+    """Per plan name (and "fp"): per-window NLL, and per-window mean KL(fp || plan) per
+    predicted token; one fp forward per window, its log-probs [T-1, V] dropped after it."""
+    out: dict[str, tuple[list[float], list[float]]] = {"fp": ([], [])}
+    out.update({name: ([], []) for name, _ in plans})
+    for ids in tqdm(windows.tokens, desc="windows", unit="window"):
+        fp_logits = model(ids[None]).logits[0, :-1]
+        ref = torch.log_softmax(fp_logits.float(), dim=-1)
+        for name, plan in [("fp", None), *plans]:
+            logits = fp_logits
+            if plan is not None:
+                cache = make_vllm_cache(model, plan)
+                logits = model(ids[None], past_key_values=cache, use_cache=True).logits[0, :-1]
+            nll = F.cross_entropy(logits.float(), ids[1:], reduction="sum").item()
+            out[name][0].append(nll)
+            out[name][1].append(kl_sum(ref, logits) / (windows.seq_len - 1))
+    per_token = windows.seq_len - 1
+    return {k: (PerplexityResult(tuple(nll), per_token), kl) for k, (nll, kl) in out.items()}
 
 
 @torch.inference_mode()
@@ -67,9 +85,11 @@ def saturation(model, ids: torch.Tensor, fmt: VllmKVFormat) -> list[dict]:
     return out
 
 
-def _row(name, plan, result, fp, layout) -> dict:
+def _row(name, plan, result, kl: list[float], fp, layout) -> dict:
+    mean, se = _mean_se(kl)
     row = {"name": name, "kind": "vllm" if plan else "fp", "ppl": result.ppl,
-           "window_nll": list(result.window_nll)}  # fmt: skip
+           "window_nll": list(result.window_nll), "kl": mean, "kl_se": se,
+           "window_kl": kl}  # fmt: skip
     if plan is not None:
         bpt = layout.bytes_per_token(plan)
         row.update(kv_cache_dtype=plan.kv_cache_dtype, skip_layers=list(plan.skip_layers),
@@ -77,6 +97,13 @@ def _row(name, plan, result, fp, layout) -> dict:
                    delta_pct=result.delta_pct(fp),
                    delta_se_pct=result.delta_se_pct(fp))  # fmt: skip
     return row
+
+
+def _mean_se(xs: list[float]) -> tuple[float, float]:
+    n = len(xs)
+    mean = sum(xs) / n
+    var = sum((x - mean) ** 2 for x in xs) / (n - 1) if n > 1 else float("nan")
+    return mean, math.sqrt(var / n)
 
 
 def _paired(a: PerplexityResult, b: PerplexityResult) -> tuple[float, int]:
@@ -125,14 +152,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.top_k:
         worst = sorted(range(n), key=lambda i: -sat[i])[: args.top_k]
         plans.append((f"skip {args.top_k} most saturated", VllmPlan(args.kv_cache_dtype, n, worst)))
-    fp = _ppl(model, windows, None)
-    rows, results = [_row("fp", None, fp, fp, layout)], {}
+    scores = _scores(model, windows, plans)
+    fp = scores["fp"][0]
+    rows, results = [_row("fp", None, fp, scores["fp"][1], fp, layout)], {}
     for name, plan in plans:
-        results[name] = _ppl(model, windows, plan)
-        rows.append(_row(name, plan, results[name], fp, layout))
-        print(f"{name:<40} ppl {results[name].ppl:.4f} ({rows[-1]['delta_pct']:+.3f}% "
-              f"± {rows[-1]['delta_se_pct']:.3f}) {rows[-1]['bytes_per_token']} B/token "
-              f"({rows[-1]['ratio']:.4f}x)", flush=True)  # fmt: skip
+        results[name], kl = scores[name]
+        r = _row(name, plan, results[name], kl, fp, layout)
+        rows.append(r)
+        print(f"{name:<40} ppl {r['ppl']:.4f} ({r['delta_pct']:+.3f}% ± {r['delta_se_pct']:.3f}) "
+              f"KL {r['kl']:.5f} ± {r['kl_se']:.5f} {r['bytes_per_token']} B/token "
+              f"({r['ratio']:.4f}x)")  # fmt: skip
     base = results[plans[0][0]]
     for name, _plan in plans[1:]:
         gain, wins = _paired(results[name], base)

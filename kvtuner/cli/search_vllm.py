@@ -75,7 +75,8 @@ def run_vllm(args: argparse.Namespace) -> int:
 
     verbosity = Verbosity.from_args(args)
     verbosity.apply()
-    outcome = run_vllm_search(vllm_settings_from_args(args), log=verbosity.info)
+    settings = vllm_settings_from_args(args)
+    outcome = run_vllm_search(settings, log=verbosity.info, progress=verbosity.progress)
     print(outcome.summary)
     flags = " ".join(outcome.profile.plan.cli_args())
     print(f"wrote {outcome.output} (hash {outcome.profile.hash}); vllm serve flags: {flags}")

@@ -6,10 +6,12 @@ costs the same bytes, so the budget is a largest skip count k (bytes counted as 
 them, :class:`~kvtuner.runtime_loader.vllm.VllmLayout`). Steps:
 
 1. sensitivity: KL vs fp with only layer l stored in D, each l (cached in the study);
-2. an Optuna study (sqlite beside the output, resumable) of measured KL over skip sets: the
-   additive optimum (the k most sensitive layers) at k and below, then swaps of its least
-   sensitive member for the next most sensitive layers; D on every layer is always measured;
-3. confirmation: the best finalists and D-everywhere re-measured on held-back windows.
+2. an Optuna study (sqlite beside the output, resumable) of measured KL over the skip sets four
+   rules propose (:mod:`.skip_candidates`): additive top-k and swaps (``n_trials`` of them),
+   greedy forward selection, the boundary layers, the layers with the largest fp keys; D on
+   every layer is always measured;
+3. confirmation: the best finalists and D-everywhere re-measured on held-back windows; the
+   profile records which rule proposed the winner.
 
 ``ppl_within=X`` asks instead for the fewest skipped layers (most sensitive first) whose
 perplexity on the calibration windows stays within X % of fp's.
@@ -18,6 +20,7 @@ perplexity on the calibration windows stays within X % of fp's.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,6 +30,7 @@ from ..placement import placement_of
 from ..profile import VllmProfile, save_vllm_profile
 from ..runtime_loader.vllm import VllmLayout
 from .search_stages import load_placed, load_text
+from .skip_candidates import additive, boundary, greedy, largest_keys, merge_rules
 from .skip_kl import SkipKL
 from .study import StudySettings
 from .vllm_settings import VllmSettings, VllmTarget
@@ -59,19 +63,6 @@ def _layer_sensitivity(study, measure, num_layers: int, dtype: str, log) -> list
     study.set_user_attr(key, out)
     log(f"sensitivity: {num_layers} layers measured in {dtype}")
     return out
-
-
-def _candidates(order: list[int], cap: int, n_trials: int) -> list[tuple[int, ...]]:
-    """Skip sets to measure: additive optima (top-k by sensitivity, k = cap..0), then the top-cap
-    set with its least sensitive member swapped for each next most sensitive layer; D on every
-    layer (no skip) first, always."""
-    seeds = [tuple(sorted(order[:k])) for k in range(cap, -1, -1)]
-    swaps = []
-    if 0 < cap < len(order):
-        for j in range(cap, len(order)):
-            swaps.append(tuple(sorted([*order[: cap - 1], order[j]])))
-    unique = list(dict.fromkeys([(), *seeds[:2], *swaps, *seeds[2:]]))  # () = D everywhere
-    return unique[: max(n_trials, 2)]
 
 
 def _run_study(study, measure, candidates, num_layers: int) -> dict[tuple[int, ...], float]:
@@ -112,12 +103,14 @@ def search_vllm(
     study_name: str | None = None,
     log: Callable[[str], None] = print,
     loaded: tuple[Any, Any] | None = None,
+    progress: bool = False,
     **settings: Any,
 ) -> VllmOutcome:
     """:func:`run_vllm_search` over ``VllmSettings(**settings)`` (keywords: model, target,
     output, dataset, num_samples, ...), its study from ``n_trials``, ``storage``, ``study_name``."""
     study = StudySettings(n_trials=n_trials, storage=storage, study_name=study_name)
-    return run_vllm_search(VllmSettings(study=study, **settings), log=log, loaded=loaded)
+    settings = VllmSettings(study=study, **settings)
+    return run_vllm_search(settings, log=log, loaded=loaded, progress=progress)
 
 
 def run_vllm_search(
@@ -125,22 +118,26 @@ def run_vllm_search(
     *,
     log: Callable[[str], None] = print,
     loaded: tuple[Any, Any] | None = None,
+    progress: bool = False,
 ) -> VllmOutcome:
     """Search the skip set for ``settings.target`` and write a vLLM profile (atomic): the model
     and text as :func:`kvtuner.tuner.search.run_search` prepares them, then sensitivity and study
-    (or the fewest layers within ``ppl_within``), confirmation, write."""
+    (or the fewest layers within ``ppl_within``), confirmation, write. ``progress``: a bar
+    counting the skip sets measured."""
     s, target = settings, settings.target
     run = _prepare(s, loaded)
     text = f"{run.data.seq_len}x{s.num_samples}"
     name = s.study.study_name or f"vllm {target.kv_cache_dtype} cap {run.cap} {text}"
     study = _open_study(s.study.storage, name)
     skip_kl = run.skip_kl
-    sens = _layer_sensitivity(study, skip_kl.kl, skip_kl.num_layers, target.kv_cache_dtype, log)
-    order = sorted(range(skip_kl.num_layers), key=lambda i: (-sens[i], i))
-    best, measured, metrics = _choose(target, study, skip_kl, order, run.cap, s.study.n_trials, log)
+    with _counting(skip_kl.kl, progress) as measure:
+        sens = _layer_sensitivity(study, measure, skip_kl.num_layers, target.kv_cache_dtype, log)
+        order = sorted(range(skip_kl.num_layers), key=lambda i: (-sens[i], i))
+        best, measured, metrics = _choose(target, study, run, measure, order, s.study.n_trials, log)
     if run.held is not None:
         best, confirmed = _confirm(skip_kl, run.held.tokens, measured, log)
         metrics.update(confirmed)
+    metrics["rule"] = metrics.pop("rules", {}).get(best, "ppl-within")
     metrics.update({"layer_kl": [float(f"{x:.6g}") for x in sens],
                     "trials": len(study.trials), "study": name})  # fmt: skip
     profile = _profile(s, run, best, measured, metrics)
@@ -181,17 +178,53 @@ def _open_study(storage: str, name: str) -> Any:
     return optuna.create_study(storage=storage, study_name=name, load_if_exists=True)
 
 
-def _choose(target, study, skip_kl: SkipKL, order, cap: int, n_trials: int, log):
+@contextmanager
+def _counting(measure: Callable[[tuple[int, ...]], float], enabled: bool):
+    """``measure`` with a progress bar counting its calls (the sets measured)."""
+    from tqdm.auto import tqdm
+
+    with tqdm(desc="skip sets", unit="set", disable=not enabled, dynamic_ncols=True) as bar:
+
+        def counted(skip: tuple[int, ...]) -> float:
+            bar.update()
+            return measure(skip)
+
+        yield counted
+
+
+def _choose(target, study, run: _Prepared, measure, order, n_trials: int, log):
     """(best skip set, KL of every measured one, metrics): the fewest within ``ppl_within``, or
-    the least KL over the study's candidates."""
+    the least KL over the sets the rules propose (``metrics["rules"]``: set -> rule)."""
+    skip_kl, cap = run.skip_kl, run.cap
     if target.ppl_within is not None:
         limit = skip_kl.reference.ppl * (1 + target.ppl_within / 100)
         best = _fewest_within(skip_kl.ppl, order, cap, limit, log)
         measured = {best: skip_kl.kl(best), (): skip_kl.kl(())}
         return best, measured, {"ppl_within_pct": target.ppl_within}
-    candidates = _candidates(order, cap, n_trials)
-    measured = _run_study(study, skip_kl.kl, candidates, skip_kl.num_layers)
-    return min(measured, key=lambda s: (measured[s], len(s))), measured, {}
+    layers = skip_kl.num_layers
+    measure_all = lambda sets: _run_study(study, measure, sets, layers)  # noqa: E731
+    rules = merge_rules({
+        "additive": additive(order, cap, n_trials),
+        "greedy": greedy(measure_all, layers, cap, log),
+        "boundary": boundary(layers, cap),
+        "largest-keys": largest_keys(_key_peaks(study, skip_kl, run.data.tokens), cap),
+    })  # fmt: skip
+    measured = measure_all(list(rules))
+    measured = {s: measured[s] for s in rules}  # the proposed sets, not the greedy side steps
+    best = min(measured, key=lambda s: (measured[s], len(s)))
+    log(f"study: {len(measured)} proposed sets; best {list(best)} by {rules[best]}")
+    return best, measured, {"rules": rules}
+
+
+def _key_peaks(study, skip_kl: SkipKL, tokens) -> list[float]:
+    """Per layer, the fp max|k| over the calibration tokens (post-RoPE, as vLLM stores keys);
+    cached in the study."""
+    if "key peaks" not in study.user_attrs:
+        from ..calibration.smoothing import key_magnitudes
+
+        mags = key_magnitudes(skip_kl.lm, tokens, quantile=1.0)
+        study.set_user_attr("key peaks", [float(m.max()) for m in mags])
+    return list(study.user_attrs["key peaks"])
 
 
 def _confirm(skip_kl: SkipKL, tokens, measured, log):

@@ -35,6 +35,8 @@ def test_search_fits_the_budget_beats_uniform_and_resumes(tiny_dir, tmp_path):
     assert len(profile.plan.skip_layers) <= 2 and profile.budget["skip_cap"] == 2
     assert profile.budget["ratio_to_model_dtype"] <= 0.75
     assert first.kl <= first.uniform_kl
+    rules = {"additive", "greedy", "boundary", "largest-keys"}
+    assert set(profile.metrics["rule"].split("+")) <= rules
     again = _search(tiny_dir, out, kv_cache_dtype="fp8_e4m3", budget=Budget.parse("0.75x"))
     assert again.trials == first.trials  # every candidate was in the study already
     capped = _search(tiny_dir, tmp_path / "q.json", kv_cache_dtype="fp8_e4m3", max_skip=1)
