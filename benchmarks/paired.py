@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     data = json.loads(args.results.read_text())
     rows = {r["name"]: r for r in data["rows"] if "window_nll" in r}
-    tokens = data["data"]["seq_len"] - 1  # predicted tokens per window
+    windows = data.get("data") or data["windows"]  # quality.py / vllm_quality.py
+    tokens = windows["seq_len"] - 1  # predicted tokens per window
     out = []
     for pair in args.pairs:
         a, sep, b = pair.partition(":")
