@@ -1,9 +1,12 @@
 """Which vLLM skip sets the study measures, and the rule that proposed each.
 
 A skip set is a sorted tuple of layers kept at the model dtype (the rest in the vLLM dtype).
-Single-layer sensitivity (KL with only layer l in D) is additive by assumption, and on
-Qwen2.5's int4_per_token_head it is wrong: its top-4 lost to keeping the first two and last two
-layers (docs/vllm.md). So four rules propose sets, and the study measures them all:
+Ranking layers by single-layer sensitivity (KL with only layer l in D) assumes their damage adds
+up; it need not (errors compound through later layers), and two cheap rules from practice,
+vLLM's boundary layers and the largest keys, cost a trial each. So four rules propose sets, and
+the study measures them all (on SmolLM2's int4_per_token_head greedy found a set of lower
+calibration KL that the additive rule missed, which confirmation did not keep; on Qwen2.5 all
+four agree; docs/results.md):
 
 - ``additive``: the k most sensitive layers, k = cap..0, and swaps of its least sensitive member;
 - ``greedy``: forward selection from D on every layer, each step adding the layer whose skip
