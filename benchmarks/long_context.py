@@ -144,7 +144,7 @@ def main() -> int:
     model, tokenizer = load_model(args.model, dtype=torch.float32)
     fingerprint = ModelFingerprint.from_config(model.config)
     profiles, uniforms = _configs(args, fingerprint)
-    kw = dict(model_name=args.model, results_path=str(stem + ".jsonl"))
+    kw = dict(model_name=args.model, results_path=stem + ".jsonl")
     fp_scan = evaluate_retrieval(model, tokenizer, [], _settings(args, args.lengths), **kw)
     print(format_retrieval_table(fp_scan, args.task), flush=True)
     fp_ok = [r["length"] for r in fp_scan["rows"] if r["accuracy"] >= FP_FLOOR]

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from sink_probe import mean_se
 from tqdm.auto import tqdm
 
 from kvtuner.calibration import load_model
@@ -51,18 +52,18 @@ def _scores(model, windows, plans) -> dict[str, tuple[PerplexityResult, list[flo
     predicted token; one fp forward per window, its log-probs [T-1, V] dropped after it."""
     out: dict[str, tuple[list[float], list[float]]] = {"fp": ([], [])}
     out.update({name: ([], []) for name, _ in plans})
+    per_token = windows.seq_len - 1
     for ids in tqdm(windows.tokens, desc="windows", unit="window"):
         fp_logits = model(ids[None]).logits[0, :-1]
         ref = torch.log_softmax(fp_logits.float(), dim=-1)
         for name, plan in [("fp", None), *plans]:
-            logits = fp_logits
+            logits, kl = fp_logits, 0.0  # fp against itself
             if plan is not None:
                 cache = make_vllm_cache(model, plan)
                 logits = model(ids[None], past_key_values=cache, use_cache=True).logits[0, :-1]
-            nll = F.cross_entropy(logits.float(), ids[1:], reduction="sum").item()
-            out[name][0].append(nll)
-            out[name][1].append(kl_sum(ref, logits) / (windows.seq_len - 1))
-    per_token = windows.seq_len - 1
+                kl = kl_sum(ref, logits) / per_token
+            out[name][0].append(F.cross_entropy(logits.float(), ids[1:], reduction="sum").item())
+            out[name][1].append(kl)
     return {k: (PerplexityResult(tuple(nll), per_token), kl) for k, (nll, kl) in out.items()}
 
 
@@ -86,7 +87,7 @@ def saturation(model, ids: torch.Tensor, fmt: VllmKVFormat) -> list[dict]:
 
 
 def _row(name, plan, result, kl: list[float], fp, layout) -> dict:
-    mean, se = _mean_se(kl)
+    mean, se = mean_se(kl)
     row = {"name": name, "kind": "vllm" if plan else "fp", "ppl": result.ppl,
            "window_nll": list(result.window_nll), "kl": mean, "kl_se": se,
            "window_kl": kl}  # fmt: skip
@@ -97,13 +98,6 @@ def _row(name, plan, result, kl: list[float], fp, layout) -> dict:
                    delta_pct=result.delta_pct(fp),
                    delta_se_pct=result.delta_se_pct(fp))  # fmt: skip
     return row
-
-
-def _mean_se(xs: list[float]) -> tuple[float, float]:
-    n = len(xs)
-    mean = sum(xs) / n
-    var = sum((x - mean) ** 2 for x in xs) / (n - 1) if n > 1 else float("nan")
-    return mean, math.sqrt(var / n)
 
 
 def _paired(a: PerplexityResult, b: PerplexityResult) -> tuple[float, int]:
