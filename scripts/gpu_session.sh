@@ -5,8 +5,11 @@
 #   echo /.whl/ >> .git/info/exclude
 #   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
 #     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-#     --platform manylinux2014_x86_64 -d .whl optuna alembic colorlog mako sqlalchemy gguf
+#     --platform manylinux2014_x86_64 -d .whl optuna alembic colorlog mako sqlalchemy greenlet \
+#     gguf datasets dill multiprocess
 # On the GPU machine, from the repo root, with .whl carried:
+#   bash scripts/gpu_session.sh first     # the first call: pytest -m cuda, pack/unpack, fused
+#                                         # decode (both variants), HF generate at 2k and 16k
 #   bash scripts/gpu_session.sh kernels   # pytest -m cuda, pack/unpack, fused decode, SGLang step
 #   bash scripts/gpu_session.sh attention # fused decode: baseline vs scale-after-dot, bf16 + fp16
 #   bash scripts/gpu_session.sh hf        # HF generate with the packed cache vs Dynamic/Static
@@ -18,8 +21,8 @@ cd "$(dirname "$0")/.."
 
 stage=${1:-}
 case "$stage" in
-  kernels | attention | hf | search) ;;
-  *) echo "usage: scripts/gpu_session.sh {kernels|attention|hf|search}" >&2 && exit 2 ;;
+  first | kernels | attention | hf | search) ;;
+  *) echo "usage: scripts/gpu_session.sh {first|kernels|attention|hf|search}" >&2 && exit 2 ;;
 esac
 out=${OUT:-/tmp/kvtuner-gpu}
 mkdir -p "$out"
@@ -38,10 +41,22 @@ step() {  # step SECONDS COMMAND...: run it under a time limit, log it, never st
   echo "== exit $?" | tee -a "$log"
 }
 
+cuda_tests=$(grep -rl "mark\.cuda" tests)  # only these: other test files need sglang/vllm
+
 case "$stage" in
+  first)  # issue 30 step 1: correctness and the three headline numbers, under 10 minutes
+    nvidia-smi -L >>"$log" 2>&1
+    step 150 python3 -m pytest -m cuda -q -p no:cacheprovider $cuda_tests
+    step 90 python3 benchmarks/quant_throughput.py --device cuda --rounds 3 \
+      --output "$out/quant_throughput_kernels.json"
+    step 150 python3 benchmarks/attention_decode.py --device cuda \
+      --variants baseline,scale-after-dot --output "$out/attention_decode.json"
+    step 150 python3 benchmarks/hf_decode.py --device cuda --context 2048 16384 \
+      --output "$out/hf_decode.json"
+    ;;
   kernels)
     nvidia-smi -L >>"$log" 2>&1
-    step 180 python3 -m pytest -m cuda -q -p no:cacheprovider tests
+    step 180 python3 -m pytest -m cuda -q -p no:cacheprovider $cuda_tests
     step 120 python3 benchmarks/quant_throughput.py --device cuda \
       --output "$out/quant_throughput_kernels.json"
     step 180 python3 benchmarks/attention_decode.py --device cuda \
@@ -51,7 +66,7 @@ case "$stage" in
     ;;
   attention)  # both kernel variants checked on the GPU, then timed in the same run
     nvidia-smi -L >>"$log" 2>&1
-    step 150 python3 -m pytest -m cuda -q -p no:cacheprovider tests/attention
+    step 150 python3 -m pytest -m cuda -q -p no:cacheprovider tests/attention/*cuda*.py
     step 220 python3 benchmarks/attention_decode.py --device cuda \
       --variants baseline,scale-after-dot --output "$out/attention_decode_variants.json"
     step 220 python3 benchmarks/attention_decode.py --device cuda --dtype float16 \
