@@ -92,8 +92,8 @@ def random_rows(n: int, kv_heads: int, spec, head_dim: int, device):
     """Valid packed rows [n, Hkv, R]: random codes, fp16 scales in [0.01, 0.1], zeros in [-1, 0]."""
     import torch
 
-    rows = torch.randint(0, 256, (n, kv_heads, spec.row_bytes(head_dim)), dtype=torch.uint8)
-    rows = rows.to(device)
+    shape = (n, kv_heads, spec.row_bytes(head_dim))  # made on the device: GBs at 64 × 32k
+    rows = torch.randint(0, 256, shape, dtype=torch.uint8, device=device)
     if not spec.is_quantized:
         rows.view(torch.float16).normal_()
         return rows
@@ -263,7 +263,10 @@ def main() -> None:
         print(f"max |fused - reference| ({args.dtype} q):",
               {s: {v: f"{e:.2e}" for v, e in by.items()} for s, by in errors.items()})  # fmt: skip
         grid = [(b, c, s) for b in args.batch for c in args.context for s in args.specs]
-        rows = [row for point in grid for row in measure(args, seconds, *point)]
+        rows = []
+        for point in grid:  # each point printed as it lands: a time limit keeps what is done
+            rows += measure(args, seconds, *point)
+            print(table(rows[-len(args.variants) :], bandwidth), flush=True)
     except ValueError as exc:  # shapes the kernel refuses: one line, exit 2
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -192,7 +192,10 @@ def main() -> None:
 
     model = build_model(args)
     grid = [(b, c, k) for b in args.batch for c in args.context for k in args.caches]
-    rows = [measure(model, args, *point) for point in grid]
+    rows = []
+    for point in grid:  # each point printed as it lands: a time limit keeps what is done
+        rows.append(measure(model, args, *point))
+        print(rows[-1], flush=True)
     add_ratios(rows)
     info = {
         "device": args.device,
