@@ -235,12 +235,11 @@ def table(rows: list[dict], bandwidth: float) -> str:
     return "\n".join(lines)
 
 
-def hardware(args, bandwidth: float) -> dict:
+def hardware(device: str, bandwidth: float) -> dict:
     import torch
 
-    info = {"device": args.device, "torch": torch.__version__, "copy_gbps": round(bandwidth, 1),
-            "variants": args.variants, "dtype": args.dtype}  # fmt: skip
-    if args.device == "cuda":
+    info = {"device": device, "torch": torch.__version__, "copy_gbps": round(bandwidth, 1)}
+    if device == "cuda":
         info["gpu"] = torch.cuda.get_device_name()
     else:
         info.update(cores=os.cpu_count(), torch_threads=torch.get_num_threads(), interpreter=True)
@@ -270,7 +269,7 @@ def main() -> None:
     except ValueError as exc:  # shapes the kernel refuses: one line, exit 2
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
-    info = hardware(args, bandwidth)
+    info = {**hardware(args.device, bandwidth), "variants": args.variants, "dtype": args.dtype}
     print(info)
     print(table(rows, bandwidth))
     command = " ".join(["python", "benchmarks/attention_decode.py", *sys.argv[1:]])
