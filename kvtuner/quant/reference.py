@@ -65,17 +65,25 @@ def rotate(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     if x.dtype != torch.float32:
         x = x.float()
     if spec.rotation == "hadamard":
-        x = times_hadamard(x, hadamard(x.shape[-1], x.device))
+        x = times_hadamard(x)
     return x
 
 
-def times_hadamard(x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-    """x[..., D] @ h[D, D], each row's result independent of the rows computed with it: a CPU
-    BLAS sums one row (its GEMV path) in another order than several (GEMM) — seen with MKL on an
-    Intel Xeon — so a lone row goes through the GEMM path as one of two identical rows."""
-    if x.device.type != "cpu" or x.numel() != x.shape[-1]:
-        return x @ h
-    return (x.reshape(1, -1).repeat(2, 1) @ h)[:1].reshape(x.shape)
+def times_hadamard(x: torch.Tensor) -> torch.Tensor:
+    """x[..., D] fp32 times the orthonormal Sylvester Hadamard matrix ``hadamard(D)``: log2(D)
+    add/subtract butterflies, then one multiply by 1/sqrt(D), in the order the Triton kernels
+    use (:func:`.triton_codes.hadamard_tile`), so CPU and GPU bytes agree exactly and no BLAS
+    chooses the summation order; each row's result is independent of the rows beside it."""
+    d = x.shape[-1]
+    if d & (d - 1):
+        raise ValueError(f"hadamard rotation needs a power-of-two head_dim, got {d}")
+    rows, half = x.reshape(-1, d), 1
+    while half < d:  # stage s pairs channels i and i + 2^s
+        pairs = rows.reshape(-1, d // (2 * half), 2, half)
+        a, b = pairs[:, :, 0], pairs[:, :, 1]
+        rows = torch.stack((a + b, a - b), 2).reshape(-1, d)
+        half *= 2
+    return (rows * (1.0 / d**0.5)).reshape(x.shape)
 
 
 @functools.lru_cache(maxsize=8)

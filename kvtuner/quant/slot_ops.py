@@ -88,8 +88,8 @@ def pack_channel_pages(
 ) -> None:
     """``blocks[pages] = quantize(x.transpose(1, 2), spec).squeeze(2)``: full pages x
     [P, G, heads, D] of a channel-axis spec into ``blocks: uint8[pages, heads, block_bytes]``
-    (the pool's KIVI pages). CUDA: one Triton launch (Hadamard rotation with G >= 16)."""
-    if _use_triton(blocks) and not (spec.rotation == "hadamard" and spec.group_size < 16):
+    (the pool's KIVI pages). CUDA: one Triton launch."""
+    if _use_triton(blocks):
         from .triton_channel import triton_pack_channel_pages
 
         triton_pack_channel_pages(blocks, pages, x, spec)

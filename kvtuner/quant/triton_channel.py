@@ -7,8 +7,8 @@ tokens, and writes the format's channel-axis block: G code rows of the token-axi
 (``store_codes``), then D fp16 scales, then D fp16 zeros. The bytes equal :mod:`.reference`
 exactly, with the same rules as :mod:`.triton_kernels` (IEEE division, no FMA contraction,
 half-up rounding, directed fp16 metadata, a non-finite value poisons its channel: NaN metadata,
-zero codes). The Hadamard rotation (``rotation="hadamard"``) is a [G, D] x [D, D] ``tl.dot``
-on the tile, so it needs G >= 16.
+zero codes). The Hadamard rotation (``rotation="hadamard"``) is fp32 butterflies on the tile
+(:func:`.triton_codes.hadamard_tile`).
 
 Importing this module imports triton: set ``TRITON_INTERPRET=1`` before that to run it on CPU
 tensors (tests).
@@ -20,7 +20,6 @@ import torch
 import triton
 import triton.language as tl
 
-from .reference import hadamard
 from .spec import QuantSpec
 from .triton_codes import grid_codes, hadamard_tile, store_codes, store_fp16
 from .triton_kernels import interpreted
@@ -32,7 +31,7 @@ _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 
 @triton.jit
 def _pack_kernel(
-    x_ptr, pages_ptr, blk_ptr, h_ptr, heads, stride_xp, stride_xt, stride_xh, stride_bp,
+    x_ptr, pages_ptr, blk_ptr, heads, stride_xp, stride_xt, stride_xh, stride_bp,
     stride_bh, D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr, SYMMETRIC: tl.constexpr,
     NW_PAD: tl.constexpr, ROTATE: tl.constexpr,
 ):  # fmt: skip
@@ -48,7 +47,7 @@ def _pack_kernel(
     x = tl.load(src + t[:, None, None] * stride_xt + e[None], mask=mask, other=0.0)
     x = x.to(tl.float32)  # [G, NW_PAD, 8]
     if ROTATE:
-        x = hadamard_tile(x, h_ptr, D)
+        x = hadamard_tile(x, D)
     q, scale, zero, ok = grid_codes(x, 0, BITS, SYMMETRIC)  # scale, zero, ok: [NW_PAD, 8]
     slot = tl.load(pages_ptr + page).to(tl.int64)
     dst = blk_ptr + slot * stride_bp + head.to(tl.int64) * stride_bh
@@ -64,8 +63,6 @@ def _pack_kernel(
 def _check(blocks: torch.Tensor, pages: torch.Tensor, x: torch.Tensor, spec: QuantSpec) -> None:
     if not isinstance(spec, QuantSpec) or spec.axis != "channel" or not spec.is_quantized:
         raise ValueError(f"the channel kernel takes a quantized channel-axis spec, got {spec!r}")
-    if spec.rotation == "hadamard" and spec.group_size < 16:
-        raise ValueError(f"the kernel rotates [G, D] tiles with tl.dot: G >= 16, got {spec}")
     if x.dim() != 4 or x.dtype not in _FLOATS or x.shape[1] != spec.group_size:
         raise ValueError(
             f"x must be fp16/bf16/fp32 [pages, G={spec.group_size}, heads, D], got {x.dtype} "
@@ -107,9 +104,8 @@ def triton_pack_channel_pages(
         x = x.contiguous()
     d, rotate = x.shape[3], spec.rotation == "hadamard"
     grid = (x.shape[0] * x.shape[2],)
-    h = hadamard(d, blocks.device) if rotate else blocks  # unread without rotation
     _pack_kernel[grid](
-        x, pages, blocks, h, x.shape[2], x.stride(0), x.stride(1), x.stride(2),
+        x, pages, blocks, x.shape[2], x.stride(0), x.stride(1), x.stride(2),
         blocks.stride(0), blocks.stride(1), D=d, G=spec.group_size, BITS=spec.bits,
         SYMMETRIC=spec.symmetric, NW_PAD=triton.next_power_of_2(d // 8), ROTATE=rotate,
         enable_fp_fusion=False,

@@ -73,14 +73,21 @@ def grid_codes(x, AXIS: tl.constexpr, BITS: tl.constexpr, SYMMETRIC: tl.constexp
 
 
 @triton.jit
-def hadamard_tile(t, h_ptr, D: tl.constexpr):
-    """t fp32 [BLOCK, D/8, 8] times the Hadamard matrix at ``h_ptr`` (fp32 [D, D], D a power of
-    two): one [BLOCK, D] x [D, D] ``tl.dot`` in IEEE fp32 (no TF32), as the reference's x @ H."""
-    BLOCK: tl.constexpr = t.shape[0]
-    i = tl.arange(0, D)
-    h = tl.load(h_ptr + i[:, None] * D + i[None, :])
-    out = tl.dot(tl.reshape(t, [BLOCK, D]), h, input_precision="ieee")
-    return tl.reshape(out, [BLOCK, D // 8, 8])
+def hadamard_tile(t, D: tl.constexpr):
+    """t fp32 [ROWS, D/8, 8] times the orthonormal Sylvester Hadamard matrix (D a power of two,
+    the reference's ``hadamard(D)``): log2(D) add/subtract butterflies in registers, then one
+    multiply by 1/sqrt(D). A [D, D] fp32 ``tl.dot`` held the matrix in registers and spilled
+    (0.004x ``clone()`` on an H100); the butterflies sum in a tree order, the reference in its
+    BLAS's, so a group's fp16 metadata can differ by one ulp about once in 2^13 groups."""
+    ROWS: tl.constexpr = t.shape[0]
+    x = tl.reshape(t, [ROWS, D])
+    for stage in tl.static_range(16):  # stage s pairs channels i and i + 2^s
+        if (1 << stage) < D:
+            pairs = tl.reshape(x, [ROWS, D // (2 << stage), 2, 1 << stage])
+            pairs = tl.permute(pairs, (0, 1, 3, 2))
+            a, b = tl.split(pairs)  # [ROWS, D / 2^(s+1), 2^s] each
+            x = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 1, 3, 2)), [ROWS, D])
+    return tl.reshape(x * (1.0 / (D**0.5)), [ROWS, D // 8, 8])
 
 
 @triton.jit

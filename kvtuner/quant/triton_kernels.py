@@ -11,8 +11,9 @@ one or two bytes it spans.
 
 The bytes equal :mod:`.reference` exactly: IEEE division (``div_rn``), no FMA contraction
 (``enable_fp_fusion=False``), half-up rounding, fp16 metadata rounded down/up by a one-ulp step
-on its int16 bits. The Hadamard rotation is fused: a [BLOCK, D] x [D, D] ``tl.dot`` in IEEE
-fp32 on the tile, after the load (scatter) or before the store (gather); a call is one launch.
+on its int16 bits (rotated rows: see :func:`.triton_codes.hadamard_tile`). The Hadamard
+rotation is fused: fp32 butterflies on the tile, after the load (scatter) or before the store
+(gather); a call is one launch.
 
 Importing this module imports triton and builds the kernels: set ``TRITON_INTERPRET=1`` before
 that to run them on CPU tensors (tests).
@@ -24,7 +25,6 @@ import torch
 import triton
 import triton.language as tl
 
-from .reference import hadamard
 from .spec import QuantSpec
 from .triton_codes import (
     NAN_FP16,
@@ -72,7 +72,7 @@ def _row_bases(buf_ptr, loc_ptr, pid, n_rows, heads, stride_slot, stride_head, B
 
 @triton.jit
 def _scatter_kernel(
-    x_ptr, loc_ptr, buf_ptr, h_ptr, n_rows, heads, stride_slot, stride_head, stride_xt,
+    x_ptr, loc_ptr, buf_ptr, n_rows, heads, stride_slot, stride_head, stride_xt,
     stride_xh, D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr, SYMMETRIC: tl.constexpr,
     NW_PAD: tl.constexpr, BLOCK: tl.constexpr, ROTATE: tl.constexpr,
 ):  # fmt: skip
@@ -90,7 +90,7 @@ def _scatter_kernel(
     x = tl.load(x_ptr + at[:, None, None] + e[None], mask=mask, other=0.0)
     x = x.to(tl.float32)  # [BLOCK, NW_PAD, 8]
     if ROTATE:
-        x = hadamard_tile(x, h_ptr, D)
+        x = hadamard_tile(x, D)
     x = tl.reshape(x, [BLOCK, NG_PAD, G])  # the same elements, one group per middle index
     q, scale, zero, ok = grid_codes(x, 2, BITS, SYMMETRIC)  # scale, zero, ok: [BLOCK, NG_PAD]
     g = tl.arange(0, NG_PAD)
@@ -105,7 +105,7 @@ def _scatter_kernel(
 
 @triton.jit
 def _gather_kernel(
-    buf_ptr, loc_ptr, out_ptr, h_ptr, n_rows, heads, stride_slot, stride_head, D: tl.constexpr,
+    buf_ptr, loc_ptr, out_ptr, n_rows, heads, stride_slot, stride_head, D: tl.constexpr,
     G: tl.constexpr, BITS: tl.constexpr, SYMMETRIC: tl.constexpr, NW_PAD: tl.constexpr,
     BLOCK: tl.constexpr, OUT_BF16: tl.constexpr, ROTATE: tl.constexpr,
 ):  # fmt: skip
@@ -131,7 +131,7 @@ def _gather_kernel(
         out = load_fp16(meta + 2 * NG, meta_ok)[:, :, None] + q * scale
     out = tl.reshape(out, [BLOCK, NW_PAD, 8])
     if ROTATE:  # undo the rotation: H is its own inverse
-        out = hadamard_tile(out, h_ptr, D)
+        out = hadamard_tile(out, D)
     mask = row_ok[:, None, None] & (w < NW)[None, :, None]
     _store_out(out_ptr + rows[:, None, None] * D + e[None], out, mask, OUT_BF16)
 
@@ -207,7 +207,6 @@ def _launch_args(buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_
     n_rows = loc.shape[0] * buffer.shape[1]
     rotate = _rotates(spec)
     block = min(64, triton.next_power_of_2(max(n_rows, 1)))
-    block = max(block, 16) if rotate else block  # tl.dot needs 16 rows
     grid = (triton.cdiv(n_rows, block),)
     common = dict(
         n_rows=n_rows,
@@ -225,7 +224,6 @@ def _launch_args(buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_
             SYMMETRIC=spec.symmetric,
             NW_PAD=triton.next_power_of_2(head_dim // 8),
             ROTATE=rotate,
-            h_ptr=hadamard(head_dim, buffer.device) if rotate else buffer,  # unread if not
         )
     else:
         common.update(D_PAD=triton.next_power_of_2(head_dim))

@@ -321,8 +321,6 @@ GPU_COMPILE = textwrap.dedent("""
 
     def compile_ptx(kernel, pointers, args, strides=()):
         options = {"enable_fp_fusion": args.pop("enable_fp_fusion")}
-        if args.pop("h_ptr", None) is not None:
-            pointers = {**pointers, "h_ptr": "*fp32"}
         sig = {**pointers, "n_rows": "i32", "heads": "i32", "stride_slot": "i64",
                "stride_head": "i64", **{k: "i64" for k in strides},
                **{k: "constexpr" for k in args if k.isupper()}}
@@ -346,8 +344,7 @@ GPU_COMPILE = textwrap.dedent("""
             assert "fma.rn.f32" not in ptx, "FMA contraction changes rounding"
             assert "div.full.f32" not in ptx and "div.approx.f32" not in ptx
         print(spec.short(), "div.rn.f32" in scatter, "div.rn.f32" in gather)
-    # Hadamard fused as an IEEE fp32 tl.dot: FMAs inside the dot (as in a CPU sgemm), no
-    # tensor-core (TF32) instructions; the quantization math around it stays unfused
+    # Hadamard fused as fp32 butterflies: no FMA, no tensor-core (TF32) instructions
     spec = QuantSpec(4, 32, rotation="hadamard")
     buf = torch.zeros(8, 2, spec.row_bytes(64), dtype=torch.uint8)
     _, args = tk._launch_args(buf, loc, spec, 64)
@@ -355,7 +352,7 @@ GPU_COMPILE = textwrap.dedent("""
                           "buf_ptr": "*u8"}, dict(args), ("stride_xt", "stride_xh"))
     gather = compile_ptx(tk._gather_kernel, {"buf_ptr": "*u8", "loc_ptr": "*i32",
                          "out_ptr": "*i16"}, dict(args, OUT_BF16=True))
-    print(spec.short(), "mma" in scatter + gather, "div.rn.f32" in scatter)
+    print(spec.short(), "mma" in scatter + gather, "fma.rn.f32" in scatter + gather)
 """)
 
 
@@ -373,5 +370,5 @@ def test_kernels_compile_for_a_gpu_with_ieee_division_and_no_fma():
         "16b False False",
         "3b/g32/asym/token True False",  # codes straddling bytes: 64-bit words
         "6b/g16/sym/token True True",
-        "4b/g32/asym/token/had False True",  # no TF32 mma for the rotation
+        "4b/g32/asym/token/had False False",  # no TF32 mma, no FMA for the rotation
     ]

@@ -36,7 +36,7 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def assert_same_as_reference(k, v, k_spec, v_spec, dtype):
-    k_rows, v_rows, k_hat, v_hat = PairCodec(k_spec, v_spec, k.shape[1], D).encode(k, v, dtype)
+    k_rows, v_rows, k_hat, v_hat = PairCodec(k_spec, v_spec, k.shape[1]).encode(k, v, dtype)
     for x, spec, rows, hat in ((k, k_spec, k_rows, k_hat), (v, v_spec, v_rows, v_hat)):
         ref_rows = quantize(x, spec)
         assert torch.equal(torch.from_numpy(rows), ref_rows)
@@ -45,7 +45,7 @@ def assert_same_as_reference(k, v, k_spec, v_spec, dtype):
         nan = ref.isnan()  # poisoned groups: NaN in both
         assert torch.equal(hat.isnan(), nan)
         assert torch.equal(_bits(hat[~nan]), _bits(ref[~nan]))  # bit for bit
-    rows_only = PairCodec(k_spec, v_spec, k.shape[1], D).encode(k, v)
+    rows_only = PairCodec(k_spec, v_spec, k.shape[1]).encode(k, v)
     assert torch.equal(torch.from_numpy(rows_only[0]), torch.from_numpy(k_rows))
     assert rows_only[2] is None and rows_only[3] is None
 
@@ -81,7 +81,7 @@ def test_unsupported_specs_are_refused():
     assert not PairCodec.supports(QuantSpec(16), QuantSpec(4))
     assert not PairCodec.supports(QuantSpec(4, axis="channel"), QuantSpec(4))
     with pytest.raises(ValueError, match="token-axis"):
-        PairCodec(QuantSpec(4), QuantSpec(16), HEADS, D)
+        PairCodec(QuantSpec(4), QuantSpec(16), HEADS)
 
 
 _ELEMS = st.floats(-1000, 1000, width=32, allow_nan=False, allow_infinity=False)

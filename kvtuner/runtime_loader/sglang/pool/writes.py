@@ -90,9 +90,7 @@ class PoolWriter:
         self._shape = (heads, head_dim)
         # per local layer: the numpy writer, or None (torch path; see the module doc)
         self._codecs = [
-            PairCodec(s.k, s.v, heads, head_dim)
-            if torch_cpu and PairCodec.supports(s.k, s.v)
-            else None
+            PairCodec(s.k, s.v, heads) if torch_cpu and PairCodec.supports(s.k, s.v) else None
             for s in specs
         ]
         self._host: dict[int, tuple] = {}  # local layer -> numpy views of its packed buffers

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from .....quant import QuantSpec
-from .....quant.reference import hadamard, times_hadamard
+from .....quant.reference import times_hadamard
 
 __all__ = ["PairCodec"]
 
@@ -119,11 +119,10 @@ class PairCodec:
     ``dequantize`` returns for them (torch [n, heads, D] in ``dtype``). K and V share one grid
     pass when their group size and symmetry agree (bits and rotation may differ)."""
 
-    def __init__(self, k_spec: QuantSpec, v_spec: QuantSpec, heads: int, head_dim: int) -> None:
+    def __init__(self, k_spec: QuantSpec, v_spec: QuantSpec, heads: int) -> None:
         if not self.supports(k_spec, v_spec):
             raise ValueError(f"PairCodec takes quantized token-axis specs, got {k_spec}, {v_spec}")
         self.specs, self.heads = (k_spec, v_spec), heads
-        self._h = hadamard(head_dim)  # the reference's rotation matrix (rotate(): x @ H)
         same = (k_spec.group_size, k_spec.symmetric) == (v_spec.group_size, v_spec.symmetric)
         self.shared = _Grid([(k_spec, heads), (v_spec, heads)]) if same else None
         self.grids = (_Grid([(k_spec, heads)]), _Grid([(v_spec, heads)]))
@@ -156,17 +155,17 @@ class PairCodec:
         return rows[0], rows[1], k_hat, v_hat
 
     def _input(self, t: torch.Tensor, spec: QuantSpec) -> np.ndarray:
-        """The reference's ``rotate(t, spec)`` (fp32, ``@ H``) as numpy; fp16 and fp32 inputs
+        """The reference's ``rotate(t, spec)`` (fp32, rotated) as numpy; fp16 and fp32 inputs
         without rotation go to numpy as they are (the grid widens fp16 exactly)."""
         if spec.rotation == "none" and t.dtype in _NUMPY_DTYPES:
             return t.numpy()
         if t.dtype != torch.float32:
             t = t.float()
-        return (times_hadamard(t, self._h) if spec.rotation == "hadamard" else t).numpy()
+        return (times_hadamard(t) if spec.rotation == "hadamard" else t).numpy()
 
     def _values(self, values: np.ndarray, spec: QuantSpec, dtype: torch.dtype) -> torch.Tensor:
-        if spec.rotation == "hadamard":  # un-rotate: the reference's matmul on [n, heads, D]
-            return times_hadamard(torch.from_numpy(np.ascontiguousarray(values)), self._h).to(dtype)
+        if spec.rotation == "hadamard":  # un-rotate: the reference's butterflies on [n, heads, D]
+            return times_hadamard(torch.from_numpy(np.ascontiguousarray(values))).to(dtype)
         if dtype in _NUMPY_DTYPES:  # fp32 -> fp16 rounds to nearest even in numpy as in torch
             return torch.from_numpy(values.astype(_NP[dtype]))
         return torch.from_numpy(np.ascontiguousarray(values)).to(dtype)
