@@ -9,6 +9,8 @@ the device's copy bandwidth (a 1 GiB ``clone()``, read + write, measured in the 
 Each kernel variant (``--variants``, default both: ``baseline`` dequantizes every element
 before ``tl.dot``, ``scale-after-dot`` dots the raw codes and applies scales and zeros per
 group after it) is timed at every point of the same run; ``× base`` = baseline µs / variant µs.
+``--block-tokens``, ``--num-splits``, ``--num-warps`` and ``--num-stages`` take several values:
+every combination is timed at every point (a tile sweep; the ``tile`` column, ``-`` = default).
 ``--dtype float16`` runs q (and SDPA's K/V, same bytes as bf16: the ``*_bf16_*`` keys keep
 their names) in fp16. ``--specs "KV4 g32 pre-RoPE"`` (not in the default list) times keys
 stored pre-RoPE: every K tile rotated forward in the kernel, element-wise in both variants.
@@ -23,6 +25,7 @@ reference (dequantize, then SDPA) at the smallest shape.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 import time
@@ -72,8 +75,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--heads", type=int, default=32, help="query heads")
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=128)
-    p.add_argument("--num-splits", type=int, default=None, help="default: the launcher's choice")
-    p.add_argument("--block-tokens", type=int, default=64)
+    # launch options; several values each: every combination is timed (a tile sweep)
+    p.add_argument(
+        "--num-splits", type=int, nargs="+", default=[None], help="default: the launcher's choice"
+    )
+    p.add_argument("--block-tokens", type=int, nargs="+", default=[64])
+    p.add_argument("--num-warps", type=int, nargs="+", default=[None], help="default: Triton's")
+    p.add_argument("--num-stages", type=int, nargs="+", default=[None], help="default: Triton's")
     p.add_argument("--output", type=Path, default=OUT)
     return p.parse_args()
 
@@ -185,49 +193,60 @@ def measure(args, seconds, batch: int, context: int, label: str) -> list[dict]:
     lengths = torch.full((batch,), context, dtype=torch.int32, device=dev)
     dtype = getattr(torch, args.dtype)
     q = torch.randn(batch, args.heads, d, device=dev, dtype=dtype)
-    kw = dict(lengths=lengths, slot_table=table, num_splits=args.num_splits,
-              block_tokens=args.block_tokens, **rope_kw(k_spec, d, dev))  # fmt: skip
+    kw = dict(lengths=lengths, slot_table=table, **rope_kw(k_spec, d, dev))
     fused = {
-        name: seconds(lambda on=VARIANTS[name]: decode_attention(
-            q, k_rows, v_rows, k_spec, v_spec, **kw, scale_after_dot=on))
-        for name in args.variants
+        (name, *launch): seconds(lambda on=VARIANTS[name], launch=launch: decode_attention(
+            q, k_rows, v_rows, k_spec, v_spec, **kw, **dict(zip(LAUNCH, launch, strict=True)),
+            scale_after_dot=on))
+        for launch in launch_grid(args) for name in args.variants
     }  # fmt: skip
     k, v = (torch.randn(batch, hkv, context, d, device=dev, dtype=dtype) for _ in "kv")
     q4 = q.unsqueeze(2)
     sdpa = seconds(lambda: F.scaled_dot_product_attention(q4, k, v, enable_gqa=True))
     packed_bytes = n * hkv * (k_spec.row_bytes(d) + v_spec.row_bytes(d))
     bf16_bytes = n * hkv * d * 2 * 2
-    base = fused.get("baseline")
     return [
         {
             "batch": batch,
             "context": context,
             "spec": label,
             "variant": name,
+            **dict(zip(LAUNCH, launch, strict=True)),
             "after_dot": after_dot_operands(k_spec, v_spec) if VARIANTS[name] else "none",
             "fused_us": t * 1e6,
             "fused_gbps": packed_bytes / t / 1e9,
             "sdpa_bf16_us": sdpa * 1e6,
             "sdpa_bf16_gbps": bf16_bytes / sdpa / 1e9,
             "speedup_vs_bf16": sdpa / t,
-            "speedup_vs_baseline": base / t if base else None,
+            "speedup_vs_baseline": fused[("baseline", *launch)] / t
+            if ("baseline", *launch) in fused
+            else None,
             "packed_bytes": packed_bytes,
             "bf16_bytes": bf16_bytes,
         }
-        for name, t in fused.items()
+        for (name, *launch), t in fused.items()
     ]
+
+
+LAUNCH = ("block_tokens", "num_splits", "num_warps", "num_stages")
+
+
+def launch_grid(args) -> list[tuple]:
+    """Every combination of the launch options given (one, by default)."""
+    return list(itertools.product(*(getattr(args, name) for name in LAUNCH)))
 
 
 def table(rows: list[dict], bandwidth: float) -> str:
     lines = [
-        "| batch × context | spec | variant | fused µs (GB/s) | % bw | SDPA µs (GB/s) | × bf16 "
-        "| × base |",
-        "|---|---|---|---:|---:|---:|---:|---:|",
+        "| batch × context | spec | variant | tile | fused µs (GB/s) | % bw | SDPA µs (GB/s) "
+        "| × bf16 | × base |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         base = r["speedup_vs_baseline"]
+        tile = "/".join("-" if r[k] is None else str(r[k]) for k in LAUNCH)
         lines.append(
-            f"| {r['batch']} × {r['context']} | {r['spec']} | {r['variant']} | "
+            f"| {r['batch']} × {r['context']} | {r['spec']} | {r['variant']} | {tile} | "
             f"{r['fused_us']:.1f} ({r['fused_gbps']:.0f}) | {100 * r['fused_gbps'] / bandwidth:.0f}"
             f" | {r['sdpa_bf16_us']:.1f} ({r['sdpa_bf16_gbps']:.0f}) | "
             f"{r['speedup_vs_bf16']:.2f} | {'-' if base is None else f'{base:.2f}'} |"
@@ -265,7 +284,9 @@ def main() -> None:
         rows = []
         for point in grid:  # each point printed as it lands: a time limit keeps what is done
             rows += measure(args, seconds, *point)
-            print(table(rows[-len(args.variants) :], bandwidth), flush=True)
+            print(
+                table(rows[-len(args.variants) * len(launch_grid(args)) :], bandwidth), flush=True
+            )
     except ValueError as exc:  # shapes the kernel refuses: one line, exit 2
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 from attention_decode import copy_gbps, hardware, random_rows, specs_for, timer
@@ -163,7 +164,9 @@ def main() -> None:
     info = {**hardware(args.device, bandwidth), "smoke": args.smoke}
     print(info)
     print(table_md(rows))
-    write_json_atomic(args.output, {"hardware": info, "rows": rows})
+    command = " ".join(["python", "benchmarks/sglang_backend_step.py", *sys.argv[1:]])
+    write_json_atomic(args.output, {"hardware": info, "created": datetime.now(UTC).isoformat(),
+                                    "command": command, "rows": rows})  # fmt: skip
     print(f"wrote {args.output}")
 
 

@@ -10,6 +10,7 @@
 # On the GPU machine, from the repo root, with .whl carried:
 #   bash scripts/gpu_session.sh first     # the first call: pytest -m cuda, pack/unpack, fused
 #                                         # decode (both variants), HF generate at 2k and 16k
+#   bash scripts/gpu_session.sh tune      # fused decode tile sweep: block, warps, stages
 #   bash scripts/gpu_session.sh kernels   # pytest -m cuda, pack/unpack, fused decode, SGLang step
 #   bash scripts/gpu_session.sh attention # fused decode: baseline vs scale-after-dot, bf16 + fp16
 #   bash scripts/gpu_session.sh hf        # HF generate with the packed cache vs Dynamic/Static
@@ -21,8 +22,8 @@ cd "$(dirname "$0")/.."
 
 stage=${1:-}
 case "$stage" in
-  first | kernels | attention | hf | search) ;;
-  *) echo "usage: scripts/gpu_session.sh {first|kernels|attention|hf|search}" >&2 && exit 2 ;;
+  first | tune | kernels | attention | hf | search) ;;
+  *) echo "usage: scripts/gpu_session.sh {first|tune|kernels|attention|hf|search}" >&2 && exit 2 ;;
 esac
 out=${OUT:-/tmp/kvtuner-gpu}
 mkdir -p "$out"
@@ -45,14 +46,22 @@ cuda_tests=$(grep -rl "mark\.cuda" tests)  # only these: other test files need s
 
 case "$stage" in
   first)  # issue 30 step 1: correctness and the three headline numbers, under 10 minutes
+    # (measured 2026-11-24 on an H100: the cuda tests take ~150 s on 8 workers, ~2x that on
+    # one, mostly Triton compiles; StaticCache recompiles per generate, so it waits for `hf`)
     nvidia-smi -L >>"$log" 2>&1
-    step 150 python3 -m pytest -m cuda -q -p no:cacheprovider $cuda_tests
-    step 90 python3 benchmarks/quant_throughput.py --device cuda --rounds 3 \
+    step 200 python3 -m pytest -m cuda -q -n 8 -p no:cacheprovider $cuda_tests
+    step 60 python3 benchmarks/quant_throughput.py --device cuda --rounds 3 \
       --output "$out/quant_throughput_kernels.json"
-    step 150 python3 benchmarks/attention_decode.py --device cuda \
-      --variants baseline,scale-after-dot --output "$out/attention_decode.json"
-    step 150 python3 benchmarks/hf_decode.py --device cuda --context 2048 16384 \
-      --output "$out/hf_decode.json"
+    step 120 python3 benchmarks/attention_decode.py --device cuda --batch 16 64 \
+      --context 8192 32768 --specs "KV4 g32" "KV8 g64" --variants baseline,scale-after-dot \
+      --output "$out/attention_decode.json"
+    step 150 python3 benchmarks/hf_decode.py --device cuda --batch 1 --context 2048 16384 \
+      --new-tokens 32 --caches dynamic "KV4 g32" "KIVI K4 + V4" --output "$out/hf_decode.json"
+    ;;
+  tune)  # 18 launch configurations x 2 variants, each compiled once (~10 s a compile)
+    step 540 python3 benchmarks/attention_decode.py --device cuda --batch 16 --context 8192 \
+      --specs "KV4 g32" --block-tokens 16 32 64 --num-warps 2 4 8 --num-stages 2 3 \
+      --output "$out/attention_decode_tune.json"
     ;;
   kernels)
     nvidia-smi -L >>"$log" 2>&1

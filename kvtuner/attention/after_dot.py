@@ -14,11 +14,14 @@ the dots run on the raw codes, and s and z are applied once per (query row, toke
 
 Codes become the dot's dtype exactly (integers < 2**BITS): fp16 by the exponent trick
 (``code | 0x6400`` read as fp16 is 1024 + code), bf16 by the same trick with ``0x4300``
-(128 + code, codes < 128: BITS <= 7), else by a convert. Needs G >= 16 (``tl.dot``'s smallest
-K): the launcher keeps other groups, channel-axis keys, 16-bit rows and the unpacked tail on
-the element-wise path (:mod:`.tiles`). The bf16 trick runs on GPUs only (on CPU the launcher
-hands the interpreter fp32 queries; its bf16 bitcast is wrong anyway): the CPU tests compile it
-for sm_90, ``pytest -m cuda tests/attention`` checks its results.
+(128 + code, codes < 128: BITS <= 7), else by a convert. Key codes take q's dtype; value codes
+are fp16 on a GPU whatever q is, because p·scale is rounded to the dot's dtype and bf16's 8
+bits lost too much of it (up to 0.067 off the reference for Hadamard-rotated 4-bit values with
+bf16 queries on an H100, 8-20 of 16384 outputs past the tests' 0.02). Needs G >= 16
+(``tl.dot``'s smallest K): the launcher keeps other groups, channel-axis keys, 16-bit rows and
+the unpacked tail on the element-wise path (:mod:`.tiles`). The bf16 trick runs on GPUs only
+(on CPU the launcher hands the interpreter fp32 queries; its bf16 bitcast is wrong anyway): the
+CPU tests compile it for sm_90, ``pytest -m cuda tests/attention`` checks its results.
 """
 
 from __future__ import annotations

@@ -67,6 +67,8 @@ def extend_attention(
     num_splits: int | None = None,
     block_tokens: int = 64,
     scale_after_dot: bool | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
     **fields: Any,
 ) -> torch.Tensor:
     """Causal attention of each request's newest Tq tokens over its packed K/V (and tail)
@@ -98,7 +100,8 @@ def extend_attention(
       model's ``inv_freq``, R <= D a power of two) and ``rope_offset`` (int, or int32 [B]):
       stored key t is rotated forward to position ``rope_offset + t`` (``rotate_half``
       layout, :mod:`.rope`) before its dot; such keys always run element-wise.
-    num_splits (default: from the device, batch and length) and block_tokens tune the launch;
+    num_splits (default: from the device, batch and length), block_tokens, and Triton's
+    num_warps and num_stages (default: Triton's) tune the launch;
     ``scale_after_dot`` picks the kernel variant (default None: the environment variable
     ``KVTUNER_SCALE_AFTER_DOT=1`` turns it on, else off): on, packed token-axis rows with
     groups >= 16 channels are not dequantized element-wise, their codes go into ``tl.dot``
@@ -108,9 +111,8 @@ def extend_attention(
     batch = AttentionBatch(
         q=q, k_rows=k_rows, v_rows=v_rows, k_spec=k_spec, v_spec=v_spec, **fields
     )  # the other keywords above are AttentionBatch fields, checked there
-    return attend(
-        batch, num_splits=num_splits, block_tokens=block_tokens, scale_after_dot=scale_after_dot
-    )
+    launch = dict(num_splits=num_splits, block_tokens=block_tokens, num_warps=num_warps)
+    return attend(batch, **launch, num_stages=num_stages, scale_after_dot=scale_after_dot)
 
 
 def attend(
@@ -119,6 +121,8 @@ def attend(
     num_splits: int | None = None,
     block_tokens: int = 64,
     scale_after_dot: bool | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
     """The fused attention of one checked batch (build it by keyword) -> [B, Tq, Hq, D]
     (ragged: [N, Hq, D]) in q's dtype; launch options as in :func:`extend_attention`."""
@@ -130,7 +134,8 @@ def attend(
     programs = batch.batch_size * batch.q_tokens  # about: rows of queries per KV head
     splits = num_splits or choose_splits(programs, batch.kv_heads, batch.span, q.device)
     inputs = _kernel_inputs(batch)
-    out = launch(batch, *inputs, splits, block_tokens, scale_after_dot=scale_after_dot)
+    tuning = {k: v for k, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v}
+    out = launch(batch, *inputs, splits, block_tokens, scale_after_dot=scale_after_dot, **tuning)
     # out is in V's rotated basis
     if v_spec.is_quantized and v_spec.rotation == "hadamard":
         out = out @ hadamard(q.shape[-1], q.device)

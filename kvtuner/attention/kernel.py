@@ -130,8 +130,9 @@ def _attention_kernel(
             k = _kv_tile(k_base, tok * k_st, ok, D, K_BITS, K_G, K_SYM)
         if ROPE_HALF:  # never with K_AFTER_DOT (the launcher's choice)
             k = _rope_tile(k, k_pos0 + t, freq_ptr, ROPE_HALF)
-        if V_AFTER_DOT:
-            vc, vs, vz = _group_tile(v_base, tok * v_st, ok, D, V_BITS, V_G, V_SYM, q.dtype)
+        if V_AFTER_DOT:  # fp16 codes whatever q is: p·scale keeps 11 bits, not bf16's 8
+            v_dot = q.dtype if DOT_IEEE else tl.float16
+            vc, vs, vz = _group_tile(v_base, tok * v_st, ok, D, V_BITS, V_G, V_SYM, v_dot)
         else:
             v = _kv_tile(v_base, tok * v_st, ok, D, V_BITS, V_G, V_SYM)
         seen = _visible(t, ok, qpos, window, WINDOW)
@@ -247,6 +248,7 @@ def launch(
     block_tokens: int,
     *,
     scale_after_dot: bool | None = None,
+    **triton_options: int,
 ) -> torch.Tensor:
     """Partial outputs of every split, merged: fp32 [B, Tq, Hq, D] (ragged: [N, Hq, D]).
     ``q`` and the tails as the kernel reads them (rotated, smoothed); the rest from ``batch``.
@@ -256,7 +258,8 @@ def launch(
     element-wise before its ``tl.dot``. On: quantized token-axis K/V rows with groups >= 16
     channels dot their raw codes and apply scale and zero per group after the dot
     (:mod:`.after_dot`); channel-axis keys, groups < 16, 16-bit rows, unpacked tails and
-    pre-RoPE keys (rotated per tile, :mod:`.rope`) stay element-wise."""
+    pre-RoPE keys (rotated per tile, :mod:`.rope`) stay element-wise. ``triton_options``
+    (``num_warps``, ``num_stages``) go to the attention kernel's launch."""
     bsz, q_len, hq, dim = batch.batch_size, batch.q_tokens, q.shape[-2], batch.head_dim
     ragged, paged = batch.qo_indptr is not None, batch.slot_table is not None
     hkv, group = batch.kv_heads, hq // batch.kv_heads
@@ -290,7 +293,7 @@ def launch(
         **_spec_args(batch.v_spec, "V"), PAGED=paged, HAS_ROWS=batch.table_rows is not None,
         HAS_START=batch.starts is not None, RAGGED=ragged, DOT_IEEE=q.dtype == torch.float32,
         K_AFTER_DOT=takes_after_dot(batch.k_spec, on and not rope_half),
-        V_AFTER_DOT=takes_after_dot(batch.v_spec, on), ROPE_HALF=rope_half,
+        V_AFTER_DOT=takes_after_dot(batch.v_spec, on), ROPE_HALF=rope_half, **triton_options,
     )  # fmt: skip
     out = torch.empty(rows_of_q, hq, dim, dtype=torch.float32, device=dev)
     sinks = batch.sinks.float() * _LOG2E if batch.sinks is not None else lse  # [Hq], log2 units

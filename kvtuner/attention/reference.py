@@ -118,11 +118,11 @@ def extend_attention_reference(
     v_spec: QuantSpec,
     **kwargs: Any,
 ) -> torch.Tensor:
-    """Same arguments as :func:`~.decode.extend_attention` (``num_splits``/``block_tokens``
-    ignored) -> [B, Tq, Hq, D] (ragged: [N, Hq, D]) in q's dtype; a query with nothing to
-    attend gets zeros."""
-    kwargs.pop("num_splits", None)
-    kwargs.pop("block_tokens", None)
+    """Same arguments as :func:`~.decode.extend_attention` (its launch options ignored)
+    -> [B, Tq, Hq, D] (ragged: [N, Hq, D]) in q's dtype; a query with nothing to attend gets
+    zeros."""
+    for launch_option in ("num_splits", "block_tokens", "num_warps", "num_stages"):
+        kwargs.pop(launch_option, None)
     batch = AttentionBatch(
         q=q, k_rows=k_rows, v_rows=v_rows, k_spec=k_spec, v_spec=v_spec, **kwargs
     )

@@ -65,7 +65,9 @@ def test_calibration_and_kl_on_gpu_match_the_cpu(tiny_dir):
     for layer in range(3):
         for part in "kv":
             a, b = cpu_sens.kl(layer, part, 2), gpu_sens.kl(layer, part, 2)
-            assert math.isclose(a, b, rel_tol=1e-3, abs_tol=1e-9)
+            # KLs near 1e-6 sit on fp32's noise: the GPU sums logits in another order
+            # (an H100 gave 6.113e-7 where the CPU gave 6.146e-7)
+            assert math.isclose(a, b, rel_tol=1e-3, abs_tol=1e-8)
     assert torch.cuda.max_memory_allocated() > 0
 
 

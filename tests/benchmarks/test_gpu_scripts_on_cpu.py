@@ -1,0 +1,36 @@
+"""The GPU benchmarks run end to end on CPU (Triton's interpreter, tiny shapes; timings
+meaningless), so a script error shows here and not first on a lent GPU, where the SGLang step's
+``hardware()`` call once failed after all its timings were taken."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).parents[2] / "benchmarks"
+TINY_MODEL = ["--layers", "2", "--heads", "4", "--kv-heads", "2", "--head-dim", "32",
+              "--hidden", "128", "--intermediate", "256", "--vocab", "128"]  # fmt: skip
+CASES = {
+    "attention_decode": ["--batch", "2", "--context", "48", "--heads", "4", "--kv-heads", "2",
+                         "--head-dim", "32", "--specs", "KV4 g32"],
+    "sglang_backend_step": ["--smoke"],
+    "hf_decode": ["--batch", "1", "--context", "24", "--new-tokens", "3", "--caches", "dynamic",
+                  "KV4 g32", *TINY_MODEL],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("script", list(CASES))
+def test_script_runs_and_writes_its_json(script, tmp_path):
+    out = tmp_path / f"{script}.json"
+    cmd = [sys.executable, str(BENCH / f"{script}.py"), "--device", "cpu", *CASES[script]]
+    res = subprocess.run([*cmd, "--output", str(out)], capture_output=True, text=True,
+                         timeout=600, cwd=BENCH)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["hardware"]["device"] == "cpu"
+    assert result["command"].startswith(f"python benchmarks/{script}.py --device cpu")
+    assert result.get("results") or result.get("rows")
