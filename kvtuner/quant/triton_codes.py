@@ -76,9 +76,9 @@ def grid_codes(x, AXIS: tl.constexpr, BITS: tl.constexpr, SYMMETRIC: tl.constexp
 def hadamard_tile(t, D: tl.constexpr):
     """t fp32 [ROWS, D/8, 8] times the orthonormal Sylvester Hadamard matrix (D a power of two,
     the reference's ``hadamard(D)``): log2(D) add/subtract butterflies in registers, then one
-    multiply by 1/sqrt(D). A [D, D] fp32 ``tl.dot`` held the matrix in registers and spilled
-    (0.004x ``clone()`` on an H100); the butterflies sum in a tree order, the reference in its
-    BLAS's, so a group's fp16 metadata can differ by one ulp about once in 2^13 groups."""
+    multiply by 1/sqrt(D), in the reference's order (``times_hadamard``): the same bytes. The
+    [D, D] fp32 ``tl.dot`` this replaces held the matrix in registers (pack at 0.002x
+    ``clone()`` on an H100)."""
     ROWS: tl.constexpr = t.shape[0]
     x = tl.reshape(t, [ROWS, D])
     for stage in tl.static_range(16):  # stage s pairs channels i and i + 2^s
