@@ -135,6 +135,17 @@ def test_hadamard_cache_survives_inference_mode():
     assert fake_quantize(x, spec).shape == (2, 64)
 
 
+def test_hadamard_butterflies_with_and_without_autograd_agree_bit_for_bit():
+    from kvtuner.quant.reference import times_hadamard
+
+    x = torch.randn(5, 3, 128)
+    plain = times_hadamard(x)
+    tracked = times_hadamard(x.clone().requires_grad_())
+    assert tracked.requires_grad and torch.equal(plain, tracked.detach())
+    assert torch.allclose(plain, x @ hadamard(128), atol=1e-5)
+    assert torch.equal(times_hadamard(plain), times_hadamard(plain.clone()))  # x untouched
+
+
 def test_hadamard_is_orthonormal_and_self_inverse():
     h = hadamard(64)
     assert torch.allclose(h @ h, torch.eye(64), atol=1e-6)
