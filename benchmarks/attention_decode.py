@@ -218,9 +218,7 @@ def measure(args, seconds, batch: int, context: int, label: str) -> list[dict]:
             "sdpa_bf16_us": sdpa * 1e6,
             "sdpa_bf16_gbps": bf16_bytes / sdpa / 1e9,
             "speedup_vs_bf16": sdpa / t,
-            "speedup_vs_baseline": fused[("baseline", *launch)] / t
-            if ("baseline", *launch) in fused
-            else None,
+            "speedup_vs_baseline": _over(fused.get(("baseline", *launch)), t),
             "packed_bytes": packed_bytes,
             "bf16_bytes": bf16_bytes,
         }
@@ -229,6 +227,11 @@ def measure(args, seconds, batch: int, context: int, label: str) -> list[dict]:
 
 
 LAUNCH = ("block_tokens", "num_splits", "num_warps", "num_stages")
+
+
+def _over(base: float | None, t: float) -> float | None:
+    """baseline µs / variant µs at the same launch; None where the baseline was not timed."""
+    return None if base is None else base / t
 
 
 def launch_grid(args) -> list[tuple]:
@@ -283,10 +286,9 @@ def main() -> None:
         grid = [(b, c, s) for b in args.batch for c in args.context for s in args.specs]
         rows = []
         for point in grid:  # each point printed as it lands: a time limit keeps what is done
-            rows += measure(args, seconds, *point)
-            print(
-                table(rows[-len(args.variants) * len(launch_grid(args)) :], bandwidth), flush=True
-            )
+            new_rows = measure(args, seconds, *point)
+            rows += new_rows
+            print(table(new_rows, bandwidth), flush=True)
     except ValueError as exc:  # shapes the kernel refuses: one line, exit 2
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)

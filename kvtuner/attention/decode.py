@@ -111,8 +111,14 @@ def extend_attention(
     batch = AttentionBatch(
         q=q, k_rows=k_rows, v_rows=v_rows, k_spec=k_spec, v_spec=v_spec, **fields
     )  # the other keywords above are AttentionBatch fields, checked there
-    launch = dict(num_splits=num_splits, block_tokens=block_tokens, num_warps=num_warps)
-    return attend(batch, **launch, num_stages=num_stages, scale_after_dot=scale_after_dot)
+    return attend(
+        batch,
+        num_splits=num_splits,
+        block_tokens=block_tokens,
+        scale_after_dot=scale_after_dot,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
 
 
 def attend(
