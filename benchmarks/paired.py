@@ -8,6 +8,9 @@ per token, so "equal or fewer bytes" can be read off.
 
     python benchmarks/paired.py benchmarks/results/quality_qwen25_32.json \\
         kivi-3bit:kivi3 kivi-0.263x:kivi3+8bit-l22 [--out paired.json]
+
+``--also FILE`` adds the rows of another results JSON measured on the same windows (its
+``data`` must equal the first file's), so rows from separate runs can be paired.
 """
 
 from __future__ import annotations
@@ -44,10 +47,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("results", type=Path, help="a quality results JSON with window_nll per row")
     ap.add_argument("pairs", nargs="+", help="A:B row names (A minus B)")
     ap.add_argument("--out", type=Path, help="write the comparisons as JSON too")
+    ap.add_argument(
+        "--also", type=Path, action="append", default=[], help="rows of another results JSON"
+    )
     args = ap.parse_args(argv)
     data = json.loads(args.results.read_text())
-    rows = {r["name"]: r for r in data["rows"] if "window_nll" in r}
     windows = data.get("data") or data["windows"]  # quality.py / vllm_quality.py
+    rows = {}
+    for path in [args.results, *args.also]:
+        more = data if path == args.results else json.loads(path.read_text())
+        if (more.get("data") or more["windows"]) != windows:
+            print(f"paired.py: {path} was measured on other windows", file=sys.stderr)
+            return 2
+        rows |= {r["name"]: r for r in more["rows"] if "window_nll" in r}
     tokens = windows["seq_len"] - 1  # predicted tokens per window
     out = []
     for pair in args.pairs:
@@ -63,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         wins = f"{c['a_better_windows']}/{c['windows']}"
         print(f"{c['a']:>22} {c['b']:>22} {nbytes:>13} {diff:>18} {wins:>9}")
     if args.out:
-        write_json_atomic(args.out, {"results": str(args.results), "comparisons": out})
+        results = [str(p) for p in [args.results, *args.also]]
+        write_json_atomic(args.out, {"results": results, "comparisons": out})
     return 0
 
 

@@ -3,8 +3,8 @@
 Keeps the first N tokens of each sequence (the attention sinks; IntactKV, KVQuant's sink-aware
 idea) unquantized, rounded to fp16, and quantizes the rest with the real packed HF cache
 (``make_cache(..., residual_length=0)``: every other token, prefill included, is quantized
-before any query reads it). SmolLM2 adds no BOS token, so the sink is each window's first text
-token. Per layer, the wrapped ``update`` stores ``x[..., N:, :]`` in the layer's own
+before any query reads it). SmolLM2 and Qwen2.5 add no BOS token, so the sink is each window's
+first text token. Per layer, the wrapped ``update`` stores ``x[..., N:, :]`` in the layer's own
 :class:`PackedStream` and puts the fp16 sinks in front of what the stream returns, so:
 - ``split`` (the default, what a build would store): the packed stream starts at token N, so
   channel-axis key blocks run over tokens N..N+G-1, ... and never see the sinks' magnitudes;
@@ -23,7 +23,7 @@ keys and values, so their predictions are exact; a window has 1024 of them, a lo
 sequence many more, so the "late" metrics (positions >= ``--skip``, default 8) are the ones that
 carry to long contexts.
 
-    OMP_NUM_THREADS=1 python benchmarks/sink_probe.py [--eval-windows 4]
+    OMP_NUM_THREADS=1 python benchmarks/sink_probe.py [--model qwen2.5-0.5b] [--eval-windows 4]
 
 Prints a table, writes benchmarks/results/sink_probe.json.
 """
@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import sys
 import time
 from pathlib import Path
@@ -42,13 +41,13 @@ import torch
 import torch.nn.functional as F
 
 from kvtuner.calibration import load_model
-from kvtuner.evaluation import load_eval_windows
+from kvtuner.evaluation import hardware, load_eval_windows
 from kvtuner.evaluation.configs import profile_config, uniform_specs
 from kvtuner.profile import ModelFingerprint
 from kvtuner.runtime_loader.hf import make_cache
 
 ROOT = Path(__file__).resolve().parent.parent
-PROFILES = ROOT / "exported_configs" / "smollm2-135m"
+PROFILES = ROOT / "exported_configs"
 OUT = ROOT / "benchmarks" / "results" / "sink_probe.json"
 DEFAULT_ROWS = "kivi-hadv-3bit,per-token-smooth-3bit,kivi-4bit,per-token-4bit,u:kivi-hadv-kv3"
 
@@ -139,17 +138,28 @@ def fmt(r: tuple[float, float]) -> str:
     return f"{100 * r[0]:+.1f} ± {100 * r[1]:.1f} %"
 
 
-def specs_of(name: str, model):
-    """An exported profile by file stem, or ``u:NAME``, a uniform baseline (evaluation names)."""
+def specs_of(name: str, model, model_name: str):
+    """An exported profile of ``model_name`` by file stem, a profile path, or ``u:NAME``, a
+    uniform baseline (evaluation names)."""
     if name.startswith("u:"):
-        return uniform_specs(name[2:], ModelFingerprint.from_config(model.config))
-    return profile_config(str(PROFILES / f"{name}.json"), model.config).specs
+        specs = uniform_specs(name[2:], ModelFingerprint.from_config(model.config))
+    else:
+        path = Path(name) if name.endswith(".json") else PROFILES / model_name / f"{name}.json"
+        specs = profile_config(str(path), model.config).specs
+    if any(s.k.pre_rope for s in specs):  # the layer rotates them, and patch() bypasses it
+        sys.exit(f"sink_probe: {name} stores keys before RoPE, which this probe does not model")
+    return specs
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--eval-windows", type=int, default=4)
-    ap.add_argument("--rows", default=DEFAULT_ROWS, help="profile stems, or u:<uniform name>")
+    ap.add_argument(
+        "--rows",
+        default=DEFAULT_ROWS,
+        help="profile stems (exported_configs/MODEL/), .json paths, or u:<uniform name>",
+    )
     ap.add_argument("--sinks", default="1,2,4,8")
     ap.add_argument("--parts-rows", default="kivi-hadv-3bit", help="rows also run keys/values-only")
     ap.add_argument(
@@ -167,7 +177,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     start = time.monotonic()
-    model, tok = load_model("smollm2-135m", device="cpu", dtype="float32")
+    model, tok = load_model(args.model, device="cpu", dtype="float32")
     ev = load_eval_windows(tok, num_windows=args.eval_windows).tokens
     if args.attention_mass:
         cmd = "OMP_NUM_THREADS=1 python benchmarks/sink_probe.py " + " ".join(sys.argv[1:])
@@ -189,7 +199,7 @@ def main() -> None:
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
     )
     for name in args.rows.split(","):
-        specs = specs_of(name, model)
+        specs = specs_of(name, model, args.model)
         channel = any(s.k.is_quantized and s.k.axis == "channel" for s in specs)
         base = evaluate(model, ev, specs, fp_lp, 0, 0, "split", args.skip)
         variants = [(0, "kv", "-")]
@@ -227,9 +237,7 @@ def main() -> None:
     out = dict(command=cmd.strip(), args=vars(args), windows=len(ev), seq_len=ev.shape[1],
                fp_ppl=math.exp(sum(fp["nll"]) / (len(ev) * per["nll"])), fp_windows=fp,
                rows=rows,
-               hardware=dict(machine="2-core Intel Xeon (shared with other jobs)",
-                             cpu=platform.processor() or platform.machine(),
-                             torch=torch.__version__, threads=torch.get_num_threads()),
+               hardware=hardware(),
                wall_s=round(time.monotonic() - start))  # fmt: skip
     Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
     print(f"fp ppl {out['fp_ppl']:.3f}; {out['wall_s']} s; wrote {args.json}")
