@@ -19,7 +19,7 @@ EXPORTED = Path(__file__).resolve().parents[3] / "exported_configs/qwen2.5-0.5b"
 # server flags it needs (channel-axis keys: pages of the group size, a staging bound).
 SERVED = {
     "kivi-4bit": ("--page-size", "32", "--max-running-requests", "4"),
-    "kivi-3bit": ("--page-size", "32", "--max-running-requests", "4"),
+    "kivi-prerope-3bit": ("--page-size", "32", "--max-running-requests", "4"),
 }
 PROMPTS = [
     "Write a Python function that reverses a string.",
