@@ -147,7 +147,9 @@ def specs_of(name: str, model, model_name: str):
         path = Path(name) if name.endswith(".json") else PROFILES / model_name / f"{name}.json"
         specs = profile_config(str(path), model.config).specs
     if any(s.k.pre_rope for s in specs):  # the layer rotates them, and patch() bypasses it
-        sys.exit(f"sink_probe: {name} stores keys before RoPE, which this probe does not model")
+        print(f"sink_probe: {name} stores keys before RoPE, which this probe does not model",
+              file=sys.stderr)  # fmt: skip
+        sys.exit(2)
     return specs
 
 
