@@ -51,15 +51,15 @@ def main(argv: list[str] | None = None) -> int:
         "--also", type=Path, action="append", default=[], help="rows of another results JSON"
     )
     args = ap.parse_args(argv)
-    data = json.loads(args.results.read_text())
-    windows = data.get("data") or data["windows"]  # quality.py / vllm_quality.py
+    paths = [args.results, *args.also]
+    results = [json.loads(path.read_text()) for path in paths]
+    windows = results[0].get("data") or results[0]["windows"]  # quality.py / vllm_quality.py
     rows = {}
-    for path in [args.results, *args.also]:
-        more = data if path == args.results else json.loads(path.read_text())
-        if (more.get("data") or more["windows"]) != windows:
+    for path, result in zip(paths, results, strict=True):
+        if (result.get("data") or result["windows"]) != windows:
             print(f"paired.py: {path} was measured on other windows", file=sys.stderr)
             return 2
-        rows |= {r["name"]: r for r in more["rows"] if "window_nll" in r}
+        rows |= {r["name"]: r for r in result["rows"] if "window_nll" in r}
     tokens = windows["seq_len"] - 1  # predicted tokens per window
     out = []
     for pair in args.pairs:
@@ -75,8 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         wins = f"{c['a_better_windows']}/{c['windows']}"
         print(f"{c['a']:>22} {c['b']:>22} {nbytes:>13} {diff:>18} {wins:>9}")
     if args.out:
-        results = [str(p) for p in [args.results, *args.also]]
-        write_json_atomic(args.out, {"results": results, "comparisons": out})
+        write_json_atomic(args.out, {"results": [str(p) for p in paths], "comparisons": out})
     return 0
 
 
