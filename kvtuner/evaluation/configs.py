@@ -13,7 +13,9 @@ pays the same metadata: 8 bytes of fp16 scale+zero per 32 elements = +1 bit per 
 - ``prerope-`` (after ``kivi-``, before a rotation prefix) stores the keys before RoPE
   (``QuantSpec.pre_rope``): ``kivi-prerope-kv4``, ``kivi-prerope-hadv-kv3`` (the ``kivi-prerope``
   and ``kivi-prerope-hadv`` presets' formats).
-Group 32 (not DESIGN.md's first table's 64) because the search presets and the SGLang pool use 32.
+Group 32 (not DESIGN.md's first table's 64) because the search presets and the SGLang pool use 32;
+a ``-gN`` suffix sets another group for K and V: ``kivi-prerope-k4v3-g64`` (the
+``kivi-prerope-g64`` preset's format; 64 tokens per key scale, 64 values per value scale).
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ KINDS = ("fp", "uniform", "profile", "hf-quanto")
 GROUP_SIZE = 32
 DEFAULT_UNIFORM = ("kv8", "kv4", "kv2", "k8v4", "k4v2", "kivi4", "kivi2")
 QUANTO_BITS = (4, 2)
-_NAME = re.compile(r"^(kivi-)?(prerope-)?(?:(had|hadk|hadv)-)?(?:kv(\d+)|k(\d+)v(\d+))$")
+_NAME = re.compile(
+    r"^(kivi-)?(prerope-)?(?:(had|hadk|hadv)-)?(?:kv(\d+)|k(\d+)v(\d+))(?:-g(\d+))?$"
+)
 _ROTATED = {None: (), "had": ("k", "v"), "hadk": ("k",), "hadv": ("v",)}  # prefix -> tensors
 
 __all__ = ["DEFAULT_UNIFORM", "EvalConfig", "parse_uniform", "profile_config", "uniform_specs"]
@@ -88,12 +92,17 @@ class EvalConfig:
 
 
 def _spec(
-    name: str, bits: int, axis: str = "token", rotation: str = "none", pre_rope: bool = False
+    name: str,
+    bits: int,
+    axis: str = "token",
+    rotation: str = "none",
+    pre_rope: bool = False,
+    group: int = GROUP_SIZE,
 ) -> QuantSpec:
     try:
         if bits == 16:
-            return QuantSpec(16, GROUP_SIZE, False, "token", rotation)
-        return QuantSpec(bits, GROUP_SIZE, False, axis, rotation, pre_rope)
+            return QuantSpec(16, group, False, "token", rotation)
+        return QuantSpec(bits, group, False, axis, rotation, pre_rope)
     except ValueError as exc:
         raise KVTunerError(f"unknown uniform config {name!r}: {exc}") from None
 
@@ -107,13 +116,14 @@ def uniform_specs(name: str, fingerprint: ModelFingerprint) -> tuple[LayerSpec, 
         raise KVTunerError(
             f"unknown uniform config {name!r} (use kvB, kBvC, kiviB, kivi-kBvC, optionally "
             "rotated: had-/hadk-/hadv-kvB, kivi-hadv-kvB, keys before RoPE: kivi-prerope-kvB; "
-            "B, C in 2, 3, 4, 5, 6, 8, 16)"
+            "another group: a -gN suffix; B, C in 2, 3, 4, 5, 6, 8, 16)"
         )
-    kivi, prerope, rotation, both, kb, vb = m.groups()
+    kivi, prerope, rotation, both, kb, vb, group = m.groups()
     k_bits, v_bits = (int(both), int(both)) if both else (int(kb), int(vb))
+    g = int(group) if group else GROUP_SIZE
     rot = {t: "hadamard" if t in _ROTATED[rotation] else "none" for t in ("k", "v")}
-    k = _spec(name, k_bits, "channel" if kivi else "token", rot["k"], bool(prerope))
-    v = _spec(name, v_bits, "token", rot["v"])
+    k = _spec(name, k_bits, "channel" if kivi else "token", rot["k"], bool(prerope), g)
+    v = _spec(name, v_bits, "token", rot["v"], group=g)
     return tuple(LayerSpec(i, k, v) for i in range(fingerprint.num_layers))
 
 

@@ -31,6 +31,12 @@ FP = ModelFingerprint("LlamaForCausalLM", 3, 2, 64)
         ("k16v4", QuantSpec(16), QuantSpec(4)),
         ("kivi-prerope-kv4", QuantSpec(4, axis="channel", pre_rope=True), QuantSpec(4)),
         (
+            "kivi-prerope-k4v3-g64",
+            QuantSpec(4, 64, axis="channel", pre_rope=True),
+            QuantSpec(3, 64),
+        ),
+        ("kv4-g64", QuantSpec(4, 64), QuantSpec(4, 64)),
+        (
             "kivi-prerope-hadv-k16v3",
             QuantSpec(16),  # 16 bits: stored as the model gives it
             QuantSpec(3, rotation="hadamard"),
@@ -45,7 +51,20 @@ def test_uniform_names_map_to_documented_specs(name, k, v):
 
 @pytest.mark.parametrize(
     "name",
-    ["kv7", "kvx", "q4", "kivi", "had-kivi4", "hadv-kivi4", "hadq-kv4", "kv32", "prerope-kivi4"],
+    [
+        "kv7",
+        "kvx",
+        "q4",
+        "kivi",
+        "had-kivi4",
+        "hadv-kivi4",
+        "hadq-kv4",
+        "kv32",
+        "prerope-kivi4",
+        "kv4-g",
+        "kv4-g0",
+        "kv4g64",
+    ],
 )
 def test_unknown_uniform_names_are_one_line_errors(name):
     with pytest.raises(KVTunerError) as info:
