@@ -55,6 +55,16 @@ def test_g64_preset_halves_the_metadata_of_per_token():
     assert (effective(g32), effective(g64)) == (5, 4.5)
 
 
+def test_kivi_prerope_g64_is_kivi_prerope_in_groups_of_64():
+    g64, g32 = PRESETS["kivi-prerope-g64"], PRESETS["kivi-prerope"]
+    spec = g64.layer_spec(0, 4, 3)
+    assert spec.k == QuantSpec(4, 64, axis="channel", pre_rope=True) and spec.v == QuantSpec(3, 64)
+    assert not g64.servable_by_sglang  # channel keys: pages of 64 tokens
+    # K4V3 in groups of 64 costs what K3V3 in groups of 32 does (4.5 + 3.5 = 4 + 4 bits)
+    size = lambda s: s.k.exact_bytes_per_token(64) + s.v.exact_bytes_per_token(64)  # noqa: E731
+    assert size(spec) == size(g32.layer_spec(0, 3, 3))
+
+
 def test_user_preset_file(tmp_path):
     path = tmp_path / "mine.json"
     path.write_text(

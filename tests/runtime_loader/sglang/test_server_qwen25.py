@@ -19,13 +19,13 @@ EXPORTED = Path(__file__).resolve().parents[3] / "exported_configs/qwen2.5-0.5b"
 # server flags it needs (channel-axis keys: pages of the group size, a staging bound).
 SERVED = {
     "kivi-4bit": ("--page-size", "32", "--max-running-requests", "4"),
-    "kivi-prerope-3bit": ("--page-size", "32", "--max-running-requests", "4"),
+    "kivi-prerope-g64-0.25x": ("--page-size", "64", "--max-running-requests", "4"),
 }
 PROMPTS = [
     "Write a Python function that reverses a string.",
     "What does the SQL keyword JOIN do? Answer in two sentences.",
 ]
-NEW_TOKENS = 40  # the prompts (~35 tokens with the system prompt) cross a 32-token page
+NEW_TOKENS = 40  # the prompts (~35 tokens with the system prompt) cross a 32- and a 64-token page
 # Teacher-forced HF, fed the served tokens: its top logit minus its logit of the served token.
 CLOSE_LOGIT = 1.5
 SAME_CHOICE = 0.85  # share of steps where the server picks HF's argmax
