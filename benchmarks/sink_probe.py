@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from kvtuner.calibration import load_model
 from kvtuner.evaluation import hardware, load_eval_windows
 from kvtuner.evaluation.configs import profile_config, uniform_specs
+from kvtuner.evaluation.divergence import mean_se
 from kvtuner.profile import ModelFingerprint
 from kvtuner.runtime_loader.hf import make_cache
 
@@ -120,13 +121,6 @@ def attention_mass(model, ev, path: str, command: str) -> None:
     print("mass on positions 0..7, mean over layers:", [f"{x:.4f}" for x in m.mean(0)])
     print("mass on position 0 per layer:", [f"{x:.2f}" for x in m[:, 0]])
     Path(path).write_text(json.dumps(out, indent=1) + "\n")
-
-
-def mean_se(d: list[float]) -> tuple[float, float]:
-    m = sum(d) / len(d)
-    if len(d) < 2:
-        return m, 0.0
-    return m, math.sqrt(sum((x - m) ** 2 for x in d) / (len(d) - 1) / len(d))
 
 
 def paired_ratio(a: list[float], b: list[float]) -> tuple[float, float]:

@@ -30,13 +30,10 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from sink_probe import mean_se
-from tqdm.auto import tqdm
 
 from kvtuner.calibration import load_model
-from kvtuner.calibration.kl import kl_sum
 from kvtuner.evaluation import hardware, load_eval_windows
+from kvtuner.evaluation.divergence import mean_se, window_scores
 from kvtuner.evaluation.perplexity import PerplexityResult
 from kvtuner.profile import ModelFingerprint, load_vllm_profile, write_json_atomic
 from kvtuner.quant.vllm_format import VllmKVFormat
@@ -44,27 +41,6 @@ from kvtuner.runtime_loader.hf.vllm_cache import make_vllm_cache
 from kvtuner.runtime_loader.vllm import VllmLayout, VllmPlan
 
 RESULTS = Path(__file__).parent / "results"
-
-
-@torch.inference_mode()
-def _scores(model, windows, plans) -> dict[str, tuple[PerplexityResult, list[float]]]:
-    """Per plan name (and "fp"): per-window NLL, and per-window mean KL(fp || plan) per
-    predicted token; one fp forward per window, its log-probs [T-1, V] dropped after it."""
-    out: dict[str, tuple[list[float], list[float]]] = {"fp": ([], [])}
-    out.update({name: ([], []) for name, _ in plans})
-    per_token = windows.seq_len - 1
-    for ids in tqdm(windows.tokens, desc="windows", unit="window"):
-        fp_logits = model(ids[None]).logits[0, :-1]
-        ref = torch.log_softmax(fp_logits.float(), dim=-1)
-        for name, plan in [("fp", None), *plans]:
-            logits, kl = fp_logits, 0.0  # fp against itself
-            if plan is not None:
-                cache = make_vllm_cache(model, plan)
-                logits = model(ids[None], past_key_values=cache, use_cache=True).logits[0, :-1]
-                kl = kl_sum(ref, logits) / per_token
-            out[name][0].append(F.cross_entropy(logits.float(), ids[1:], reduction="sum").item())
-            out[name][1].append(kl)
-    return {k: (PerplexityResult(tuple(nll), per_token), kl) for k, (nll, kl) in out.items()}
 
 
 @torch.inference_mode()
@@ -146,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.top_k:
         worst = sorted(range(n), key=lambda i: -sat[i])[: args.top_k]
         plans.append((f"skip {args.top_k} most saturated", VllmPlan(args.kv_cache_dtype, n, worst)))
-    scores = _scores(model, windows, plans)
+    caches = [(name, lambda plan=plan: make_vllm_cache(model, plan)) for name, plan in plans]
+    scores = window_scores(model, windows, caches)
     fp = scores["fp"][0]
     rows, results = [_row("fp", None, fp, scores["fp"][1], fp, layout)], {}
     for name, plan in plans:

@@ -1,0 +1,60 @@
+"""window_scores(): per-window NLL and KL(fp || config), window-major, on a tiny model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kvtuner import ModelFingerprint
+from kvtuner.evaluation import EvalConfig, EvalWindows, parse_uniform, perplexity
+from kvtuner.evaluation.divergence import mean_se, window_scores
+from kvtuner.evaluation.perplexity import ppl_cache
+
+
+def windows(n: int = 3, t: int = 48) -> EvalWindows:
+    gen = torch.Generator().manual_seed(5)
+    return EvalWindows("synthetic", n, t, torch.randint(0, 256, (n, t), generator=gen))
+
+
+def scored(model, names: str):
+    configs = parse_uniform(names, ModelFingerprint.from_config(model.config))
+    w = windows()
+    caches = [(c.name, lambda c=c: ppl_cache(c, model)) for c in configs]
+    return w, {c.name: c for c in configs}, window_scores(model, w, caches)
+
+
+def test_nll_matches_the_row_by_row_perplexity(tiny_llama):
+    w, configs, scores = scored(tiny_llama, "kv4,kivi2")
+    fp = perplexity(tiny_llama, w.tokens, EvalConfig("fp", "fp"))
+    assert scores["fp"][0].window_nll == pytest.approx(fp.window_nll, rel=1e-6)
+    assert scores["fp"][1] == [0.0] * w.num_windows
+    for name, config in configs.items():
+        row = perplexity(tiny_llama, w.tokens, config)
+        assert scores[name][0].window_nll == pytest.approx(row.window_nll, rel=1e-6)
+
+
+def test_kl_is_the_mean_per_predicted_token_kl_against_fp(tiny_llama):
+    w, configs, scores = scored(tiny_llama, "kv2")
+    ids = w.tokens[1]
+    with torch.no_grad():
+        ref = F.log_softmax(tiny_llama(ids[None]).logits[0, :-1].float(), dim=-1)
+        cache = ppl_cache(configs["kv2"], tiny_llama)
+        out = tiny_llama(ids[None], past_key_values=cache, use_cache=True).logits[0, :-1]
+    q = F.log_softmax(out.float(), dim=-1)
+    want = F.kl_div(q, ref, log_target=True, reduction="sum").item() / (w.seq_len - 1)
+    assert scores["kv2"][1][1] == pytest.approx(want, rel=1e-4)
+    assert want > 1e-4
+
+
+def test_kl_grows_as_bits_shrink(tiny_llama):
+    _, _, scores = scored(tiny_llama, "kv16,kv8,kv2")
+    kl = {name: mean_se(scores[name][1])[0] for name in ("kv16", "kv8", "kv2")}
+    # each halving of the bits costs far more than the one before (kv16: fp16 storage)
+    assert kl["kv16"] < kl["kv8"] / 10 and kl["kv8"] < kl["kv2"] / 10
+
+
+def test_mean_se():
+    assert mean_se([2.0]) == (2.0, 0.0)
+    m, se = mean_se([1.0, 2.0, 3.0])
+    assert (m, se) == (2.0, pytest.approx((1.0 / 3.0) ** 0.5))
