@@ -28,27 +28,24 @@ import torch
 from kvtuner.calibration import load_model
 from kvtuner.evaluation import hardware, load_eval_windows, parse_uniform
 from kvtuner.evaluation.configs import profile_config
-from kvtuner.evaluation.divergence import mean_se, window_scores
+from kvtuner.evaluation.divergence import WindowScores, window_scores
 from kvtuner.evaluation.perplexity import ppl_cache
 from kvtuner.profile import ModelFingerprint, write_json_atomic
 
 RESULTS = Path(__file__).parent / "results"
 
 
-def _row(config, result, kl: list[float], fp, fingerprint, seq_len: int) -> dict:
+def _row(config, scores: WindowScores, fp, fingerprint, seq_len: int) -> dict:
     acct = config.accounting(fingerprint, seq_len)
-    kl_mean, kl_se = mean_se(kl)
     return {
         "name": config.name,
         "kind": config.kind,
         "bytes_per_token": round(acct["bytes_per_token"], 2),
-        "ppl": round(result.ppl, 4),
-        "delta_ppl_pct": round(result.delta_pct(fp), 3),
-        "delta_se_pct": round(result.delta_se_pct(fp), 3),
-        "kl": round(kl_mean, 6),
-        "kl_se": round(kl_se, 6),
-        "window_nll": [round(x, 4) for x in result.window_nll],
-        "window_kl": [round(x, 6) for x in kl],
+        "ppl": round(scores.result.ppl, 4),
+        "delta_ppl_pct": round(scores.result.delta_pct(fp), 3),
+        "delta_se_pct": round(scores.result.delta_se_pct(fp), 3),
+        "window_nll": [round(x, 4) for x in scores.result.window_nll],
+        **scores.divergence_fields(),
     }
 
 
@@ -75,16 +72,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     caches = [(c.name, lambda c=c: ppl_cache(c, model)) for c in configs]
     scores = window_scores(model, windows, caches)
-    fp, fp_kl = scores["fp"]
+    fp = scores["fp"].result
     rows = [{"name": "fp", "kind": "fp", "ppl": round(fp.ppl, 4),
-             "window_nll": [round(x, 4) for x in fp.window_nll], "window_kl": fp_kl}]  # fmt: skip
-    print(f"{'config':<34} {'B/token':>8} {'Δppl %':>16} {'KL vs fp':>20}")
+             "window_nll": [round(x, 4) for x in fp.window_nll]}]  # fmt: skip
+    print(f"{'config':<34} {'B/token':>8} {'Δppl %':>16} {'KL vs fp':>20} {'top-1 = fp %':>16}")
     for config in configs:
-        row = _row(config, *scores[config.name], fp, fingerprint, windows.seq_len)
+        row = _row(config, scores[config.name], fp, fingerprint, windows.seq_len)
         rows.append(row)
         print(f"{row['name']:<34} {row['bytes_per_token']:>8.0f} "
               f"{row['delta_ppl_pct']:+8.3f} ± {row['delta_se_pct']:.3f} "
-              f"{row['kl']:10.5f} ± {row['kl_se']:.5f}")  # fmt: skip
+              f"{row['kl']:10.5f} ± {row['kl_se']:.5f} "
+              f"{100 * row['top1_agree']:7.2f} ± {100 * row['top1_agree_se']:.2f}")  # fmt: skip
     out = RESULTS / f"{args.name}.json"
     write_json_atomic(out, {"command": command, "hardware": hardware(), "model": args.model,
                             "data": windows.describe(), "rows": rows})  # fmt: skip

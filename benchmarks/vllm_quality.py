@@ -33,7 +33,7 @@ import torch
 
 from kvtuner.calibration import load_model
 from kvtuner.evaluation import hardware, load_eval_windows
-from kvtuner.evaluation.divergence import mean_se, window_scores
+from kvtuner.evaluation.divergence import WindowScores, window_scores
 from kvtuner.evaluation.perplexity import PerplexityResult
 from kvtuner.profile import ModelFingerprint, load_vllm_profile, write_json_atomic
 from kvtuner.quant.vllm_format import VllmKVFormat
@@ -62,11 +62,10 @@ def saturation(model, ids: torch.Tensor, fmt: VllmKVFormat) -> list[dict]:
     return out
 
 
-def _row(name, plan, result, kl: list[float], fp, layout) -> dict:
-    mean, se = mean_se(kl)
+def _row(name, plan, scores: WindowScores, fp, layout) -> dict:
+    result = scores.result
     row = {"name": name, "kind": "vllm" if plan else "fp", "ppl": result.ppl,
-           "window_nll": list(result.window_nll), "kl": mean, "kl_se": se,
-           "window_kl": kl}  # fmt: skip
+           "window_nll": list(result.window_nll), **scores.divergence_fields()}  # fmt: skip
     if plan is not None:
         bpt = layout.bytes_per_token(plan)
         row.update(kv_cache_dtype=plan.kv_cache_dtype, skip_layers=list(plan.skip_layers),
@@ -124,14 +123,15 @@ def main(argv: list[str] | None = None) -> int:
         plans.append((f"skip {args.top_k} most saturated", VllmPlan(args.kv_cache_dtype, n, worst)))
     caches = [(name, lambda plan=plan: make_vllm_cache(model, plan)) for name, plan in plans]
     scores = window_scores(model, windows, caches)
-    fp = scores["fp"][0]
-    rows, results = [_row("fp", None, fp, scores["fp"][1], fp, layout)], {}
+    fp = scores["fp"].result
+    rows, results = [_row("fp", None, scores["fp"], fp, layout)], {}
     for name, plan in plans:
-        results[name], kl = scores[name]
-        r = _row(name, plan, results[name], kl, fp, layout)
+        results[name] = scores[name].result
+        r = _row(name, plan, scores[name], fp, layout)
         rows.append(r)
         print(f"{name:<40} ppl {r['ppl']:.4f} ({r['delta_pct']:+.3f}% ± {r['delta_se_pct']:.3f}) "
-              f"KL {r['kl']:.5f} ± {r['kl_se']:.5f} {r['bytes_per_token']} B/token "
+              f"KL {r['kl']:.5f} ± {r['kl_se']:.5f} top-1 = fp {100 * r['top1_agree']:.2f}% "
+              f"{r['bytes_per_token']} B/token "
               f"({r['ratio']:.4f}x)")  # fmt: skip
     base = results[plans[0][0]]
     for name, _plan in plans[1:]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,31 +24,53 @@ from .perplexity import PerplexityResult
 
 __all__ = ["WindowScores", "mean_se", "window_scores"]
 
-# per config name: per-window NLL, and per-window mean KL(fp || config) per predicted token
-WindowScores = dict[str, tuple[PerplexityResult, list[float]]]
+
+@dataclass(frozen=True)
+class WindowScores:
+    """One config on every window: summed NLL, mean KL(fp || config) per predicted token, and
+    the share of positions whose greedy (argmax) token is fp's (what greedy decoding keeps)."""
+
+    result: PerplexityResult
+    kl: tuple[float, ...]
+    top1_agree: tuple[float, ...]
+
+    def divergence_fields(self) -> dict[str, Any]:
+        """Row fields: KL and top-1 agreement, mean ± standard error, and their per-window lists."""
+        kl, kl_se = mean_se(self.kl)
+        agree, agree_se = mean_se(self.top1_agree)
+        return {"kl": round(kl, 6), "kl_se": round(kl_se, 6),
+                "top1_agree": round(agree, 5), "top1_agree_se": round(agree_se, 5),
+                "window_kl": [round(x, 6) for x in self.kl],
+                "window_top1_agree": [round(x, 5) for x in self.top1_agree]}  # fmt: skip
 
 
 @torch.inference_mode()
 def window_scores(
     model: Any, windows: EvalWindows, caches: Sequence[tuple[str, Callable[[], Any]]]
-) -> WindowScores:
+) -> dict[str, WindowScores]:
     """Score "fp" and each ``(name, make_cache)`` on every window; ``make_cache()`` gives a fresh
     cache per window (None: the model's default cache)."""
-    out: dict[str, tuple[list[float], list[float]]] = {"fp": ([], [])}
-    out.update({name: ([], []) for name, _ in caches})
+    out: dict[str, tuple[list[float], list[float], list[float]]] = {"fp": ([], [], [])}
+    out.update({name: ([], [], []) for name, _ in caches})
     per_token = windows.seq_len - 1
     for ids in tqdm(windows.tokens, desc="windows", unit="window"):
         fp_logits = model(ids[None]).logits[0, :-1]
         ref = torch.log_softmax(fp_logits.float(), dim=-1)
+        fp_top1 = ref.argmax(-1)
         for name, make_cache in [("fp", None), *caches]:
             logits, kl = fp_logits, 0.0  # fp against itself
             if make_cache is not None:
                 cache = make_cache()
                 logits = model(ids[None], past_key_values=cache, use_cache=True).logits[0, :-1]
                 kl = kl_sum(ref, logits) / per_token
-            out[name][0].append(F.cross_entropy(logits.float(), ids[1:], reduction="sum").item())
-            out[name][1].append(kl)
-    return {k: (PerplexityResult(tuple(nll), per_token), kl) for k, (nll, kl) in out.items()}
+            nll, agree, kls = out[name]
+            nll.append(F.cross_entropy(logits.float(), ids[1:], reduction="sum").item())
+            agree.append((logits.argmax(-1) == fp_top1).float().mean().item())
+            kls.append(kl)
+    return {
+        name: WindowScores(PerplexityResult(tuple(nll), per_token), tuple(kls), tuple(agree))
+        for name, (nll, agree, kls) in out.items()
+    }
 
 
 def mean_se(values: Sequence[float]) -> tuple[float, float]:

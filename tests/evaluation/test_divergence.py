@@ -27,11 +27,12 @@ def scored(model, names: str):
 def test_nll_matches_the_row_by_row_perplexity(tiny_llama):
     w, configs, scores = scored(tiny_llama, "kv4,kivi2")
     fp = perplexity(tiny_llama, w.tokens, EvalConfig("fp", "fp"))
-    assert scores["fp"][0].window_nll == pytest.approx(fp.window_nll, rel=1e-6)
-    assert scores["fp"][1] == [0.0] * w.num_windows
+    assert scores["fp"].result.window_nll == pytest.approx(fp.window_nll, rel=1e-6)
+    assert scores["fp"].kl == (0.0,) * w.num_windows
+    assert scores["fp"].top1_agree == (1.0,) * w.num_windows
     for name, config in configs.items():
         row = perplexity(tiny_llama, w.tokens, config)
-        assert scores[name][0].window_nll == pytest.approx(row.window_nll, rel=1e-6)
+        assert scores[name].result.window_nll == pytest.approx(row.window_nll, rel=1e-6)
 
 
 def test_kl_is_the_mean_per_predicted_token_kl_against_fp(tiny_llama):
@@ -43,13 +44,13 @@ def test_kl_is_the_mean_per_predicted_token_kl_against_fp(tiny_llama):
         out = tiny_llama(ids[None], past_key_values=cache, use_cache=True).logits[0, :-1]
     q = F.log_softmax(out.float(), dim=-1)
     want = F.kl_div(q, ref, log_target=True, reduction="sum").item() / (w.seq_len - 1)
-    assert scores["kv2"][1][1] == pytest.approx(want, rel=1e-4)
+    assert scores["kv2"].kl[1] == pytest.approx(want, rel=1e-4)
     assert want > 1e-4
 
 
 def test_kl_grows_as_bits_shrink(tiny_llama):
     _, _, scores = scored(tiny_llama, "kv16,kv8,kv2")
-    kl = {name: mean_se(scores[name][1])[0] for name in ("kv16", "kv8", "kv2")}
+    kl = {name: mean_se(scores[name].kl)[0] for name in ("kv16", "kv8", "kv2")}
     # each halving of the bits costs far more than the one before (kv16: fp16 storage)
     assert kl["kv16"] < kl["kv8"] / 10 and kl["kv8"] < kl["kv2"] / 10
 
@@ -58,3 +59,18 @@ def test_mean_se():
     assert mean_se([2.0]) == (2.0, 0.0)
     m, se = mean_se([1.0, 2.0, 3.0])
     assert (m, se) == (2.0, pytest.approx((1.0 / 3.0) ** 0.5))
+
+
+def test_top1_agreement_counts_positions_whose_argmax_is_fps(tiny_llama):
+    w, configs, scores = scored(tiny_llama, "kv2")
+    ids = w.tokens[0]
+    with torch.no_grad():
+        fp_top1 = tiny_llama(ids[None]).logits[0, :-1].argmax(-1)
+        cache = ppl_cache(configs["kv2"], tiny_llama)
+        out = tiny_llama(ids[None], past_key_values=cache, use_cache=True)
+    top1 = out.logits[0, :-1].argmax(-1)
+    want = (top1 == fp_top1).float().mean().item()
+    assert scores["kv2"].top1_agree[0] == pytest.approx(want)
+    fields = scores["kv2"].divergence_fields()
+    assert fields["window_top1_agree"][0] == pytest.approx(want, abs=1e-5)
+    assert 0.0 <= fields["top1_agree"] <= 1.0
