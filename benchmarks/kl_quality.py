@@ -35,7 +35,8 @@ from kvtuner.profile import ModelFingerprint, write_json_atomic
 RESULTS = Path(__file__).parent / "results"
 
 
-def _row(config, scores: WindowScores, fp, fingerprint, seq_len: int) -> dict:
+def _row(config, scores: WindowScores, fp_scores: WindowScores, fingerprint, seq_len: int) -> dict:
+    fp = fp_scores.result
     acct = config.accounting(fingerprint, seq_len)
     return {
         "name": config.name,
@@ -45,7 +46,7 @@ def _row(config, scores: WindowScores, fp, fingerprint, seq_len: int) -> dict:
         "delta_ppl_pct": round(scores.result.delta_pct(fp), 3),
         "delta_se_pct": round(scores.result.delta_se_pct(fp), 3),
         "window_nll": [round(x, 4) for x in scores.result.window_nll],
-        **scores.divergence_fields(),
+        **scores.divergence_fields(fp_scores),
     }
 
 
@@ -75,18 +76,22 @@ def main(argv: list[str] | None = None) -> int:
     fp = scores["fp"].result
     rows = [{"name": "fp", "kind": "fp", "ppl": round(fp.ppl, 4),
              "window_nll": [round(x, 4) for x in fp.window_nll]}]  # fmt: skip
-    print(f"{'config':<34} {'B/token':>8} {'Δppl %':>16} {'KL vs fp':>20} {'top-1 = fp %':>16}")
+    print(f"{'config':<34} {'B/token':>8} {'Δppl %':>16} {'KL vs fp':>20} {'top-1 = fp %':>16} "
+          f"{'ΔNLL fp right / wrong':>22}")  # fmt: skip
     for config in configs:
-        row = _row(config, scores[config.name], fp, fingerprint, windows.seq_len)
+        row = _row(config, scores[config.name], scores["fp"], fingerprint, windows.seq_len)
         rows.append(row)
         print(f"{row['name']:<34} {row['bytes_per_token']:>8.0f} "
               f"{row['delta_ppl_pct']:+8.3f} ± {row['delta_se_pct']:.3f} "
               f"{row['kl']:10.5f} ± {row['kl_se']:.5f} "
-              f"{100 * row['top1_agree']:7.2f} ± {100 * row['top1_agree_se']:.2f}")  # fmt: skip
+              f"{100 * row['top1_agree']:7.2f} ± {100 * row['top1_agree_se']:.2f} "
+              f"{row['dnll_fp_right']:+10.4f} / {row['dnll_fp_wrong']:+.4f}")  # fmt: skip
     out = RESULTS / f"{args.name}.json"
     write_json_atomic(out, {"command": command, "hardware": hardware(), "model": args.model,
                             "data": windows.describe(), "rows": rows})  # fmt: skip
-    print(f"fp ppl {fp.ppl:.4f}; wrote {out}")
+    share = scores["fp"].divergence_fields(scores["fp"])["fp_right_share"]
+    print(f"fp ppl {fp.ppl:.4f}; fp's top-1 is the text's token at {100 * share:.1f}% of positions")
+    print(f"wrote {out}")
     return 0
 
 

@@ -62,10 +62,12 @@ def saturation(model, ids: torch.Tensor, fmt: VllmKVFormat) -> list[dict]:
     return out
 
 
-def _row(name, plan, scores: WindowScores, fp, layout) -> dict:
+def _row(name, plan, scores: WindowScores, fp_scores: WindowScores, layout) -> dict:
+    fp = fp_scores.result
     result = scores.result
     row = {"name": name, "kind": "vllm" if plan else "fp", "ppl": result.ppl,
-           "window_nll": list(result.window_nll), **scores.divergence_fields()}  # fmt: skip
+           "window_nll": list(result.window_nll),
+           **scores.divergence_fields(fp_scores)}  # fmt: skip
     if plan is not None:
         bpt = layout.bytes_per_token(plan)
         row.update(kv_cache_dtype=plan.kv_cache_dtype, skip_layers=list(plan.skip_layers),
@@ -124,13 +126,14 @@ def main(argv: list[str] | None = None) -> int:
     caches = [(name, lambda plan=plan: make_vllm_cache(model, plan)) for name, plan in plans]
     scores = window_scores(model, windows, caches)
     fp = scores["fp"].result
-    rows, results = [_row("fp", None, scores["fp"], fp, layout)], {}
+    rows, results = [_row("fp", None, scores["fp"], scores["fp"], layout)], {}
     for name, plan in plans:
         results[name] = scores[name].result
-        r = _row(name, plan, scores[name], fp, layout)
+        r = _row(name, plan, scores[name], scores["fp"], layout)
         rows.append(r)
         print(f"{name:<40} ppl {r['ppl']:.4f} ({r['delta_pct']:+.3f}% ± {r['delta_se_pct']:.3f}) "
               f"KL {r['kl']:.5f} ± {r['kl_se']:.5f} top-1 = fp {100 * r['top1_agree']:.2f}% "
+              f"ΔNLL where fp right/wrong {r['dnll_fp_right']:+.4f}/{r['dnll_fp_wrong']:+.4f} "
               f"{r['bytes_per_token']} B/token "
               f"({r['ratio']:.4f}x)")  # fmt: skip
     base = results[plans[0][0]]

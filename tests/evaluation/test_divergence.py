@@ -74,3 +74,20 @@ def test_top1_agreement_counts_positions_whose_argmax_is_fps(tiny_llama):
     fields = scores["kv2"].divergence_fields()
     assert fields["window_top1_agree"][0] == pytest.approx(want, abs=1e-5)
     assert 0.0 <= fields["top1_agree"] <= 1.0
+
+
+def test_nll_split_adds_up_to_the_whole_nll_change(tiny_llama):
+    w, _, scores = scored(tiny_llama, "kv2")
+    fp, q = scores["fp"], scores["kv2"]
+    right, wrong = q.nll_split(fp)
+    n_right = sum(fp.fp_right)
+    n_all = w.num_windows * (w.seq_len - 1)
+    total = (sum(q.result.window_nll) - sum(fp.result.window_nll)) / n_all
+    assert 0 < n_right < n_all
+    assert (right * n_right + wrong * (n_all - n_right)) / n_all == pytest.approx(total, rel=1e-6)
+    assert fp.nll_split(fp) == (0.0, 0.0)
+    fields = q.divergence_fields(fp)
+    assert fields["fp_right_share"] == pytest.approx(n_right / n_all, abs=1e-4)
+    assert (fields["dnll_fp_right"], fields["dnll_fp_wrong"]) == pytest.approx(
+        (right, wrong), abs=1e-5
+    )
