@@ -18,7 +18,7 @@ EXPORTED = Path(__file__).resolve().parents[3] / "exported_configs/qwen2.5-0.5b"
 # The best SGLang-servable profile at each budget (docs/results.md › Qwen2.5-0.5B), and the
 # server flags it needs (channel-axis keys: pages of the group size, a staging bound).
 SERVED = {
-    "kivi-4bit": ("--page-size", "32", "--max-running-requests", "4"),
+    "kivi-prerope-g64-0.3125x": ("--page-size", "64", "--max-running-requests", "4"),
     "kivi-prerope-g64-0.25x": ("--page-size", "64", "--max-running-requests", "4"),
 }
 PROMPTS = [
