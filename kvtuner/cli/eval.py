@@ -66,6 +66,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=d.pack_chunk,
         help="while decoding, tokens leave the residual window this many at a time",
     )
+    p.add_argument(
+        "--kl",
+        action="store_true",
+        help="also score KL(fp || row), top-1 agreement with fp and the NLL change where fp's "
+        "top-1 is right / wrong, on the same windows (one more pass over them; perplexity "
+        "task without --context-length)",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch threads")
     add_placement_arguments(p)
     add_long_context_arguments(p)
@@ -127,6 +134,10 @@ def run(args: argparse.Namespace) -> int:
     if not args.profile and not args.uniform and not retrieval:
         raise KVTunerError("nothing to evaluate: give --profile PATH and/or --uniform NAMES")
     check_long_context_args(args)
+    if args.kl and (retrieval or args.context_length):
+        raise KVTunerError(
+            "--kl scores whole windows: use it with --task perplexity and no --context-length"
+        )
     if args.threads is not None:
         torch.set_num_threads(max(1, args.threads))
     decode = (
@@ -160,6 +171,10 @@ def run(args: argparse.Namespace) -> int:
     report = evaluate(
         model, windows, configs, model_name=args.model, decode=decode, log=verbosity.info
     )
+    if args.kl:
+        from ..evaluation.divergence import add_divergence
+
+        add_divergence(report, model, windows, configs)
     print(format_table(report))
     if args.output:
         print(f"wrote {write_report(report, args.output)}")

@@ -19,10 +19,11 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..calibration.kl import kl_sum
+from ..placement import model_device
 from .data import EvalWindows
 from .perplexity import PerplexityResult
 
-__all__ = ["WindowScores", "mean_se", "window_scores"]
+__all__ = ["WindowScores", "add_divergence", "mean_se", "window_scores"]
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,9 @@ def window_scores(
     fields = ("nll", "kl", "top1_agree", "nll_fp_right", "fp_right")
     out = {name: {f: [] for f in fields} for name in ["fp", *(n for n, _ in caches)]}
     per_token = windows.seq_len - 1
+    device = model_device(model)
     for ids in tqdm(windows.tokens, desc="windows", unit="window"):
+        ids = ids.to(device)
         fp_logits = model(ids[None]).logits[0, :-1]
         ref = torch.log_softmax(fp_logits.float(), dim=-1)
         fp_top1 = ref.argmax(-1)
@@ -97,6 +100,17 @@ def window_scores(
 def _scores(row: dict[str, list], per_token: int) -> WindowScores:
     result = PerplexityResult(tuple(row.pop("nll")), per_token)
     return WindowScores(result, **{field: tuple(values) for field, values in row.items()})
+
+
+def add_divergence(report: Any, model: Any, windows: EvalWindows, configs: Sequence[Any]) -> None:
+    """Add KL, top-1 agreement and the NLL split vs fp to each row of an ``EvalReport`` measured
+    on ``windows`` (one more window-major pass: fp and every config's fresh cache per window)."""
+    from .perplexity import ppl_cache
+
+    caches = [(c.name, lambda c=c: ppl_cache(c, model)) for c in configs]
+    scores = window_scores(model, windows, caches)
+    for row in report.rows:
+        row.update(scores[row["name"]].divergence_fields(scores["fp"]))
 
 
 def mean_se(values: Sequence[float]) -> tuple[float, float]:

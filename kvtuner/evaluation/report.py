@@ -34,11 +34,19 @@ _COLUMNS = (
 )
 
 
-def _cells(r: dict) -> list[str]:
+# with `kvtuner eval --kl`: KL(fp || row) per token and the share of argmax tokens equal to fp's
+_DIVERGENCE_COLUMNS = (("KL vs fp", ">9"), ("top-1=fp", ">8"))
+
+
+def _columns(rows: list[dict]) -> tuple[tuple[str, str], ...]:
+    return _COLUMNS + (_DIVERGENCE_COLUMNS if any("kl" in r for r in rows) else ())
+
+
+def _cells(r: dict, columns: tuple) -> list[str]:
     delta = (
         "" if r["kind"] == "fp" else f"{r['delta_ppl_pct']:+.2f} ± {_fmt(r['delta_se_pct'], '.2f')}"
     )
-    return [
+    cells = [
         r["name"],
         r["kind"],
         f"{r['nominal_bits']:.2f}",
@@ -52,13 +60,18 @@ def _cells(r: dict) -> list[str]:
         _fmt(r.get("decode_tok_s_copy"), ".1f"),
         _fmt(r.get("decode_ratio_copy"), ".2f"),
     ]
+    if len(columns) > len(_COLUMNS):
+        agree = r.get("top1_agree")
+        cells += [_fmt(r.get("kl"), ".5f"), "-" if agree is None else f"{100 * agree:.2f}%"]
+    return cells
 
 
 def format_table(report: EvalReport) -> str:
     """Text table; ``tok/s`` = decode with the packed cache (or default / quanto cache), ``copy`` =
     kvtuner's cache with its dequantized working copy; ``x dflt`` = paired ratio to default."""
     d, hw = report.data, report.hardware
-    head = " ".join(format(name, fmt) for name, fmt in _COLUMNS)
+    columns = _columns(report.rows)
+    head = " ".join(format(name, fmt) for name, fmt in columns)
     lines = [
         f"model {report.model}  ({report.fingerprint.architecture}, {report.fingerprint.num_layers}"
         f" layers)  data {d['dataset']}: {d['num_windows']} x {d['seq_len']} tokens",
@@ -69,16 +82,19 @@ def format_table(report: EvalReport) -> str:
     ]
     for r in report.rows:
         lines.append(
-            " ".join(format(c, fmt) for c, (_, fmt) in zip(_cells(r), _COLUMNS, strict=True))
+            " ".join(
+                format(c, fmt) for c, (_, fmt) in zip(_cells(r, columns), columns, strict=True)
+            )
         )
     return "\n".join(lines)
 
 
 def format_markdown(report: EvalReport) -> str:
     """The same rows as a Markdown table (for docs/results.md)."""
-    head = "| " + " | ".join(name for name, _ in _COLUMNS) + " |"
-    rule = "|" + "|".join("---" if fmt.startswith("<") else "---:" for _, fmt in _COLUMNS) + "|"
-    body = ["| " + " | ".join(_cells(r)) + " |" for r in report.rows]
+    columns = _columns(report.rows)
+    head = "| " + " | ".join(name for name, _ in columns) + " |"
+    rule = "|" + "|".join("---" if fmt.startswith("<") else "---:" for _, fmt in columns) + "|"
+    body = ["| " + " | ".join(_cells(r, columns)) + " |" for r in report.rows]
     return "\n".join([head, rule, *body])
 
 

@@ -74,6 +74,7 @@ def test_plots(tiny_dir, tmp_path):
         (["--task", "vt"], "needs --context-length"),
         (["--task", "niah", "--context-length", "300", "--depths", "1.5"], "--depths"),
         (["--context-length", "100", "--score-tokens", "200"], "must exceed --score-tokens"),
+        (["--context-length", "2048", "--kl"], "--kl scores whole windows"),
     ],
 )
 def test_bad_arguments_are_one_line(tiny_dir, capsys, extra, message):
@@ -94,3 +95,17 @@ def test_long_context_perplexity_scores_the_last_tokens(tiny_dir, tmp_path, caps
     )
     assert [r["name"] for r in report["rows"]] == ["fp", "kv4"]
     assert report["data"]["dataset"] == "embedded:wikitext-2-test"
+
+
+def test_kl_adds_divergence_columns_to_the_perplexity_table(tiny_dir, tmp_path, capsys):
+    out = tmp_path / "kl.json"
+    argv = ["eval", "--model", str(tiny_dir), "--uniform", "kv2,kv16", "--seq-len", "64",
+            "--num-windows", "2", "--no-decode", "--hf-quanto", "off", "--kl",
+            "--output", str(out), "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    assert "KL vs fp" in capsys.readouterr().out
+    rows = {r["name"]: r for r in json.loads(out.read_text())["rows"]}
+    assert rows["fp"]["kl"] == 0.0 and rows["fp"]["top1_agree"] == 1.0
+    assert rows["kv2"]["kl"] > rows["kv16"]["kl"] >= 0.0
+    assert rows["kv2"]["top1_agree"] <= rows["kv16"]["top1_agree"]
+    assert len(rows["kv2"]["window_kl"]) == 2 and "dnll_fp_right" in rows["kv2"]
