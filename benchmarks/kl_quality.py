@@ -4,6 +4,7 @@
 every config window by window beside fp, so each row also carries the mean per-token KL the
 search minimises, measured on the test windows instead of the calibration ones. Where KL and
 perplexity rank two configs differently, this is the table that shows it.
+`kvtuner eval --kl` adds the same columns from the CLI, after its own perplexity pass.
 Rows: fp, each ``--profile``, each ``--uniform`` name (quality.py's names). Perplexity as in
 quality.py: K/V quantized before any query reads them (residual 0).
 
