@@ -9,7 +9,7 @@ Rows: fp, each ``--profile``, each ``--uniform`` name (quality.py's names). Perp
 quality.py: K/V quantized before any query reads them (residual 0).
 
     OMP_NUM_THREADS=1 python benchmarks/kl_quality.py --model qwen2.5-0.5b \\
-        --profile exported_configs/qwen2.5-0.5b/kivi-4bit.json \\
+        --profile benchmarks/results/qwen25_profiles/kivi-4bit.json \\
         --uniform kivi-prerope-k5v4-g64 --name kl_qwen25_4bit
 
 Writes benchmarks/results/<name>.json (rows with ``window_nll`` and ``window_kl``, the

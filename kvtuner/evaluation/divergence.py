@@ -1,8 +1,9 @@
 """Perplexity and KL(fp || config) of several caches on the same windows, window-major.
 
 The search minimises KL on calibration windows; the quality table reports perplexity on test
-windows. Both can disagree (a config can move the true token's log-prob toward fp's while the
-rest of the distribution moves away), so the benchmarks score both on the test windows. KL needs
+windows. The two can rank configs differently: a config that moves far from fp can still gain
+perplexity on the positions where fp's own top-1 is wrong, so the scores here also split the NLL
+change by that, and count how often the config keeps fp's greedy token. KL needs
 fp's log-probs [T-1, V] for the window being scored: one fp forward per window, dropped after all
 configs have read it (32 windows of Qwen2.5's 152k vocab would not fit in memory at once).
 """
