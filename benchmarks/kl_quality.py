@@ -29,8 +29,7 @@ import torch
 from kvtuner.calibration import load_model
 from kvtuner.evaluation import hardware, load_eval_windows, parse_uniform
 from kvtuner.evaluation.configs import profile_config
-from kvtuner.evaluation.divergence import WindowScores, window_scores
-from kvtuner.evaluation.perplexity import ppl_cache
+from kvtuner.evaluation.divergence import WindowScores, config_scores
 from kvtuner.profile import ModelFingerprint, write_json_atomic
 
 RESULTS = Path(__file__).parent / "results"
@@ -72,8 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     windows = load_eval_windows(
         tokenizer, dataset=args.dataset, num_windows=args.num_windows, seq_len=args.seq_len
     )
-    caches = [(c.name, lambda c=c: ppl_cache(c, model)) for c in configs]
-    scores = window_scores(model, windows, caches)
+    scores = config_scores(model, windows, configs)
     fp = scores["fp"].result
     rows = [{"name": "fp", "kind": "fp", "ppl": round(fp.ppl, 4),
              "window_nll": [round(x, 4) for x in fp.window_nll]}]  # fmt: skip

@@ -33,11 +33,12 @@ import time
 from pathlib import Path
 
 import torch
-from sink_probe import fmt, mean_se, paired_ratio, specs_of
+from sink_probe import fmt, paired_ratio, specs_of
 
 from kvtuner.attention.rope import rope_rotate
 from kvtuner.calibration import load_model
 from kvtuner.evaluation import load_eval_windows
+from kvtuner.evaluation.divergence import mean_se
 from kvtuner.runtime_loader.hf import make_cache
 from kvtuner.runtime_loader.hf.rope import key_rope_of
 

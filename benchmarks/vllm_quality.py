@@ -126,9 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     caches = [(name, lambda plan=plan: make_vllm_cache(model, plan)) for name, plan in plans]
     scores = window_scores(model, windows, caches)
     fp = scores["fp"].result
-    rows, results = [_row("fp", None, scores["fp"], scores["fp"], layout)], {}
+    rows = [_row("fp", None, scores["fp"], scores["fp"], layout)]
     for name, plan in plans:
-        results[name] = scores[name].result
         r = _row(name, plan, scores[name], scores["fp"], layout)
         rows.append(r)
         print(f"{name:<40} ppl {r['ppl']:.4f} ({r['delta_pct']:+.3f}% ± {r['delta_se_pct']:.3f}) "
@@ -136,9 +135,9 @@ def main(argv: list[str] | None = None) -> int:
               f"ΔNLL where fp right/wrong {r['dnll_fp_right']:+.4f}/{r['dnll_fp_wrong']:+.4f} "
               f"{r['bytes_per_token']} B/token "
               f"({r['ratio']:.4f}x)")  # fmt: skip
-    base = results[plans[0][0]]
+    base = scores[plans[0][0]].result
     for name, _plan in plans[1:]:
-        gain, wins = _paired(results[name], base)
+        gain, wins = _paired(scores[name].result, base)
         print(
             f"{name}: {gain:+.5f} nats/token vs every layer, better on {wins}/{len(fp.window_nll)}"
         )

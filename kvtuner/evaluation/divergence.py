@@ -22,9 +22,9 @@ from tqdm.auto import tqdm
 from ..calibration.kl import kl_sum
 from ..placement import model_device
 from .data import EvalWindows
-from .perplexity import PerplexityResult
+from .perplexity import PerplexityResult, ppl_cache
 
-__all__ = ["WindowScores", "add_divergence", "mean_se", "window_scores"]
+__all__ = ["WindowScores", "add_divergence", "config_scores", "mean_se", "window_scores"]
 
 
 @dataclass(frozen=True)
@@ -103,13 +103,20 @@ def _scores(row: dict[str, list], per_token: int) -> WindowScores:
     return WindowScores(result, **{field: tuple(values) for field, values in row.items()})
 
 
+def config_scores(
+    model: Any, windows: EvalWindows, configs: Sequence[Any]
+) -> dict[str, WindowScores]:
+    """:func:`window_scores` of evaluation rows (``EvalConfig``), each with the cache
+    ``perplexity`` gives it (residual 0)."""
+    return window_scores(
+        model, windows, [(c.name, lambda c=c: ppl_cache(c, model)) for c in configs]
+    )
+
+
 def add_divergence(report: Any, model: Any, windows: EvalWindows, configs: Sequence[Any]) -> None:
     """Add KL, top-1 agreement and the NLL split vs fp to each row of an ``EvalReport`` measured
     on ``windows`` (one more window-major pass: fp and every config's fresh cache per window)."""
-    from .perplexity import ppl_cache
-
-    caches = [(c.name, lambda c=c: ppl_cache(c, model)) for c in configs]
-    scores = window_scores(model, windows, caches)
+    scores = config_scores(model, windows, configs)
     for row in report.rows:
         row.update(scores[row["name"]].divergence_fields(scores["fp"]))
 

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from kvtuner import ModelFingerprint
 from kvtuner.evaluation import EvalConfig, EvalWindows, parse_uniform, perplexity
-from kvtuner.evaluation.divergence import mean_se, window_scores
+from kvtuner.evaluation.divergence import config_scores, mean_se
 from kvtuner.evaluation.perplexity import ppl_cache
 
 
@@ -20,8 +20,7 @@ def windows(n: int = 3, t: int = 48) -> EvalWindows:
 def scored(model, names: str):
     configs = parse_uniform(names, ModelFingerprint.from_config(model.config))
     w = windows()
-    caches = [(c.name, lambda c=c: ppl_cache(c, model)) for c in configs]
-    return w, {c.name: c for c in configs}, window_scores(model, w, caches)
+    return w, {c.name: c for c in configs}, config_scores(model, w, configs)
 
 
 def test_nll_matches_the_row_by_row_perplexity(tiny_llama):
