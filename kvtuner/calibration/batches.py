@@ -93,20 +93,45 @@ def with_prefix(windows: torch.Tensor, prefix: tuple[int, ...]) -> torch.Tensor:
     return torch.cat([head, windows], dim=1)
 
 
+def _order(count: int, seed: int) -> torch.Tensor:
+    """The seeded order windows are drawn in: a permutation of range(count)."""
+    return torch.randperm(count, generator=torch.Generator().manual_seed(seed))
+
+
+def _taken_spans(
+    num_ids: int, data: CalibrationData | None, prefix_len: int
+) -> tuple[tuple[int, int], ...]:
+    """(start, end) token spans of ``data``'s windows in the text (none without ``data``)."""
+    if data is None:
+        return ()
+    length = data.seq_len - prefix_len
+    starts = _order(num_ids // length, data.seed)[: data.num_samples] * length
+    return tuple((int(a), int(a) + length) for a in starts)
+
+
 def _windows(
-    ids: torch.Tensor, num_samples: int, seq_len: int, seed: int, offset: int = 0
+    ids: torch.Tensor,
+    num_samples: int,
+    seq_len: int,
+    seed: int,
+    offset: int = 0,
+    taken: tuple[tuple[int, int], ...] = (),
 ) -> torch.Tensor:
     """Pick ``num_samples`` of the non-overlapping ``seq_len`` windows, seeded; ``offset`` skips
-    the first picks of the same permutation (windows disjoint from an earlier draw)."""
+    the first picks of the same permutation, ``taken`` every window overlapping one of those
+    token spans (windows disjoint from an earlier draw)."""
     count = ids.numel() // seq_len
-    if count < num_samples + offset:
+    order = [
+        int(p) for p in _order(count, seed)
+        if all(p * seq_len >= end or (p + 1) * seq_len <= start for start, end in taken)
+    ]  # fmt: skip
+    if len(order) < num_samples + offset:
         raise KVTunerError(
             f"calibration text has {ids.numel()} tokens: too few for {num_samples + offset} "
             f"sample(s) of {seq_len} tokens; lower --num-samples/--seq-len (or "
             "--confirm-samples) or pass a larger --dataset"
         )
-    gen = torch.Generator().manual_seed(seed)
-    picks = torch.randperm(count, generator=gen)[offset : offset + num_samples]
+    picks = torch.tensor(order[offset : offset + num_samples])
     return ids[: count * seq_len].view(count, seq_len)[picks].clone()
 
 
@@ -118,10 +143,12 @@ def load_calibration_data(
     seq_len: int = DEFAULT_SEQ_LEN,
     seed: int = DEFAULT_SEED,
     offset: int = 0,
+    disjoint_from: CalibrationData | None = None,
 ) -> CalibrationData:
     """Read ``dataset`` (see :mod:`.corpus`), tokenize it and cut windows, each led by the
     tokenizer's :func:`special_prefix`. ``offset=n`` skips the windows a draw of n samples with
-    the same seed took (disjoint data)."""
+    the same seed took; ``disjoint_from`` skips every window that shares a token with that
+    draw's (one made with offset 0 from the same text, of any window length)."""
     _positive_int("num_samples", num_samples)
     _positive_int("seq_len", seq_len)
     text, name, split = read_corpus(dataset)
@@ -130,7 +157,9 @@ def load_calibration_data(
     prefix = special_prefix(tokenizer)
     if seq_len <= len(prefix):
         raise KVTunerError(f"seq_len {seq_len} leaves no room for text after the special prefix")
-    body = _windows(text_ids(tokenizer, text), num_samples, seq_len - len(prefix), seed, offset)
+    ids = text_ids(tokenizer, text)
+    taken = _taken_spans(ids.numel(), disjoint_from, len(prefix))
+    body = _windows(ids, num_samples, seq_len - len(prefix), seed, offset, taken)
     tokens = with_prefix(body, prefix)
     return CalibrationData(name, split, num_samples, seq_len, seed, tokens, prefix)
 

@@ -6,6 +6,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from ..search_spaces.preset_table import preset_help
+from ..tuner.confirmation import CONFIRM_METRICS
 from .calibrate import add_batch_size_argument, add_bits_argument, parse_bits
 from .output import Verbosity, add_verbosity_arguments
 from .placement_args import add_placement_arguments, placement_from_args
@@ -90,6 +91,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "calibration windows (disjoint from the study's) and keep the best there: guards against "
         "noise-level wins on few tokens (default %(default)s; 0: off)",
     )
+    p.add_argument(
+        "--confirm-seq-len",
+        type=int,
+        help="tokens per confirmation window (default: --seq-len); the NLL metric wants "
+        "thousands of tokens in all, e.g. --confirm-samples 16 --confirm-seq-len 1024",
+    )
+    p.add_argument(
+        "--confirm-metric",
+        choices=CONFIRM_METRICS,
+        default="kl",
+        help="what the confirmation ranks the finalists by: kl (the study's KL vs fp) or nll "
+        "(the text's next-token NLL, what perplexity scores) (default %(default)s)",
+    )
     p.add_argument("--pareto-dir", help="write every Pareto-optimal profile here")
     p.add_argument("--plot", help="Pareto-front PNG (needs matplotlib)")
     p.add_argument(
@@ -133,6 +147,8 @@ def settings_from_args(args: argparse.Namespace) -> SearchSettings:
         seq_len=args.seq_len,
         context_length=args.context_length,
         confirm_samples=args.confirm_samples,
+        confirm_seq_len=args.confirm_seq_len,
+        confirm_metric=args.confirm_metric,
         pareto_dir=args.pareto_dir,
         plot=args.plot,
         baselines=args.all_baselines,

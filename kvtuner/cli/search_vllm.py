@@ -47,6 +47,8 @@ def vllm_settings_from_args(args: argparse.Namespace) -> VllmSettings:
 
     if not args.kv_cache_dtype:
         raise KVTunerError("--target vllm needs --kv-cache-dtype (e.g. fp8_e4m3)")
+    if args.confirm_metric != "kl" or args.confirm_seq_len is not None:
+        raise KVTunerError("--confirm-metric and --confirm-seq-len are for --target kvtuner")
     target = VllmTarget(
         args.kv_cache_dtype,
         budget=Budget.parse(args.budget) if args.budget else None,

@@ -32,15 +32,16 @@ class PerplexityResult:
     def delta_pct(self, ref: PerplexityResult) -> float:
         return 100.0 * (self.ppl / ref.ppl - 1.0)
 
+    def per_token_nll(self) -> list[float]:
+        """Each window's mean NLL per predicted token (nats)."""
+        return [w / self.tokens_per_window for w in self.window_nll]
+
     def delta_se_pct(self, ref: PerplexityResult) -> float:
         """Standard error (in % of ppl) of the paired per-window difference: Δppl% ± this."""
         n = len(self.window_nll)
         if n < 2:
             return float("nan")
-        d = [
-            (a - b) / self.tokens_per_window
-            for a, b in zip(self.window_nll, ref.window_nll, strict=True)
-        ]
+        d = [a - b for a, b in zip(self.per_token_nll(), ref.per_token_nll(), strict=True)]
         mean = sum(d) / n
         var = sum((x - mean) ** 2 for x in d) / (n - 1)
         return 100.0 * math.exp(mean) * math.sqrt(var / n)

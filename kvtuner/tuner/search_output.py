@@ -50,8 +50,9 @@ def _provenance(run: Prepared, calibrated: Calibrated) -> dict:
 def _confirm_metrics(run: Prepared, confirmation: tuple[Confirmed, ...]) -> dict:
     if not confirmation or run.held is None:
         return {}
+    best = confirmation[0]
     return {
-        "confirm_kl": _sig(confirmation[0].kl),
+        f"confirm_{best.metric}": _sig(best.score),
         "confirm_tokens": run.held.tokens.numel(),
         "confirm_finalists": len(confirmation),
     }

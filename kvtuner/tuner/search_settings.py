@@ -15,6 +15,7 @@ from ..placement import Placement
 from ..quant import QUANTIZED_BITS
 from ..search_spaces import SearchPreset, load_preset
 from .budget import Budget
+from .confirmation import CONFIRM_METRICS
 from .study import StudySettings
 
 __all__ = ["SearchSettings", "default_storage"]
@@ -68,8 +69,10 @@ class SearchSettings:
     ``output``). bits: the widths keys and values choose from (16 always is one). study: its
     storage defaults to :func:`default_storage` of ``output``. context_length: where window
     layers are capped in the budget (None: ``seq_len``). confirm_samples: held-back windows
-    the finalists are re-measured on (0: off). baselines: also measure the uniform
-    configurations over the budget. device, dtype, batch_size: see :mod:`kvtuner.placement`."""
+    the finalists are re-measured on (0: off), of ``confirm_seq_len`` tokens (None:
+    ``seq_len``), by ``confirm_metric`` (``kl`` or ``nll``, see :mod:`.confirmation`).
+    baselines: also measure the uniform configurations over the budget. device, dtype,
+    batch_size: see :mod:`kvtuner.placement`."""
 
     model: str
     budget: Budget | str
@@ -85,6 +88,8 @@ class SearchSettings:
     context_length: int | None = None
     data_seed: int = 0
     confirm_samples: int = 4
+    confirm_seq_len: int | None = None
+    confirm_metric: str = "kl"
     pareto_dir: Path | str | None = None
     plot: Path | str | None = None
     baselines: bool = False
@@ -113,6 +118,12 @@ class SearchSettings:
 
     def _check_counts(self) -> None:
         check_text(self.num_samples, self.seq_len, self.data_seed, self.confirm_samples)
+        _whole("--confirm-seq-len", self.confirm_seq_len, optional=True)
+        if self.confirm_metric not in CONFIRM_METRICS:
+            raise KVTunerError(
+                f"--confirm-metric must be one of {', '.join(CONFIRM_METRICS)}, "
+                f"got {self.confirm_metric!r}"
+            )
         _whole("--num-clusters", self.num_clusters, optional=True)
         _whole("--context-length", self.context_length, optional=True)
         _whole("--batch-size", self.batch_size, optional=True)

@@ -58,7 +58,7 @@ class Calibrated:
 class Studied:
     study: optuna.Study
     measured: tuple[Measured, ...]
-    best: Measured  # least KL; after confirmation, least KL on the held-back windows
+    best: Measured  # least KL; after confirmation, the best on the held-back windows
     baselines: tuple[Baseline, ...]
     confirmation: tuple[Confirmed, ...] = ()  # finalists re-measured, best first
 
@@ -77,18 +77,23 @@ def load_placed(
 
 
 def load_text(
-    tokenizer: Any, settings: SearchSettings | VllmSettings, confirm_samples: int
+    tokenizer: Any,
+    settings: SearchSettings | VllmSettings,
+    confirm_samples: int,
+    confirm_seq_len: int | None = None,
 ) -> tuple[CalibrationData, CalibrationData | None]:
     """The study's windows (``settings``' dataset, num_samples, seq_len, data_seed) and, with
-    ``confirm_samples``, as many more disjoint ones (None without)."""
+    ``confirm_samples``, as many more disjoint ones of ``confirm_seq_len`` tokens (None: the
+    study's length; no windows without ``confirm_samples``)."""
     from ..calibration import load_calibration_data
 
     s = settings
     data = load_calibration_data(
         tokenizer, dataset=s.dataset, num_samples=s.num_samples, seq_len=s.seq_len, seed=s.data_seed
     )
-    held = held_back(tokenizer, s.dataset, data, confirm_samples) if confirm_samples else None
-    return data, held
+    if not confirm_samples:
+        return data, None
+    return data, held_back(tokenizer, s.dataset, data, confirm_samples, confirm_seq_len)
 
 
 def prepare(settings: SearchSettings, loaded: tuple[Any, Any] | None = None) -> Prepared:
@@ -103,7 +108,7 @@ def prepare(settings: SearchSettings, loaded: tuple[Any, Any] | None = None) -> 
     fp = fingerprint_of(lm)
     budget = s.budget.at_context(fp, s.context)
     _check_feasible(budget, s.preset, fp, min(s.bits or DEFAULT_BITS))
-    data, held = load_text(tokenizer, s, s.confirm_samples)
+    data, held = load_text(tokenizer, s, s.confirm_samples, s.confirm_seq_len)
     return Prepared(lm, tokenizer, where, fp, budget, data, held)
 
 
@@ -177,6 +182,11 @@ def confirm(settings: SearchSettings, run: Prepared, studied: Studied, log: Log)
     if run.held is None:
         return studied
     again = confirm_on_held_back(
-        run.lm, studied.measured, run.held, log, batch_size=settings.batch_size
+        run.lm,
+        studied.measured,
+        run.held,
+        log,
+        metric=settings.confirm_metric,
+        batch_size=settings.batch_size,
     )
     return dataclasses.replace(studied, best=again[0].measured, confirmation=again)

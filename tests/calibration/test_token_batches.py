@@ -10,7 +10,7 @@ from calib_helpers import byte_tokenizer
 
 from kvtuner import KVTunerError
 from kvtuner.calibration import load_calibration_data, load_token_batches
-from kvtuner.calibration.batches import special_prefix
+from kvtuner.calibration.batches import _taken_spans, _windows, special_prefix
 from kvtuner.calibration.corpus import EMBEDDED_FILE, EMBEDDED_NAME
 from kvtuner.evaluation import load_eval_windows
 
@@ -44,6 +44,20 @@ def test_offset_draws_windows_disjoint_from_the_first_draw(tok):
     both = load_token_batches(tok, num_samples=7, seq_len=64, seed=7)
     assert torch.equal(both, torch.cat([first, more]))  # the same permutation, continued
     assert not any(torch.equal(a, b) for a in first for b in more)
+
+
+def test_disjoint_from_skips_every_window_sharing_a_token_with_the_first_draw(tok):
+    first = load_calibration_data(tok, num_samples=3, seq_len=64, seed=7)
+    same = load_calibration_data(tok, num_samples=4, seq_len=64, seed=7, disjoint_from=first)
+    continued = load_calibration_data(tok, num_samples=4, seq_len=64, seed=7, offset=3)
+    assert torch.equal(same.tokens, continued.tokens)  # same length: the permutation, continued
+    ids = torch.arange(10_000)  # each token its own position: overlap is a shared id
+    taken = _taken_spans(ids.numel(), first, prefix_len=0)
+    assert [b - a for a, b in taken] == [64] * 3
+    longer = _windows(ids, 80, 100, seed=7, taken=taken)
+    used = {i for a, b in taken for i in range(a, b)}
+    assert longer.shape == (80, 100) and not used & set(longer.flatten().tolist())
+    assert used & set(_windows(ids, 80, 100, seed=7).flatten().tolist())  # without: it overlaps
 
 
 def test_windows_lead_with_the_tokenizers_bos_and_keep_their_length():

@@ -39,6 +39,9 @@ def test_finalists_are_the_best_and_the_best_uniform(space):
 def test_confirm_reranks_by_the_new_kl(space):
     runs = measured(space, [(space.uniform((4, 4)), 0.5), (space.uniform((4, 2)), 0.4)])
     ranked = confirm(runs, lambda specs: 0.2 if specs == runs[0].specs else 0.3)
-    assert [c.measured.number for c in ranked] == [0, 1] and ranked[0].kl == 0.2
+    assert [c.measured.number for c in ranked] == [0, 1] and ranked[0].score == 0.2
+    assert ranked[0].metric == "kl"
     with pytest.raises(KVTunerError):
         Confirmed(runs[0], float("nan"))
+    with pytest.raises(KVTunerError, match="metric"):
+        Confirmed(runs[0], 0.1, "ppl")

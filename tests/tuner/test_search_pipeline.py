@@ -6,10 +6,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from kvtuner import KVTunerError
-from kvtuner.calibration import model_fingerprint
+from kvtuner.calibration import load_calibration_data, load_model, model_fingerprint
 from kvtuner.profile import load_profile
+from kvtuner.runtime_loader.hf import make_cache
 from kvtuner.tuner.search import search
 from kvtuner.tuner.study import StudySettings
 
@@ -66,14 +68,46 @@ def test_confirmation_keeps_the_finalist_best_on_held_back_windows(tiny_dir, tmp
     logs = []
     outcome = run(tiny_dir, tmp_path / "c.json", logs, confirm_samples=2)
     confirmed = outcome.confirmation
-    assert confirmed and [c.kl for c in confirmed] == sorted(c.kl for c in confirmed)
+    assert confirmed and [c.score for c in confirmed] == sorted(c.score for c in confirmed)
     assert any(len(set(c.measured.choice)) == 1 for c in confirmed)  # the best uniform is in
     assert outcome.best == confirmed[0].measured
     metrics = outcome.profile.metrics
     assert metrics["confirm_tokens"] == 128 and metrics["confirm_finalists"] == len(confirmed)
-    assert metrics["confirm_kl"] == pytest.approx(confirmed[0].kl, rel=1e-5)
+    assert metrics["confirm_kl"] == pytest.approx(confirmed[0].score, rel=1e-5)
     assert metrics["kl"] == pytest.approx(confirmed[0].measured.kl, rel=1e-5)
     assert any(line.startswith("confirmation on 128 more") for line in logs)
+
+
+def test_confirmation_by_nll_ranks_by_the_texts_nll_on_longer_windows(tiny_dir, tmp_path):
+    logs = []
+    kw = dict(confirm_samples=2, confirm_seq_len=96, confirm_metric="nll")
+    outcome = run(tiny_dir, tmp_path / "n.json", logs, **kw)
+    confirmed = outcome.confirmation
+    assert {c.metric for c in confirmed} == {"nll"} and outcome.best == confirmed[0].measured
+    assert [c.score for c in confirmed] == sorted(c.score for c in confirmed)
+    assert any(len(set(c.measured.choice)) == 1 for c in confirmed)
+    metrics = outcome.profile.metrics
+    assert metrics["confirm_tokens"] == 192 and "confirm_kl" not in metrics
+    assert metrics["confirm_nll"] == pytest.approx(confirmed[0].score, rel=1e-5)
+    assert any("NLL of the text" in line for line in logs)
+    # the score is the text's NLL under that config, on windows the study never saw
+    lm, tok = load_model(str(tiny_dir))
+    study = load_calibration_data(tok, num_samples=2, seq_len=64, seed=0)
+    held = load_calibration_data(tok, num_samples=2, seq_len=96, seed=0, disjoint_from=study)
+    nll = []
+    for ids in held.tokens:
+        cache = make_cache(lm, confirmed[-1].measured.specs)
+        with torch.inference_mode():
+            logits = lm(ids[None], past_key_values=cache, use_cache=True).logits[0, :-1]
+        nll.append(float(torch.nn.functional.cross_entropy(logits.float(), ids[1:])))
+    assert confirmed[-1].score == pytest.approx(sum(nll) / 2, rel=1e-4)
+
+
+def test_confirm_metric_is_checked(tiny_dir, tmp_path):
+    with pytest.raises(KVTunerError, match="--confirm-metric"):
+        run(tiny_dir, tmp_path / "m.json", [], confirm_metric="ppl")
+    with pytest.raises(KVTunerError, match="--confirm-seq-len"):
+        run(tiny_dir, tmp_path / "m.json", [], confirm_seq_len=0)
 
 
 def test_confirmation_needs_enough_text(tiny_dir, tmp_path):

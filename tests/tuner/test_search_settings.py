@@ -79,6 +79,9 @@ def test_vllm_settings(tmp_path):
         (["--num-samples", "0"], "--num-samples must be a positive integer"),
         (["--target", "vllm", "--kv-cache-dtype", "fp8", "--max-skip", "1", "--seq-len", "0"],
          "--seq-len must be a positive integer"),
+        (["--confirm-seq-len", "-1"], "--confirm-seq-len must be a positive integer"),
+        (["--target", "vllm", "--kv-cache-dtype", "fp8", "--confirm-metric", "nll"],
+         "--confirm-metric and --confirm-seq-len are for --target kvtuner"),
     ],
 )  # fmt: skip
 def test_cli_fills_the_settings_and_stops_on_bad_flags(flags, needle, tmp_path, capsys):
