@@ -17,12 +17,14 @@ import torch
 from ..errors import KVTunerError
 from ..placement import model_device
 from ..profile import LayerSpec
+from .head import HeadMoments, OutputHead
 
 LOGITS_CHUNK_BYTES = 256 * 2**20  # bound on one chunk's fp32 logits [B, T, V]
 
 __all__ = [
     "FpReference",
     "check_batch_size",
+    "final_hidden",
     "fp_reference",
     "kl_sum",
     "measure_kl",
@@ -33,21 +35,28 @@ __all__ = [
 
 @dataclass(frozen=True)
 class FpReference:
-    """fp next-token log-probs of the calibration tokens.
+    """fp next-token distributions of the calibration tokens, as the KL needs them.
 
-    tokens: int64 [N, T] as given (CPU); log_probs on the model's device.
-    log_probs: fp32 [N, T, V], log_softmax of the fp model's logits at every position.
+    tokens: int64 [N, T] as given (CPU).
+    head: the model's output head; quantized runs are scored through it from hidden states.
+    moments: for a linear head, fp's per-position moments (:class:`HeadMoments`, [N, T, hidden]
+        on the model's device); else None and ``log_probs`` holds fp32 [N, T, V].
     nll: mean next-token negative log-likelihood over the N*(T-1) predicted tokens (nats).
     """
 
     tokens: torch.Tensor = field(repr=False)
-    log_probs: torch.Tensor = field(repr=False)
+    head: OutputHead = field(repr=False)
+    moments: HeadMoments | None = field(repr=False)
+    log_probs: torch.Tensor | None = field(repr=False)
     nll: float
     batch_size: int | None = None  # windows per forward (None: bounded by logits bytes)
 
     def __post_init__(self) -> None:
-        if self.log_probs.shape[:2] != self.tokens.shape or self.log_probs.dtype != torch.float32:
-            raise KVTunerError("fp reference: log_probs must be fp32 [N, T, V] matching tokens")
+        if (self.moments is None) == (self.log_probs is None):
+            raise KVTunerError("fp reference: exactly one of moments and log_probs")
+        held = self.log_probs if self.moments is None else self.moments.mass
+        if held.shape[:2] != self.tokens.shape:
+            raise KVTunerError("fp reference: its distributions must match tokens [N, T]")
 
     @property
     def ppl(self) -> float:
@@ -59,7 +68,13 @@ class FpReference:
 
     def chunks(self) -> list[slice]:
         """The row slices every quantized run of these tokens goes through (same as fp's)."""
-        return sample_chunks(self.tokens, self.log_probs.shape[-1], self.batch_size)
+        return sample_chunks(self.tokens, self.head.weight.shape[0], self.batch_size)
+
+    def kl_sum(self, rows: slice, hidden: torch.Tensor) -> float:
+        """Σ KL(fp ‖ q) over the positions of ``rows``; q from final hidden states [rows, T, d]."""
+        if self.moments is not None:
+            return self.head.kl_sum(self.moments.rows(rows), hidden)
+        return kl_sum(self.log_probs[rows], self.head.logits(hidden))
 
 
 def _check_tokens(tokens: torch.Tensor) -> None:
@@ -91,21 +106,31 @@ def kl_sum(ref_log_probs: torch.Tensor, logits: torch.Tensor) -> float:
     return float(kl.double().sum())
 
 
+def final_hidden(model, ids: torch.Tensor, cache=None) -> torch.Tensor:
+    """The decoder's final (normed) hidden states [B, T, hidden] of ``ids``: what the head reads;
+    ``cache``: a transformers Cache that stores K/V as a runtime would, or None (fp)."""
+    out = model.get_decoder()(input_ids=ids, past_key_values=cache, use_cache=cache is not None)
+    return out.last_hidden_state
+
+
 @torch.inference_mode()
 def fp_reference(model, tokens: torch.Tensor, *, batch_size: int | None = None) -> FpReference:
-    """Run the unquantized model once and keep its next-token log-probs (fp32 [N, T, V]),
-    ``batch_size`` windows per forward (None: as many as fit :data:`LOGITS_CHUNK_BYTES`)."""
+    """Run the unquantized model once and keep what the KL of later runs needs: its head's
+    moments (a linear head) or its log-probs; ``batch_size`` windows per forward (None: as many
+    as keep one forward's fp32 logits under :data:`LOGITS_CHUNK_BYTES`)."""
     _check_tokens(tokens)
-    chunks, nll = [], 0.0
+    head, parts, nll = OutputHead.of(model), [], 0.0
     device = model_device(model)
-    for rows in sample_chunks(tokens, model.config.get_text_config().vocab_size, batch_size):
+    for rows in sample_chunks(tokens, head.weight.shape[0], batch_size):
         ids = tokens[rows].to(device)
-        log_probs = torch.log_softmax(model(ids, use_cache=False).logits.float(), dim=-1)
-        target = log_probs[:, :-1].gather(-1, ids[:, 1:, None])
-        nll -= float(target.double().sum())
-        chunks.append(log_probs)
-    predicted = tokens.shape[0] * (tokens.shape[1] - 1)
-    return FpReference(tokens, torch.cat(chunks), nll / max(1, predicted), batch_size)
+        hidden = final_hidden(model, ids)
+        log_probs = torch.log_softmax(head.logits(hidden), dim=-1)
+        nll -= float(log_probs[:, :-1].gather(-1, ids[:, 1:, None]).double().sum())
+        parts.append(head.moments(log_probs, hidden) if head.linear else log_probs)
+    nll /= max(1, tokens.shape[0] * (tokens.shape[1] - 1))
+    if head.linear:
+        return FpReference(tokens, head, HeadMoments.cat(parts), None, nll, batch_size)
+    return FpReference(tokens, head, None, torch.cat(parts), nll, batch_size)
 
 
 @torch.inference_mode()
@@ -136,10 +161,9 @@ def measure_with_cache(
     total, nll_sum, device = 0.0, 0.0, model_device(model)
     for rows in reference.chunks():
         ids = tokens[rows].to(device)
-        logits = model(ids, past_key_values=new_cache(), use_cache=True).logits
-        total += kl_sum(reference.log_probs[rows], logits)
+        hidden = final_hidden(model, ids, new_cache())
+        total += reference.kl_sum(rows, hidden)
         if nll:
-            log_q = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-            nll_sum -= float(log_q.gather(-1, ids[:, 1:, None]).double().sum())
+            nll_sum += reference.head.nll_sum(hidden[:, :-1], ids[:, 1:])
     predicted = tokens.shape[0] * (tokens.shape[1] - 1)
     return total / tokens.numel(), nll_sum / max(1, predicted) if nll else None

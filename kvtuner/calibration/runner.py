@@ -19,7 +19,7 @@ import torch
 
 from ..profile import LayerSpec
 from ..quant import QuantSpec
-from .kl import FpReference, fp_reference, kl_sum
+from .kl import FpReference, fp_reference
 
 _FP16 = QuantSpec(16)
 _LAYER_KWARGS = ("attention_mask", "position_embeddings", "position_ids")
@@ -175,10 +175,6 @@ def run_layer_variants(
         kwargs = {k: _repeat_batch(v, len(variants), rows) for k, v in fp.kwargs[c][j].items()}
         hidden = layers[j](hidden, **kwargs, past_key_values=None, use_cache=False)
     hidden = model.get_decoder().norm(hidden)
-    ref_log_probs = fp.reference.log_probs[fp.chunks[c]]
     ref_sq = float(ref_attn.pow(2).sum())
-    results = []
-    for i, h in enumerate(hidden.split(rows)):
-        kl = kl_sum(ref_log_probs, model.lm_head(h))
-        results.append(LayerResult(kl, errs[i], ref_sq))
-    return results
+    kls = [fp.reference.kl_sum(fp.chunks[c], h) for h in hidden.split(rows)]
+    return [LayerResult(kl, err, ref_sq) for kl, err in zip(kls, errs, strict=True)]

@@ -42,11 +42,11 @@ def test_fewer_bits_cost_more_kl(family):
     assert measure_kl(model, ids, specs(model, 2, 16), ref) < kl[2]
 
 
-def test_fp_reference_log_probs_and_ppl():
+def test_fp_reference_moments_and_ppl():
     model, ids = tiny_model("llama"), tokens(2, 32)
     ref = fp_reference(model, ids)
-    assert ref.log_probs.shape == (2, 32, 256) and ref.log_probs.dtype == torch.float32
-    assert torch.allclose(ref.log_probs.exp().sum(-1), torch.ones(2, 32), atol=1e-5)
+    assert ref.moments.mass.shape == (2, 32) and ref.moments.expected_weight.dtype == torch.float32
+    assert torch.allclose(ref.moments.mass, torch.ones(2, 32, dtype=torch.float64), atol=1e-5)
     loss = torch.nn.functional.cross_entropy(
         model(ids).logits[:, :-1].reshape(-1, 256), ids[:, 1:].reshape(-1)
     )
