@@ -96,9 +96,11 @@ class OutputHead:
         return self.softcap is None
 
     def _chunks(self):
+        """(fp32 weight rows, fp32 bias or None) per VOCAB_CHUNK slice of the vocabulary."""
+        bias = self._bias32()
         for start in range(0, self.weight.shape[0], VOCAB_CHUNK):
-            bias = None if self.bias is None else self.bias[start : start + VOCAB_CHUNK].float()
-            yield self.weight[start : start + VOCAB_CHUNK].float(), bias
+            rows = slice(start, start + VOCAB_CHUNK)
+            yield self.weight[rows].float(), None if bias is None else bias[rows]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits [..., vocab] of ``hidden`` [..., hidden]."""
