@@ -27,6 +27,11 @@ FLAGS = (
     str(DEVICE_TOKENS),
     "--hicache-storage-backend",
     "file",
+    # SGLang's default ("timeout": 1 s + 0.25 s a page) gives up on a storage prefetch that a
+    # loaded CPU has not finished, and the request recomputes: a restart then shows no storage hit
+    # (CI, 2026-11-25). Waiting for the prefetch makes the hit depend on the pages, not the clock.
+    "--hicache-storage-prefetch-policy",
+    "wait_complete",
 )
 
 
