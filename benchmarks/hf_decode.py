@@ -27,6 +27,8 @@ from pathlib import Path
 
 from bench_device import prepare_device
 
+from kvtuner.runtime_loader.hf import cache_kwargs
+
 OUT = Path(__file__).parent / "results" / "hf_decode.json"
 CACHES = {  # label: None for HF's own caches, else (K spec kwargs, V spec kwargs)
     "dynamic": None,
@@ -119,7 +121,7 @@ def timed_generate(model, args, label, ids, new: int) -> tuple[float, float | No
     base = torch.cuda.memory_allocated() if cuda else 0
     cache = new_cache(model, args, label, ids.shape[1] + new)
     start = time.perf_counter()
-    model.generate(ids, past_key_values=cache, max_new_tokens=new, min_new_tokens=new,
+    model.generate(ids, **cache_kwargs(cache), max_new_tokens=new, min_new_tokens=new,
                    do_sample=False, pad_token_id=0)  # fmt: skip
     sync(args.device)
     seconds = time.perf_counter() - start
@@ -136,7 +138,7 @@ def held_after_prefill(model, args, label, ids) -> tuple[float | None, float]:
     base = torch.cuda.memory_allocated() if cuda else 0
     cache = new_cache(model, args, label, ids.shape[1] + args.new_tokens)
     with torch.inference_mode():
-        out = model(ids, past_key_values=cache, logits_to_keep=1)
+        out = model(ids, **cache_kwargs(cache), logits_to_keep=1)
     del out
     sync(args.device)
     held = (torch.cuda.memory_allocated() - base) / MIB if cuda else None

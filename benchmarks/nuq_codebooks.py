@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from kvtuner.profile import LayerSpec
 from kvtuner.quant import QuantSpec
 from kvtuner.quant.reference import _fp16_down, _fp16_up, hadamard
-from kvtuner.runtime_loader.hf import make_cache
+from kvtuner.runtime_loader.hf import cache_kwargs, make_cache
 
 FP16 = QuantSpec(16)
 VIEWS = {  # name: (axis, smoothed, Hadamard-rotated)
@@ -124,7 +124,7 @@ def record(model, tokens: torch.Tensor) -> list[list[torch.Tensor]]:
                 return _orig(k, v, *a, **kw)
 
             layer.update = update
-        logits = model(row[None], past_key_values=cache, use_cache=True).logits
+        logits = model(row[None], **cache_kwargs(cache), use_cache=True).logits
         F.cross_entropy(logits[0, :-1].float(), row[1:]).backward()
         model.zero_grad(set_to_none=True)
         for i, (k, v) in enumerate(seen):

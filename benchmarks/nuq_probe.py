@@ -40,7 +40,7 @@ from nuq_codebooks import FP16, Probe, fit, record
 from kvtuner.calibration import load_model
 from kvtuner.evaluation import load_eval_windows
 from kvtuner.profile import LayerSpec
-from kvtuner.runtime_loader.hf import make_cache
+from kvtuner.runtime_loader.hf import cache_kwargs, make_cache
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT.parent / "shared" / "data" / "wikitext-2"
@@ -66,7 +66,7 @@ def evaluate(probe: Probe, ev: torch.Tensor, fp_lp, fp_nll: float, k, v) -> tupl
                 return _orig(ks, vs, *a, **kw)
 
             layer.update = update
-        logits = model(row[None], past_key_values=cache, use_cache=True).logits.float()
+        logits = model(row[None], **cache_kwargs(cache), use_cache=True).logits.float()
         lq = torch.log_softmax(logits, -1)
         kl.append(float((fp_lp[i].exp() * (fp_lp[i] - lq)).sum()) / row.numel())
         nll += float(F.cross_entropy(logits[0, :-1], row[1:], reduction="sum"))

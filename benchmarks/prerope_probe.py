@@ -39,7 +39,7 @@ from kvtuner.attention.rope import rope_rotate
 from kvtuner.calibration import load_model
 from kvtuner.evaluation import load_eval_windows
 from kvtuner.evaluation.divergence import mean_se
-from kvtuner.runtime_loader.hf import make_cache
+from kvtuner.runtime_loader.hf import cache_kwargs, make_cache
 from kvtuner.runtime_loader.hf.rope import key_rope_of
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,7 +89,7 @@ def evaluate(model, ev, specs, fp_lp, patcher=None) -> dict:
         cache = make_cache(model, specs, residual_length=0)
         if patcher is not None:
             patcher(cache)
-        logits = model(row[None], past_key_values=cache, use_cache=True).logits.float()
+        logits = model(row[None], **cache_kwargs(cache), use_cache=True).logits.float()
         lp = torch.log_softmax(logits, -1)
         out["kl"].append(float((fp_lp[i].exp() * (fp_lp[i] - lp)).sum(-1).mean()))
         out["nll"].append(float(-lp[0, :-1].gather(-1, row[1:, None]).sum()))

@@ -45,7 +45,7 @@ from kvtuner.evaluation import hardware, load_eval_windows
 from kvtuner.evaluation.configs import profile_config, uniform_specs
 from kvtuner.evaluation.divergence import mean_se
 from kvtuner.profile import ModelFingerprint
-from kvtuner.runtime_loader.hf import make_cache
+from kvtuner.runtime_loader.hf import cache_kwargs, make_cache
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILES = ROOT / "exported_configs"
@@ -91,7 +91,7 @@ def evaluate(model, ev, specs, fp_lp, n_k: int, n_v: int, mode: str, skip: int) 
         cache = make_cache(model, specs, residual_length=0)
         if n_k or n_v:
             patch(cache, n_k, n_v, mode)
-        logits = model(row[None], past_key_values=cache, use_cache=True).logits.float()
+        logits = model(row[None], **cache_kwargs(cache), use_cache=True).logits.float()
         kl = (fp_lp[i].exp() * (fp_lp[i] - torch.log_softmax(logits, -1))).sum(-1)[0]
         nll = F.cross_entropy(logits[0, :-1], row[1:], reduction="none")
         out["kl"].append(float(kl.mean()))

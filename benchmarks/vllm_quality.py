@@ -37,6 +37,7 @@ from kvtuner.evaluation.divergence import WindowScores, window_scores
 from kvtuner.evaluation.perplexity import PerplexityResult
 from kvtuner.profile import ModelFingerprint, load_vllm_profile, write_json_atomic
 from kvtuner.quant.vllm_format import VllmKVFormat
+from kvtuner.runtime_loader.hf import cache_kwargs
 from kvtuner.runtime_loader.hf.vllm_cache import make_vllm_cache
 from kvtuner.runtime_loader.vllm import VllmLayout, VllmPlan
 
@@ -51,7 +52,7 @@ def saturation(model, ids: torch.Tensor, fmt: VllmKVFormat) -> list[dict]:
     fmax = math.inf if fmt.per_token_head else torch.finfo(fmt.storage_dtype).max
     n = model.config.num_hidden_layers
     cache = make_vllm_cache(model, VllmPlan(fmt.kv_cache_dtype, n, tuple(range(n))))
-    model(ids[None], past_key_values=cache, use_cache=True)
+    model(ids[None], **cache_kwargs(cache), use_cache=True)
     out = []
     for layer in cache.layers:  # every layer skipped: keys/values hold the raw states
         k, v = layer.keys.float(), layer.values.float()

@@ -17,6 +17,7 @@ import torch
 from ..errors import KVTunerError
 from ..placement import model_device
 from ..profile import LayerSpec
+from ..runtime_loader.hf.keyword import cache_kwargs
 from .head import HeadMoments, OutputHead
 
 LOGITS_CHUNK_BYTES = 256 * 2**20  # bound on one chunk's fp32 logits [B, T, V]
@@ -109,7 +110,7 @@ def kl_sum(ref_log_probs: torch.Tensor, logits: torch.Tensor) -> float:
 def final_hidden(model, ids: torch.Tensor, cache=None) -> torch.Tensor:
     """The decoder's final (normed) hidden states [B, T, hidden] of ``ids``: what the head reads;
     ``cache``: a transformers Cache that stores K/V as a runtime would, or None (fp)."""
-    out = model.get_decoder()(input_ids=ids, past_key_values=cache, use_cache=cache is not None)
+    out = model.get_decoder()(input_ids=ids, **cache_kwargs(cache), use_cache=cache is not None)
     return out.last_hidden_state
 
 

@@ -19,6 +19,7 @@ import torch
 
 from ..profile import LayerSpec
 from ..quant import QuantSpec
+from ..runtime_loader.hf.keyword import cache_kwargs
 from .kl import FpReference, fp_reference
 
 _FP16 = QuantSpec(16)
@@ -91,7 +92,7 @@ def _run_layer(layer, hidden: torch.Tensor, kwargs: dict, cache) -> tuple[torch.
     seen = []
     handle = layer.self_attn.register_forward_hook(lambda _m, _a, out: seen.append(out[0]))
     try:
-        out = layer(hidden, **kwargs, past_key_values=cache, use_cache=cache is not None)
+        out = layer(hidden, **kwargs, **cache_kwargs(cache), use_cache=cache is not None)
     finally:
         handle.remove()
     return out, seen[0]
@@ -173,7 +174,7 @@ def run_layer_variants(
     hidden = torch.cat(outs)  # [V*rows, T, hidden], variant-major
     for j in range(li + 1, len(layers)):
         kwargs = {k: _repeat_batch(v, len(variants), rows) for k, v in fp.kwargs[c][j].items()}
-        hidden = layers[j](hidden, **kwargs, past_key_values=None, use_cache=False)
+        hidden = layers[j](hidden, **kwargs, **cache_kwargs(None), use_cache=False)
     hidden = model.get_decoder().norm(hidden)
     ref_sq = float(ref_attn.pow(2).sum())
     kls = [fp.reference.kl_sum(fp.chunks[c], h) for h in hidden.split(rows)]

@@ -16,6 +16,7 @@ from ..placement import model_device
 from ..profile import LayerSpec
 from ..quant import QuantSpec
 from ..quant.smoothing import KeySmoothing
+from ..runtime_loader.hf.keyword import cache_kwargs
 from .kl import sample_chunks
 
 __all__ = [
@@ -61,7 +62,7 @@ def key_magnitudes(
     for rows in sample_chunks(tokens, vocab, batch_size):
         cache = make_cache(model, [LayerSpec(i, _FP16, _FP16) for i in range(layers)])
         _recording(cache, seen)
-        model(tokens[rows].to(model_device(model)), past_key_values=cache, use_cache=True)
+        model(tokens[rows].to(model_device(model)), **cache_kwargs(cache), use_cache=True)
     if quantile == 1.0:  # the peak; torch.quantile refuses inputs over 2**24 elements
         return [torch.cat(s, -1).amax(-1) for s in seen]
     return [torch.quantile(torch.cat(s, -1), quantile, dim=-1) for s in seen]

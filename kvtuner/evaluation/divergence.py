@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from ..calibration.kl import kl_sum
 from ..placement import model_device
+from ..runtime_loader.hf.keyword import cache_kwargs
 from .data import EvalWindows
 from .perplexity import PerplexityResult, ppl_cache
 
@@ -86,7 +87,7 @@ def window_scores(
             logits, kl = fp_logits, 0.0  # fp against itself
             if make_cache is not None:
                 cache = make_cache()
-                logits = model(ids[None], past_key_values=cache, use_cache=True).logits[0, :-1]
+                logits = model(ids[None], **cache_kwargs(cache), use_cache=True).logits[0, :-1]
                 kl = kl_sum(ref, logits) / per_token
             token_nll = F.cross_entropy(logits.float(), ids[1:], reduction="none")  # [T-1]
             row = out[name]

@@ -10,6 +10,7 @@ import torch
 
 from ..placement import model_device
 from ..profile import LayerSpec, Profile
+from ..runtime_loader.hf.keyword import cache_kwargs
 
 __all__ = ["Completion", "generate_text"]
 
@@ -67,7 +68,7 @@ def generate_text(
     out = model.generate(
         ids,
         attention_mask=torch.ones_like(ids),
-        past_key_values=cache,
+        **cache_kwargs(cache),
         max_new_tokens=max_new_tokens,
         do_sample=False,
         pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id,

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from ..errors import KVTunerError
 from ..placement import model_device
+from ..runtime_loader.hf.keyword import cache_kwargs
 from .configs import EvalConfig
 
 __all__ = ["PerplexityResult", "perplexity", "ppl_cache"]
@@ -67,7 +68,7 @@ def window_nll(model: Any, ids: torch.Tensor, cache: Any, score_last: int | None
     scored one; only those logits are computed)."""
     ids = ids.to(model_device(model))
     n = ids.shape[0] - 1 if score_last is None else score_last
-    out = model(ids[None], past_key_values=cache, use_cache=cache is not None, logits_to_keep=n + 1)
+    out = model(ids[None], **cache_kwargs(cache), use_cache=cache is not None, logits_to_keep=n + 1)
     return F.cross_entropy(out.logits[0, :-1].float(), ids[-n:], reduction="sum").item()
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from ..placement import model_device, synchronize
+from ..runtime_loader.hf.keyword import cache_kwargs
 from .configs import EvalConfig
 
 DEFAULT_PROMPT_TOKENS = 512
@@ -73,12 +74,12 @@ def decode_cache(
 def decode_tokens_per_s(model: Any, prompt: torch.Tensor, cache: Any, steps: int) -> float:
     """Prefill prompt[T] (untimed), then time ``steps`` greedy one-token forwards."""
     device = model_device(model)
-    out = model(prompt[None].to(device), past_key_values=cache, use_cache=True)
+    out = model(prompt[None].to(device), **cache_kwargs(cache), use_cache=True)
     nxt = out.logits[:, -1:].argmax(-1)
     synchronize(device)
     start = time.perf_counter()
     for _ in range(steps):
-        out = model(nxt, past_key_values=cache, use_cache=True)
+        out = model(nxt, **cache_kwargs(cache), use_cache=True)
         nxt = out.logits[:, -1:].argmax(-1)
     synchronize(device)
     return steps / (time.perf_counter() - start)

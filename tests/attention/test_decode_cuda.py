@@ -15,7 +15,7 @@ from kvtuner.attention import (
     extend_attention_reference,
 )
 from kvtuner.quant import quantize
-from kvtuner.runtime_loader.hf import make_cache, use_kvtuner_attention
+from kvtuner.runtime_loader.hf import cache_kwargs, make_cache, use_kvtuner_attention
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("attention_variant")]  # both variants
 D = 128
@@ -91,9 +91,9 @@ def test_hf_cache_holds_what_nbytes_reports_after_prefill_and_decode():
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     cache = make_cache(model, profile)
-    out = model(ids, past_key_values=cache, logits_to_keep=1)
+    out = model(ids, **cache_kwargs(cache), logits_to_keep=1)
     for _ in range(5):
-        out = model(out.logits[:, -1:].argmax(-1), past_key_values=cache, logits_to_keep=1)
+        out = model(out.logits[:, -1:].argmax(-1), **cache_kwargs(cache), logits_to_keep=1)
     del out
     torch.cuda.synchronize()
     tensors = 4 * len(cache.layers)  # packed rows and a tail per K and V stream

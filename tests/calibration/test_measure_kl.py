@@ -10,7 +10,7 @@ from conftest import tiny_model
 
 from kvtuner import KVTunerError, LayerSpec, QuantSpec
 from kvtuner.calibration import fp_reference, measure_kl
-from kvtuner.runtime_loader.hf import make_cache
+from kvtuner.runtime_loader.hf import cache_kwargs, make_cache
 
 
 def specs(model, k_bits, v_bits, **kw):
@@ -28,7 +28,7 @@ def test_16_bits_leaves_logits_identical_and_kl_zero(family):
     with torch.inference_mode():
         ref_logits = model(ids, use_cache=False).logits
         cache = make_cache(model, specs(model, 16, 16), residual_length=0)
-        assert torch.equal(model(ids, past_key_values=cache).logits, ref_logits)
+        assert torch.equal(model(ids, **cache_kwargs(cache)).logits, ref_logits)
     ref = fp_reference(model, ids)
     assert measure_kl(model, ids, specs(model, 16, 16), ref) == 0.0
 

@@ -21,7 +21,7 @@ from kvtuner.calibration import (
 from kvtuner.calibration import qwen25_package as pkg
 from kvtuner.calibration.smoothing import calibrate_key_smoothing
 from kvtuner.errors import KVTunerError
-from kvtuner.runtime_loader.hf import make_cache
+from kvtuner.runtime_loader.hf import cache_kwargs, make_cache
 
 pytestmark = pytest.mark.slow
 FP16 = QuantSpec(16)
@@ -84,7 +84,7 @@ def test_cache_bytes_equal_the_prediction(calib):
     specs = [LayerSpec(i, KEYS["pre-rope"] if i % 2 else KEYS["hadamard"], V4) for i in range(24)]
     cache = make_cache(model, specs, residual_length=0)
     with torch.inference_mode():
-        model(tokens, past_key_values=cache, use_cache=True)
+        model(tokens, **cache_kwargs(cache), use_cache=True)
     assert cache.nbytes() == cache.predicted_nbytes(tokens.shape[1])
 
 

@@ -10,6 +10,7 @@ from kvtuner import ModelFingerprint
 from kvtuner.evaluation import EvalConfig, EvalWindows, parse_uniform, perplexity
 from kvtuner.evaluation.divergence import config_scores, mean_se
 from kvtuner.evaluation.perplexity import ppl_cache
+from kvtuner.runtime_loader.hf import cache_kwargs
 
 
 def windows(n: int = 3, t: int = 48) -> EvalWindows:
@@ -40,7 +41,7 @@ def test_kl_is_the_mean_per_predicted_token_kl_against_fp(tiny_llama):
     with torch.no_grad():
         ref = F.log_softmax(tiny_llama(ids[None]).logits[0, :-1].float(), dim=-1)
         cache = ppl_cache(configs["kv2"], tiny_llama)
-        out = tiny_llama(ids[None], past_key_values=cache, use_cache=True).logits[0, :-1]
+        out = tiny_llama(ids[None], **cache_kwargs(cache), use_cache=True).logits[0, :-1]
     q = F.log_softmax(out.float(), dim=-1)
     want = F.kl_div(q, ref, log_target=True, reduction="sum").item() / (w.seq_len - 1)
     assert scores["kv2"].kl[1] == pytest.approx(want, rel=1e-4)
@@ -66,7 +67,7 @@ def test_top1_agreement_counts_positions_whose_argmax_is_fps(tiny_llama):
     with torch.no_grad():
         fp_top1 = tiny_llama(ids[None]).logits[0, :-1].argmax(-1)
         cache = ppl_cache(configs["kv2"], tiny_llama)
-        out = tiny_llama(ids[None], past_key_values=cache, use_cache=True)
+        out = tiny_llama(ids[None], **cache_kwargs(cache), use_cache=True)
     top1 = out.logits[0, :-1].argmax(-1)
     want = (top1 == fp_top1).float().mean().item()
     assert scores["kv2"].top1_agree[0] == pytest.approx(want)

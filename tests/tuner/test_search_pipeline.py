@@ -11,7 +11,7 @@ import torch
 from kvtuner import KVTunerError
 from kvtuner.calibration import load_calibration_data, load_model, model_fingerprint
 from kvtuner.profile import load_profile
-from kvtuner.runtime_loader.hf import make_cache
+from kvtuner.runtime_loader.hf import cache_kwargs, make_cache
 from kvtuner.tuner.search import search
 from kvtuner.tuner.study import StudySettings
 
@@ -98,7 +98,7 @@ def test_confirmation_by_nll_ranks_by_the_texts_nll_on_longer_windows(tiny_dir, 
     for ids in held.tokens:
         cache = make_cache(lm, confirmed[-1].measured.specs)
         with torch.inference_mode():
-            logits = lm(ids[None], past_key_values=cache, use_cache=True).logits[0, :-1]
+            logits = lm(ids[None], **cache_kwargs(cache), use_cache=True).logits[0, :-1]
         nll.append(float(torch.nn.functional.cross_entropy(logits.float(), ids[1:])))
     assert confirmed[-1].score == pytest.approx(sum(nll) / 2, rel=1e-4)
 

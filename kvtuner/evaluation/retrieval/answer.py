@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from ...placement import model_device
+from ...runtime_loader.hf.keyword import cache_kwargs
 from ..configs import EvalConfig
 from .samples import Sample
 
@@ -48,7 +49,7 @@ def answer(
     out = model.generate(
         ids,
         attention_mask=torch.ones_like(ids),
-        past_key_values=cache,
+        **cache_kwargs(cache),
         max_new_tokens=sample.draw.max_new_tokens,
         do_sample=False,
         top_p=None,

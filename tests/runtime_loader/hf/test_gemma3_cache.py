@@ -7,7 +7,7 @@ import torch
 from transformers import DynamicCache
 
 from kvtuner import ModelFingerprint, Profile, QuantSpec
-from kvtuner.runtime_loader.hf import make_cache
+from kvtuner.runtime_loader.hf import cache_kwargs, make_cache
 
 pytestmark = pytest.mark.slow
 PREFILL, DECODE = 516, 6  # the prefill already overflows the 512-token window; decoding goes on
@@ -15,9 +15,9 @@ PREFILL, DECODE = 516, 6  # the prefill already overflows the 512-token window; 
 
 @torch.no_grad()
 def feed(model, cache, ids: torch.Tensor) -> list[torch.Tensor]:
-    logits = [model(ids[:, :PREFILL], past_key_values=cache, logits_to_keep=1).logits]
+    logits = [model(ids[:, :PREFILL], **cache_kwargs(cache), logits_to_keep=1).logits]
     for t in range(PREFILL, ids.shape[1]):
-        logits.append(model(ids[:, t : t + 1], past_key_values=cache).logits)
+        logits.append(model(ids[:, t : t + 1], **cache_kwargs(cache)).logits)
     return logits
 
 

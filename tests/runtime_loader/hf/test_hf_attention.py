@@ -11,7 +11,7 @@ from test_sliding_cache import WINDOW, feed, tokens
 
 import kvtuner.attention.decode as fused_decode
 from kvtuner import KVTunerError, ModelFingerprint, Profile, QuantSpec
-from kvtuner.runtime_loader.hf import make_cache, use_kvtuner_attention
+from kvtuner.runtime_loader.hf import cache_kwargs, make_cache, use_kvtuner_attention
 
 KIVI_PREROPE = QuantSpec(3, group_size=8, axis="channel", pre_rope=True)
 
@@ -43,7 +43,7 @@ def generate(model, profile, ids, mask=None, new=6, **cache_kw):
     cache = make_cache(model, profile, **cache_kw)
     kw = dict(attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=0)
     out = model.generate(
-        ids, past_key_values=cache, output_logits=True, return_dict_in_generate=True, **kw
+        ids, **cache_kwargs(cache), output_logits=True, return_dict_in_generate=True, **kw
     )
     return out.sequences, torch.stack(out.logits, 1)
 

@@ -8,7 +8,7 @@ from conftest import tiny_model
 from transformers import DynamicCache
 
 from kvtuner import KVTunerError, LayerSpec, ModelFingerprint, Profile, QuantSpec, fake_quantize
-from kvtuner.runtime_loader.hf import make_cache
+from kvtuner.runtime_loader.hf import cache_kwargs, make_cache
 
 FAMILIES = [("llama", {}), ("qwen2", {}), ("qwen3", {}), ("mistral", {"sliding_window": None})]
 
@@ -24,11 +24,11 @@ def tokens(batch: int, length: int, seed: int = 1) -> torch.Tensor:
 @torch.no_grad()
 def forward_steps(model, cache, ids: torch.Tensor, steps: int) -> list[torch.Tensor]:
     """Prefill ids, then feed `steps` greedy tokens one at a time; return every logits tensor."""
-    out = model(ids, past_key_values=cache)
+    out = model(ids, **cache_kwargs(cache))
     logits = [out.logits]
     for _ in range(steps):
         nxt = out.logits[:, -1:].argmax(-1)
-        out = model(nxt, past_key_values=cache)
+        out = model(nxt, **cache_kwargs(cache))
         logits.append(out.logits)
     return logits
 
@@ -52,7 +52,7 @@ def test_low_bits_change_logits_and_more_bits_change_them_less(tiny_llama):
     err = {}
     for bits in (2, 8):
         cache = make_cache(tiny_llama, uniform(tiny_llama, QuantSpec(bits), QuantSpec(bits)))
-        err[bits] = (tiny_llama(ids, past_key_values=cache).logits - ref).abs().max().item()
+        err[bits] = (tiny_llama(ids, **cache_kwargs(cache)).logits - ref).abs().max().item()
     assert err[2] > 10 * err[8] > 0
 
 
@@ -75,7 +75,7 @@ def test_residual_window_holds_exactly_the_last_n_tokens_unquantized(tiny_llama)
     )
     for c in (ref, cache):  # same tokens for both: a 20-token prefill, then 5 single steps
         for chunk in (ids[:, :20], *ids[:, 20:].split(1, dim=1)):
-            tiny_llama(chunk, past_key_values=c)
+            tiny_llama(chunk, **cache_kwargs(c))
     for i, layer in enumerate(cache.layers):
         assert layer.get_seq_length() == 25 and layer.k.packed_tokens == 25 - n
         # window tokens equal the default cache's states bit for bit only for the first layer
@@ -105,7 +105,7 @@ def test_channel_keys_keep_a_filling_block_beyond_the_window(tiny_llama):
 def test_packed_bytes_equal_the_profile_prediction(tiny_llama, k, v):
     profile = uniform(tiny_llama, k, v)
     cache = make_cache(tiny_llama, profile)
-    tiny_llama(tokens(3, 64), past_key_values=cache)
+    tiny_llama(tokens(3, 64), **cache_kwargs(cache))
     assert cache.nbytes() == profile.bytes_per_token * 64 * 3 == cache.predicted_nbytes(64, 3)
 
 
@@ -115,10 +115,10 @@ def test_bytes_follow_the_prediction_during_decode_with_a_residual_window(tiny_l
         LayerSpec(1, QuantSpec(8), QuantSpec(16)),
     ]
     cache = make_cache(tiny_llama, specs, residual_length=3)
-    out = tiny_llama(tokens(2, 11), past_key_values=cache)
+    out = tiny_llama(tokens(2, 11), **cache_kwargs(cache))
     for step in range(12):
         assert cache.nbytes() == cache.predicted_nbytes(11 + step, 2)
-        out = tiny_llama(out.logits[:, -1:].argmax(-1), past_key_values=cache)
+        out = tiny_llama(out.logits[:, -1:].argmax(-1), **cache_kwargs(cache))
     assert cache.nbytes() < cache.fp16_nbytes(23, 2)
 
 
@@ -157,7 +157,7 @@ def test_generate_batch_with_left_padding_16bit_is_token_identical(tiny_llama):
     cache = make_cache(
         tiny_llama, uniform(tiny_llama, QuantSpec(16), QuantSpec(16)), residual_length=4
     )
-    assert torch.equal(tiny_llama.generate(ids, past_key_values=cache, **kw), ref)
+    assert torch.equal(tiny_llama.generate(ids, **cache_kwargs(cache), **kw), ref)
 
 
 @pytest.mark.parametrize("keep_dequantized", [False, True])
@@ -168,7 +168,7 @@ def test_generate_batch_with_left_padding_quantized(tiny_llama, keep_dequantized
     outs = []
     for keep in (keep_dequantized, not keep_dequantized):
         cache = make_cache(tiny_llama, profile, residual_length=8, keep_dequantized=keep)
-        outs.append(tiny_llama.generate(ids, past_key_values=cache, **kw))
+        outs.append(tiny_llama.generate(ids, **cache_kwargs(cache), **kw))
         assert cache.get_seq_length() == 12 + 40 - 1
         assert cache.nbytes() == cache.predicted_nbytes(51, 3)
     assert outs[0].shape == (3, 52) and torch.equal(outs[0], outs[1])
@@ -179,11 +179,11 @@ def test_beam_search_reorders_packed_rows(tiny_llama):
     kw = dict(max_new_tokens=8, do_sample=False, num_beams=3, pad_token_id=0)
     ref = tiny_llama.generate(ids, **kw)
     cache = make_cache(tiny_llama, uniform(tiny_llama, QuantSpec(16), QuantSpec(16)))
-    assert torch.equal(tiny_llama.generate(ids, past_key_values=cache, **kw), ref)
+    assert torch.equal(tiny_llama.generate(ids, **cache_kwargs(cache), **kw), ref)
     cache = make_cache(
         tiny_llama, uniform(tiny_llama, QuantSpec(8), QuantSpec(8)), residual_length=2
     )
-    assert tiny_llama.generate(ids, past_key_values=cache, **kw).shape == ref.shape
+    assert tiny_llama.generate(ids, **cache_kwargs(cache), **kw).shape == ref.shape
 
 
 def test_pack_chunk_changes_nothing_with_residual_zero(tiny_llama):
@@ -204,12 +204,12 @@ def test_pack_chunk_packs_in_chunks_beyond_the_window(tiny_llama):
         residual_length=4,
         pack_chunk=8,
     )
-    out = tiny_llama(tokens(1, 10), past_key_values=cache)
+    out = tiny_llama(tokens(1, 10), **cache_kwargs(cache))
     for step in range(20):
         seen = 10 + step
         tail = cache.layers[1].v.tail_tokens
         assert 4 <= tail < 4 + 8 and cache.layers[1].v.packed_tokens % 8 == 0
         assert cache.nbytes() == cache.predicted_nbytes(seen)
-        out = tiny_llama(out.logits[:, -1:].argmax(-1), past_key_values=cache)
+        out = tiny_llama(out.logits[:, -1:].argmax(-1), **cache_kwargs(cache))
     with pytest.raises(KVTunerError, match="pack_chunk"):
         make_cache(tiny_llama, uniform(tiny_llama, QuantSpec(8), QuantSpec(4)), pack_chunk=0)

@@ -7,7 +7,7 @@ import torch
 from conftest import tiny_model
 
 from kvtuner import LayerSpec, ModelFingerprint, Profile, QuantSpec
-from kvtuner.runtime_loader.hf import make_cache
+from kvtuner.runtime_loader.hf import cache_kwargs, make_cache
 
 SPECS = [
     (QuantSpec(4), QuantSpec(4)),
@@ -43,10 +43,10 @@ def test_memory_held_equals_nbytes_after_prefill_and_every_pack(k, v, residual_l
     model = bf16_llama()
     profile = Profile.uniform("tiny", ModelFingerprint.from_config(model.config), k, v)
     cache = make_cache(model, profile, residual_length=residual_length)
-    out = model(ids(2, 70), past_key_values=cache)
+    out = model(ids(2, 70), **cache_kwargs(cache))
     assert held_nbytes(cache.layers) == cache.nbytes() > 0
     for _ in range(9):  # channel keys pack a block, token rows pack every step
-        out = model(out.logits[:, -1:].argmax(-1), past_key_values=cache)
+        out = model(out.logits[:, -1:].argmax(-1), **cache_kwargs(cache))
         assert held_nbytes(cache.layers) == cache.nbytes()
 
 
@@ -64,7 +64,7 @@ def test_prefill_holds_no_full_precision_layer_once_it_is_packed():
         seen.append((held_nbytes(done), sum(layer.nbytes() for layer in done)))
 
     hooks = [layer.register_forward_hook(check) for layer in model.model.layers]
-    model(ids(2, 256), past_key_values=cache)
+    model(ids(2, 256), **cache_kwargs(cache))
     for h in hooks:
         h.remove()
     assert len(seen) == 2 and all(held == reported for held, reported in seen)
@@ -89,12 +89,12 @@ def test_pack_reserve_grows_in_place_with_bounded_spare_and_the_same_logits():
         "tiny", ModelFingerprint.from_config(model.config), QuantSpec(4), QuantSpec(8)
     )
     exact, reserved = make_cache(model, profile), make_cache(model, profile, pack_reserve=16)
-    outs = [model(ids(2, 40), past_key_values=c) for c in (exact, reserved)]
+    outs = [model(ids(2, 40), **cache_kwargs(c)) for c in (exact, reserved)]
     moves = 0
     for _ in range(25):
         before = reserved.layers[0].k.packed.untyped_storage().data_ptr()
         nxt = outs[0].logits[:, -1:].argmax(-1)
-        outs = [model(nxt, past_key_values=c) for c in (exact, reserved)]
+        outs = [model(nxt, **cache_kwargs(c)) for c in (exact, reserved)]
         assert torch.equal(outs[0].logits, outs[1].logits)
         moves += reserved.layers[0].k.packed.untyped_storage().data_ptr() != before
         assert reserved.nbytes() == exact.nbytes() == held_nbytes(exact.layers)

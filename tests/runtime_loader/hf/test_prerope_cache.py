@@ -15,7 +15,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from kvtuner import KVTunerError, LayerSpec, ModelFingerprint, Profile, QuantSpec, quantize
 from kvtuner.quant.reference import dequantize
 from kvtuner.quant.smoothing import KeySmoothing
-from kvtuner.runtime_loader.hf import make_cache
+from kvtuner.runtime_loader.hf import cache_kwargs, make_cache
 from kvtuner.runtime_loader.hf.rope import KeyRope, key_rope_of
 
 KIVI3 = QuantSpec(3, 8, axis="channel", pre_rope=True)
@@ -90,7 +90,7 @@ def test_prerope_keys_lose_less_than_post_rope_keys_on_smollm2(smollm2):
 
         def kl(k: QuantSpec) -> float:
             cache = make_cache(model, profile_of(model, k, QuantSpec(16)))
-            lp = torch.log_softmax(model(ids, past_key_values=cache).logits, -1)
+            lp = torch.log_softmax(model(ids, **cache_kwargs(cache)).logits, -1)
             return float((fp.exp() * (fp - lp)).sum(-1).mean())
 
         post, pre = kl(QuantSpec(3, 32, axis="channel")), kl(QuantSpec(3, 32, axis="channel",

@@ -8,7 +8,7 @@ from conftest import tiny_model
 from transformers import DynamicCache
 
 from kvtuner import KVTunerError, LayerSpec, ModelFingerprint, Profile, QuantSpec, quantize
-from kvtuner.runtime_loader.hf import make_cache
+from kvtuner.runtime_loader.hf import cache_kwargs, make_cache
 
 WINDOW = 8  # tiny_model("gemma3"): layers 0, 1 sliding (window 8), layer 2 global
 
@@ -24,9 +24,9 @@ def tokens(batch: int, length: int, seed: int = 1) -> torch.Tensor:
 @torch.no_grad()
 def feed(model, cache, ids: torch.Tensor, prefill: int) -> list[torch.Tensor]:
     """Prefill ``ids[:, :prefill]``, then the rest one token at a time; every logits tensor."""
-    logits = [model(ids[:, :prefill], past_key_values=cache).logits]
+    logits = [model(ids[:, :prefill], **cache_kwargs(cache)).logits]
     for t in range(prefill, ids.shape[1]):
-        logits.append(model(ids[:, t : t + 1], past_key_values=cache).logits)
+        logits.append(model(ids[:, t : t + 1], **cache_kwargs(cache)).logits)
     return logits
 
 
@@ -75,7 +75,7 @@ def test_predicted_bytes_with_a_residual_window_and_16bit_layers():
         ids = tokens(2, 27)
         with torch.no_grad():
             for start, stop in [(0, 6)] + [(t, t + 1) for t in range(6, 27)]:
-                model(ids[:, start:stop], past_key_values=cache)
+                model(ids[:, start:stop], **cache_kwargs(cache))
                 assert cache.nbytes() == cache.predicted_nbytes(stop, batch=2)
         assert cache.fp16_nbytes(27, capped=False) == fp.fp16_bytes_per_token * 27
         assert cache.fp16_nbytes(27) == fp.fp16_layer_bytes_per_token * (7 + 7 + 27)

@@ -12,7 +12,12 @@ import kvtuner.attention.decode as fused_decode
 from kvtuner import LayerSpec, ModelFingerprint, Profile, QuantSpec, fake_quantize
 from kvtuner.calibration.smoothing import calibrate_key_smoothing, key_magnitudes
 from kvtuner.quant import KeySmoothing, quantize
-from kvtuner.runtime_loader.hf import make_cache, use_kvtuner_attention
+from kvtuner.runtime_loader.hf import (
+    cache_keyword,
+    cache_kwargs,
+    make_cache,
+    use_kvtuner_attention,
+)
 
 
 def _lams(model, alpha=1.0):
@@ -43,7 +48,7 @@ class _FakeQuantLayer(DynamicLayer):
 def test_key_magnitudes_are_the_post_rope_key_quantiles(tiny_llama):
     ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
     out = tiny_llama(ids, use_cache=True)
-    keys = out.past_key_values.layers[0].keys  # [B, H, T, D] as the default cache stores them
+    keys = getattr(out, cache_keyword()).layers[0].keys  # [B, H, T, D], the default cache
     want = torch.quantile(keys.abs().permute(1, 3, 0, 2).flatten(2), 0.99, dim=-1)
     torch.testing.assert_close(key_magnitudes(tiny_llama, ids)[0], want)
 
@@ -51,11 +56,11 @@ def test_key_magnitudes_are_the_post_rope_key_quantiles(tiny_llama):
 def test_smoothed_cache_gives_the_definitions_logits_exactly(tiny_llama):
     specs = _specs(_lams(tiny_llama))
     ids = torch.randint(0, 256, (2, 40), generator=torch.Generator().manual_seed(1))
-    got = tiny_llama(ids, past_key_values=make_cache(tiny_llama, specs)).logits
+    got = tiny_llama(ids, **cache_kwargs(make_cache(tiny_llama, specs))).logits
     ref_cache = Cache(layers=[_FakeQuantLayer(s) for s in specs])
-    assert torch.equal(got, tiny_llama(ids, past_key_values=ref_cache).logits)
+    assert torch.equal(got, tiny_llama(ids, **cache_kwargs(ref_cache)).logits)
     plain = make_cache(tiny_llama, [LayerSpec(s.layer, s.k, s.v) for s in specs])
-    assert not torch.equal(got, tiny_llama(ids, past_key_values=plain).logits)
+    assert not torch.equal(got, tiny_llama(ids, **cache_kwargs(plain)).logits)
 
 
 def test_packed_rows_are_the_smoothed_keys_and_bytes_are_unchanged(tiny_llama):
@@ -75,9 +80,9 @@ def test_working_copy_and_windows_read_the_same_smoothed_values(tiny_llama, cach
     specs = _specs(_lams(tiny_llama), k=QuantSpec(3, 16))
     ids = torch.randint(0, 256, (1, 30), generator=torch.Generator().manual_seed(2))
     kw = dict(max_new_tokens=6, do_sample=False, output_logits=True, return_dict_in_generate=True)
-    plain = tiny_llama.generate(ids, past_key_values=make_cache(tiny_llama, specs), **kw)
+    plain = tiny_llama.generate(ids, **cache_kwargs(make_cache(tiny_llama, specs)), **kw)
     other = tiny_llama.generate(
-        ids, past_key_values=make_cache(tiny_llama, specs, **cache_kw), **kw
+        ids, **cache_kwargs(make_cache(tiny_llama, specs, **cache_kw)), **kw
     )
     if "keep_dequantized" in cache_kw:  # same values, only kept instead of recomputed
         assert torch.equal(torch.stack(plain.logits), torch.stack(other.logits))
@@ -96,7 +101,7 @@ def test_fused_decode_reads_smoothed_rows_like_the_dequantized_path(monkeypatch)
 
     def run(mode, **cache_kw):
         cache = make_cache(model, profile, decode_kernel=mode, **cache_kw)
-        out = model.generate(ids, past_key_values=cache, pad_token_id=0, **kw)
+        out = model.generate(ids, **cache_kwargs(cache), pad_token_id=0, **kw)
         return out.sequences, torch.stack(out.logits, 1)
 
     calls, real = [], fused_decode.decode_attention

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import urllib.request
 
+from kvtuner.runtime_loader.hf import cache_kwargs
+
 
 def generate(server, input_ids: list[int], new_tokens: int) -> list[int]:
     """Greedy ``/generate`` of ``new_tokens`` tokens (EOS may end it sooner)."""
@@ -42,7 +44,7 @@ def forced_deficits(model, profile, ids: list[int], served: list[int]) -> list[f
     cache, x, out = make_cache(model, profile, residual_length=1), torch.tensor([ids]), []
     with torch.no_grad():
         for token in served:
-            logits = model(input_ids=x, past_key_values=cache, use_cache=True).logits[0, -1]
+            logits = model(input_ids=x, **cache_kwargs(cache), use_cache=True).logits[0, -1]
             out.append(float(logits.max() - logits[token]))
             x = torch.tensor([[token]])
     return out

@@ -17,6 +17,7 @@ from kvtuner.profile import (
     save_vllm_profile,
 )
 from kvtuner.quant.vllm_format import VllmKVFormat
+from kvtuner.runtime_loader.hf import cache_kwargs
 from kvtuner.runtime_loader.hf.vllm_cache import make_vllm_cache
 from kvtuner.runtime_loader.vllm import VllmLayout, VllmPlan, engine_kwargs, vllm_args
 
@@ -101,7 +102,7 @@ def test_hf_cache_stores_each_layer_as_the_plan_says(tiny_llama):
     cache = make_vllm_cache(tiny_llama, plan)
     ids = torch.randint(0, tiny_llama.config.vocab_size, (1, 9))
     with torch.no_grad():
-        tiny_llama(ids, past_key_values=cache, use_cache=True)
+        tiny_llama(ids, **cache_kwargs(cache), use_cache=True)
     cfg = tiny_llama.config
     kv_heads, d = cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
     assert cache.layers[0].keys.dtype == torch.float32  # skipped: the model's dtype
@@ -111,6 +112,6 @@ def test_hf_cache_stores_each_layer_as_the_plan_says(tiny_llama):
         make_vllm_cache(tiny_llama, VllmPlan("fp8", n + 1))
     cache = make_vllm_cache(tiny_llama, VllmPlan("int4_per_token_head", n, (0,)))
     with torch.no_grad():
-        tiny_llama(ids, past_key_values=cache, use_cache=True)
+        tiny_llama(ids, **cache_kwargs(cache), use_cache=True)
     assert cache.layers[1].k.codes.shape == (1, kv_heads, 9, d // 2)
     assert cache.layers[1].nbytes() == 2 * 9 * kv_heads * (d // 2 + 4)

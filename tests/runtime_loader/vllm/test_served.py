@@ -15,6 +15,8 @@ import sys
 import pytest
 import torch
 
+from kvtuner.runtime_loader.hf import cache_kwargs
+
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.vllm
 
@@ -60,7 +62,7 @@ def test_served_tokens_agree_with_hf_emulation(tmp_path):
         cache, x = make_vllm_cache(model, plan), torch.tensor([ids])
         with torch.no_grad():
             for token in out:
-                logits = model(input_ids=x, past_key_values=cache, use_cache=True).logits[0, -1]
+                logits = model(input_ids=x, **cache_kwargs(cache), use_cache=True).logits[0, -1]
                 deficits.append(float(logits.max() - logits[token]))
                 x = torch.tensor([[token]])
     assert max(deficits) <= CLOSE_LOGIT
