@@ -6,9 +6,10 @@ vLLM 0.32's source:
 
 - ``fp8`` / ``fp8_e4m3`` / ``fp8_e5m2`` (per-tensor scale, ``KVQuantMode.FP8_PER_TENSOR``): the
   cache holds ``(x / k_scale).to(float8)`` (fp32 divide, round to nearest even); reads multiply by
-  the scale. Without calibrated scales vLLM uses 1.0, so e4m3 saturates at ±448. vLLM's CPU
-  kernel (``cpu_attn_reshape_and_cache``) saturates out-of-range values to ±max (tested bit-exact
-  in tests/runtime_loader/vllm); torch's own cast would give NaN, so this module clamps first.
+  the scale. Without calibrated scales vLLM uses 1.0, so e4m3 saturates at ±448; torch's own
+  cast would give NaN, so this module clamps first. vLLM's CPU kernel
+  (``cpu_attn_reshape_and_cache``) saturates too but rounds toward zero: its codes are these or
+  one nearer zero (tested bit-exact against that rule in tests/runtime_loader/vllm).
 - ``int8_per_token_head`` / ``fp8_per_token_head`` (Triton ``_reshape_cache_per_token_head``):
   one fp32 scale per token and KV head, ``scale = max(absmax / QMAX, 1e-6)``;
   ``q = x * (1 / scale)``; int8 rounds half away from zero, then clamps to [-128, 127]; fp8

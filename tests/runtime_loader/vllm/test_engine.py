@@ -45,13 +45,19 @@ def engine_env() -> dict[str, str]:
     return env
 
 
+def run_engine(*args: str, timeout: float) -> dict | list:
+    """``vllm_engine.py ARGS`` in its own process; its JSON result. vLLM's logger shares stdout
+    (its shutdown can log after the result), so the result is the last line that is JSON."""
+    cmd = [sys.executable, str(HERE / "vllm_engine.py"), *args]
+    done = subprocess.run(cmd, env=engine_env(), capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    return json.loads(next(line for line in reversed(lines) if line.startswith(("{", "["))))
+
+
 @pytest.fixture(scope="module")
 def report() -> dict:
-    env = engine_env()
-    cmd = [sys.executable, str(HERE / "vllm_engine.py"), str(smollm2_dir()), str(PROFILE)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_engine(str(smollm2_dir()), str(PROFILE), timeout=600)
 
 
 def _layer(name: str) -> int:

@@ -5,8 +5,8 @@ The interpreter's own fp32 -> fp8 cast is not the GPU's (it rounds ties up and d
 of 31.75 to 16), so for the fp8 formats the kernels write into fp32 caches: that checks every
 value the kernel computes bit for bit, up to the final cast, which on the GPU is PTX
 ``cvt.rn.satfinite`` (round to nearest even, saturate), the rule tested on its own below. int8
-stores are compared whole. vLLM's CPU fp8 kernel needs AVX-512/AMX; where the CPU lacks both it
-is skipped with the reason shown.
+stores are compared whole. vLLM's CPU fp8 kernel (AVX-512) rounds toward zero instead, tested
+against that rule where the CPU has AVX-512, skipped with the reason shown elsewhere.
 """
 
 from __future__ import annotations
@@ -145,18 +145,39 @@ def test_fp8_cast_rounds_to_nearest_even_and_saturates(dtype):
     assert got[5] == 0.0
 
 
-def test_cpu_fp8_kernel_matches_when_the_cpu_runs_it():
-    if not (torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported()):
-        pytest.skip("vLLM's CPU fp8 KV kernel needs AVX-512 or AMX; this CPU has neither")
+def _toward_zero(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """vLLM's CPU fp8 store rule as measured on its kernel: saturate to ±max, round toward zero,
+    an exact -0.0 stored as +0. Codes are sign-magnitude, so one code toward zero is code - 1."""
+    xf = x.float().clamp(-torch.finfo(dtype).max, torch.finfo(dtype).max)
+    nearest = xf.to(dtype)
+    codes = nearest.view(torch.uint8).clone()
+    codes[nearest.float().abs() > xf.abs()] -= 1
+    codes[xf == 0] = 0
+    return codes
+
+
+@pytest.mark.parametrize("dtype", ["fp8_e4m3", "fp8_e5m2"])
+def test_cpu_fp8_kernel_rounds_toward_zero_one_code_from_the_gpus(dtype):
+    """vLLM's CPU fp8 store (``cpu_attn_reshape_and_cache``, the AVX-512 "vec" kernel) is
+    bit-exact against round-toward-zero; kvtuner emulates the GPU's round-to-nearest, which is
+    the same code or one further from zero."""
+    if not torch.cpu._is_avx512_supported():
+        pytest.skip("vLLM's CPU fp8 KV kernel needs AVX-512; this CPU lacks it")
     import vllm._custom_ops as ops
 
-    k, v = _states(2, spread=300.0)  # includes ±1e4: vLLM's CPU kernel saturates them
-    kc = torch.zeros(BLOCKS, H, BLOCK, D, dtype=torch.uint8)
+    k, v = _states(2, spread=300.0)  # includes ±1e4: saturated to ±max
+    block = 32  # the "vec" kernel's block: a multiple of 32
+    kc = torch.zeros(BLOCKS, H, block, D, dtype=torch.uint8)
     vc = torch.zeros_like(kc)
-    isa = "amx" if torch.cpu._is_amx_tile_supported() else "vec"
-    ops.cpu_attn_reshape_and_cache(k, v, kc, vc, SLOTS, isa, 1.0, 1.0, "fp8_e4m3")
-    got = kc.permute(0, 2, 1, 3).reshape(-1, H, D)[SLOTS]
-    assert torch.equal(_bits(VllmKVFormat("fp8_e4m3").store(k, "k")[0]), got)
+    ops.cpu_attn_reshape_and_cache(k, v, kc, vc, SLOTS, "vec", 1.0, 1.0, dtype)
+    # a block holds each head's keys as [D, block] (transposed for the QK dot), values [block, D]
+    got_k = kc.view(BLOCKS, H, D, block).permute(0, 3, 1, 2).reshape(-1, H, D)[SLOTS]
+    got_v = vc.transpose(1, 2).reshape(-1, H, D)[SLOTS]
+    fmt = VllmKVFormat(dtype)
+    for x, got, which in ((k, got_k, "k"), (v, got_v, "v")):
+        assert torch.equal(_toward_zero(x, fmt.storage_dtype), got)
+        further = (_bits(fmt.store(x, which)[0]) & 0x7F).int() - (got & 0x7F).int()
+        assert further.min() == 0 and further.max() == 1  # both rules occur in these states
 
 
 @contextlib.contextmanager
