@@ -5,8 +5,8 @@ The interpreter's own fp32 -> fp8 cast is not the GPU's (it rounds ties up and d
 of 31.75 to 16), so for the fp8 formats the kernels write into fp32 caches: that checks every
 value the kernel computes bit for bit, up to the final cast, which on the GPU is PTX
 ``cvt.rn.satfinite`` (round to nearest even, saturate), the rule tested on its own below. int8
-stores are compared whole. vLLM's CPU fp8 kernel (AVX-512) rounds toward zero instead, tested
-against that rule where the CPU has AVX-512, skipped with the reason shown elsewhere.
+stores are compared whole. vLLM's CPU fp8 kernel (AVX-512) rounds toward zero instead: tested
+against that rule, and skipped (reason shown) on CPUs without AVX-512.
 """
 
 from __future__ import annotations
