@@ -145,14 +145,13 @@ def test_fp8_cast_rounds_to_nearest_even_and_saturates(dtype):
     assert got[5] == 0.0
 
 
-def _toward_zero(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """vLLM's CPU fp8 store rule as measured on its kernel: saturate to ±max, round toward zero,
-    an exact -0.0 stored as +0. Codes are sign-magnitude, so one code toward zero is code - 1."""
-    xf = x.float().clamp(-torch.finfo(dtype).max, torch.finfo(dtype).max)
-    nearest = xf.to(dtype)
+def _toward_zero(x: torch.Tensor, nearest: torch.Tensor) -> torch.Tensor:
+    """vLLM's CPU fp8 store rule as measured on its kernel, from the saturated round-to-nearest
+    codes of ``x``: round toward zero, an exact -0.0 stored as +0. Codes are sign-magnitude, so
+    one code toward zero is code - 1."""
     codes = nearest.view(torch.uint8).clone()
-    codes[nearest.float().abs() > xf.abs()] -= 1
-    codes[xf == 0] = 0
+    codes[nearest.float().abs() > x.float().abs()] -= 1
+    codes[x == 0] = 0
     return codes
 
 
@@ -175,8 +174,9 @@ def test_cpu_fp8_kernel_rounds_toward_zero_one_code_from_the_gpus(dtype):
     got_v = vc.transpose(1, 2).reshape(-1, H, D)[SLOTS]
     fmt = VllmKVFormat(dtype)
     for x, got, which in ((k, got_k, "k"), (v, got_v, "v")):
-        assert torch.equal(_toward_zero(x, fmt.storage_dtype), got)
-        further = (_bits(fmt.store(x, which)[0]) & 0x7F).int() - (got & 0x7F).int()
+        nearest = fmt.store(x, which)[0]  # kvtuner's (the GPU's) saturated round-to-nearest
+        assert torch.equal(_toward_zero(x, nearest), got)
+        further = (_bits(nearest) & 0x7F).int() - (got & 0x7F).int()
         assert further.min() == 0 and further.max() == 1  # both rules occur in these states
 
 
