@@ -6,9 +6,11 @@ spec. ``µs`` per call (CUDA: ``triton.testing.do_bench``; CPU: wall clock, Trit
 for proving the script on tiny shapes only), ``GB/s`` = K+V bytes read / time (packed bytes for
 the kernel, bf16 bytes for SDPA), ``× bf16`` = SDPA µs / kernel µs, ``% bw`` = kernel GB/s over
 the device's copy bandwidth (a 1 GiB ``clone()``, read + write, measured in the same run).
-Each kernel variant (``--variants``, default both: ``baseline`` dequantizes every element
-before ``tl.dot``, ``scale-after-dot`` dots the raw codes and applies scales and zeros per
-group after it) is timed at every point of the same run; ``× base`` = baseline µs / variant µs.
+Each kernel variant (``--variants``, default ``decode-kernel,baseline``: ``decode-kernel`` is
+what a decode call runs, :mod:`kvtuner.attention.decode_kernel` where it serves the spec;
+``baseline`` forces the general kernel, which dequantizes every element before ``tl.dot``;
+``scale-after-dot`` the general kernel dotting raw codes, scales and zeros per group after it)
+is timed at every point of the same run; ``× base`` = baseline µs / variant µs.
 ``--block-tokens``, ``--num-splits``, ``--num-warps`` and ``--num-stages`` take several values:
 every combination is timed at every point (a tile sweep; the ``tile`` column, ``-`` = default).
 ``--dtype float16`` runs q (and SDPA's K/V, same bytes as bf16: the ``*_bf16_*`` keys keep
@@ -17,7 +19,7 @@ stored pre-RoPE: every K tile rotated forward in the kernel, element-wise in bot
 Before timing, each spec's kernel output (every variant) is checked against the torch
 reference (dequantize, then SDPA) at the smallest shape.
 
-    python benchmarks/attention_decode.py --device cuda --variants baseline,scale-after-dot
+    python benchmarks/attention_decode.py --device cuda --variants decode-kernel,baseline
     python benchmarks/attention_decode.py --device cpu --batch 2 --context 64 --heads 4 \\
         --kv-heads 2 --head-dim 32   # interpreter: proves the script, times nothing useful
 """
@@ -39,11 +41,17 @@ SPECS = {  # label: (K spec kwargs, V spec kwargs)
     "KV2 g32": (dict(bits=2), dict(bits=2)),
     "KV4 g32": (dict(bits=4), dict(bits=4)),
     "KV8 g64": (dict(bits=8, group_size=64), dict(bits=8, group_size=64)),
+    "KV4 g128": (dict(bits=4, group_size=128), dict(bits=4, group_size=128)),  # per token-head
     "K8V4 (mixed)": (dict(bits=8, group_size=64), dict(bits=4)),
     "KV4 g32 pre-RoPE": (dict(bits=4, pre_rope=True), dict(bits=4)),  # opt-in (--specs)
 }
 DEFAULT_SPECS = [label for label in SPECS if "pre-RoPE" not in label]
-VARIANTS = {"baseline": False, "scale-after-dot": True}  # label: the launcher's scale_after_dot
+VARIANTS = {  # label: the launcher's keywords
+    "decode-kernel": dict(),  # the decode kernel (kvtuner.attention.decode_kernel) where it serves
+    "baseline": dict(fused_decode=False, scale_after_dot=False),  # the general kernel
+    "scale-after-dot": dict(fused_decode=False, scale_after_dot=True),
+}
+DEFAULT_VARIANTS = ["decode-kernel", "baseline"]
 
 
 def variant_list(text: str) -> list[str]:
@@ -63,8 +71,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--variants",
         type=variant_list,
-        default=list(VARIANTS),
-        help="kernel variants timed in one run, comma-separated (default: both)",
+        default=DEFAULT_VARIANTS,
+        help="kernel variants timed in one run, comma-separated (default: decode-kernel,baseline)",
     )
     p.add_argument(
         "--dtype",
@@ -79,7 +87,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--num-splits", type=int, nargs="+", default=[None], help="default: the launcher's choice"
     )
-    p.add_argument("--block-tokens", type=int, nargs="+", default=[64])
+    p.add_argument(
+        "--block-tokens", type=int, nargs="+", default=[None], help="default: the launcher's"
+    )
     p.add_argument("--num-warps", type=int, nargs="+", default=[None], help="default: Triton's")
     p.add_argument("--num-stages", type=int, nargs="+", default=[None], help="default: Triton's")
     p.add_argument("--output", type=Path, default=OUT)
@@ -163,8 +173,7 @@ def check(args, k_spec, v_spec, variant: str) -> float:
     lengths = torch.tensor([100, 37], dtype=torch.int32, device=dev)
     q = torch.randn(2, args.heads, d, device=dev, dtype=getattr(torch, args.dtype))
     kw = dict(lengths=lengths, slot_table=table, **rope_kw(k_spec, d, dev))
-    on = VARIANTS[variant]
-    got = decode_attention(q, k_rows, v_rows, k_spec, v_spec, **kw, scale_after_dot=on).float()
+    got = decode_attention(q, k_rows, v_rows, k_spec, v_spec, **kw, **VARIANTS[variant]).float()
     ref = decode_attention_reference(q, k_rows, v_rows, k_spec, v_spec, **kw).float()
     return (got - ref).abs().max().item()
 
@@ -195,9 +204,9 @@ def measure(args, seconds, batch: int, context: int, label: str) -> list[dict]:
     q = torch.randn(batch, args.heads, d, device=dev, dtype=dtype)
     kw = dict(lengths=lengths, slot_table=table, **rope_kw(k_spec, d, dev))
     fused = {
-        (name, *launch): seconds(lambda on=VARIANTS[name], launch=launch: decode_attention(
+        (name, *launch): seconds(lambda variant=VARIANTS[name], launch=launch: decode_attention(
             q, k_rows, v_rows, k_spec, v_spec, **kw, **dict(zip(LAUNCH, launch, strict=True)),
-            scale_after_dot=on))
+            **variant))
         for launch in launch_grid(args) for name in args.variants
     }  # fmt: skip
     k, v = (torch.randn(batch, hkv, context, d, device=dev, dtype=dtype) for _ in "kv")
@@ -212,7 +221,9 @@ def measure(args, seconds, batch: int, context: int, label: str) -> list[dict]:
             "spec": label,
             "variant": name,
             **dict(zip(LAUNCH, launch, strict=True)),
-            "after_dot": after_dot_operands(k_spec, v_spec) if VARIANTS[name] else "none",
+            "after_dot": after_dot_operands(k_spec, v_spec)
+            if VARIANTS[name].get("scale_after_dot")
+            else "none",
             "fused_us": t * 1e6,
             "fused_gbps": packed_bytes / t / 1e9,
             "sdpa_bf16_us": sdpa * 1e6,

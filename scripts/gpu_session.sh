@@ -8,8 +8,9 @@
 #     --platform manylinux2014_x86_64 -d .whl optuna alembic colorlog mako sqlalchemy greenlet \
 #     gguf datasets dill multiprocess
 # On the GPU machine, from the repo root, with .whl carried:
-#   bash scripts/gpu_session.sh first     # the first call: pytest -m cuda, pack/unpack, fused
-#                                         # decode (both variants), HF generate at 2k and 16k
+#   bash scripts/gpu_session.sh first     # the first call: pytest -m cuda, the sm_90 build's
+#                                         # resources, decode kernel vs general vs bf16 SDPA at
+#                                         # 16/64 x 8k/32k, pack/unpack, the SGLang step
 #   bash scripts/gpu_session.sh tune      # fused decode tile sweep: block, warps, stages
 #   bash scripts/gpu_session.sh kernels   # pytest -m cuda, pack/unpack, fused decode, SGLang step
 #   bash scripts/gpu_session.sh attention # fused decode: baseline vs scale-after-dot, bf16 + fp16
@@ -45,22 +46,30 @@ step() {  # step SECONDS COMMAND...: run it under a time limit, log it, never st
 cuda_tests=$(grep -rl "mark\.cuda" tests)  # only these: other test files need sglang/vllm
 
 case "$stage" in
-  first)  # issue 30 step 1: correctness and the three headline numbers, under 10 minutes
-    # (measured 2026-11-24 on an H100: the cuda tests take ~150 s on 8 workers, ~2x that on
-    # one, mostly Triton compiles; StaticCache recompiles per generate, so it waits for `hf`)
+  first)  # issue 43's first stage, under 10 minutes: correctness, the CPU proxy cross-checked
+    # on the GPU's own build, the decode kernel against the general one and bf16 SDPA, the
+    # SGLang backend step, pack and unpack (HF generate waits for `hf`)
     nvidia-smi -L >>"$log" 2>&1
     step 200 python3 -m pytest -m cuda -q -n 8 -p no:cacheprovider $cuda_tests
+    tool=$(ls ../shared/tools/sm90_report.py shared/tools/sm90_report.py 2>/dev/null | head -1)
+    if [ -n "$tool" ]; then
+      step 90 python3 benchmarks/kernel_resources.py --tool "$tool" \
+        --output "$out/kernel_resources_gpu_machine.json"
+    else
+      echo "== kernel_resources: no sm90_report.py beside the checkout, skipped" | tee -a "$log"
+    fi
+    step 150 python3 benchmarks/attention_decode.py --device cuda --batch 16 64 \
+      --context 8192 32768 --specs "KV4 g32" "KV8 g64" "KV4 g128" \
+      --variants decode-kernel,baseline --output "$out/attention_decode.json"
     step 60 python3 benchmarks/quant_throughput.py --device cuda --rounds 3 \
       --output "$out/quant_throughput_kernels.json"
-    step 120 python3 benchmarks/attention_decode.py --device cuda --batch 16 64 \
-      --context 8192 32768 --specs "KV4 g32" "KV8 g64" --variants baseline,scale-after-dot \
-      --output "$out/attention_decode.json"
-    step 150 python3 benchmarks/hf_decode.py --device cuda --batch 1 --context 2048 16384 \
-      --new-tokens 32 --caches dynamic "KV4 g32" "KIVI K4 + V4" --output "$out/hf_decode.json"
+    step 90 python3 benchmarks/sglang_backend_step.py --device cuda \
+      --output "$out/sglang_backend_step.json"
     ;;
-  tune)  # 18 launch configurations x 2 variants, each compiled once (~10 s a compile)
+  tune)  # the decode kernel's tiles: 18 launch configurations, each compiled once
     step 540 python3 benchmarks/attention_decode.py --device cuda --batch 16 --context 8192 \
-      --specs "KV4 g32" --block-tokens 16 32 64 --num-warps 2 4 8 --num-stages 2 3 \
+      --specs "KV4 g32" --variants decode-kernel --block-tokens 16 32 64 --num-warps 2 4 8 \
+      --num-stages 1 2 \
       --output "$out/attention_decode_tune.json"
     ;;
   kernels)
@@ -69,11 +78,11 @@ case "$stage" in
     step 120 python3 benchmarks/quant_throughput.py --device cuda \
       --output "$out/quant_throughput_kernels.json"
     step 180 python3 benchmarks/attention_decode.py --device cuda \
-      --variants baseline,scale-after-dot --output "$out/attention_decode.json"
+      --variants decode-kernel,baseline --output "$out/attention_decode.json"
     step 120 python3 benchmarks/sglang_backend_step.py --device cuda \
       --output "$out/sglang_backend_step.json"
     ;;
-  attention)  # both kernel variants checked on the GPU, then timed in the same run
+  attention)  # the general kernel's two variants checked on the GPU, then timed in one run
     nvidia-smi -L >>"$log" 2>&1
     step 150 python3 -m pytest -m cuda -q -p no:cacheprovider tests/attention/*cuda*.py
     step 220 python3 benchmarks/attention_decode.py --device cuda \

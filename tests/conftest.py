@@ -83,11 +83,16 @@ def tiny_any(request):
     return tiny_model(request.param)
 
 
-@pytest.fixture(params=["baseline", "scale-after-dot"])
+@pytest.fixture(params=["decode-kernel", "baseline", "scale-after-dot"])
 def attention_variant(request, monkeypatch):
-    """Each packed-attention test twice: the kernel's element-wise variant and its
-    scale-after-dot variant, picked by the launcher's environment variable."""
+    """Each packed-attention test three times: decode batches the decode kernel serves run it
+    (the default), then every batch on the general kernel's element-wise variant and its
+    scale-after-dot variant (the launcher's environment variable)."""
     monkeypatch.setenv("KVTUNER_SCALE_AFTER_DOT", "1" if request.param != "baseline" else "0")
+    if request.param != "decode-kernel":
+        from kvtuner.attention import decode
+
+        monkeypatch.setattr(decode, "serves", lambda batch: False)
     return request.param
 
 

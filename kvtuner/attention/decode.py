@@ -22,6 +22,7 @@ from ..quant.reference import hadamard
 from ..quant.smoothing import smooth, unsmooth
 from ..quant.spec import QuantSpec
 from ..quant.triton_kernels import interpreted
+from .decode_kernel import DecodePlan, launch_decode, plan_decode, serves
 from .kernel import launch
 from .layout import AttentionBatch, choose_splits
 
@@ -65,10 +66,11 @@ def extend_attention(
     v_spec: QuantSpec,
     *,
     num_splits: int | None = None,
-    block_tokens: int = 64,
+    block_tokens: int | None = None,
     scale_after_dot: bool | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    fused_decode: bool = True,
     **fields: Any,
 ) -> torch.Tensor:
     """Causal attention of each request's newest Tq tokens over its packed K/V (and tail)
@@ -100,8 +102,10 @@ def extend_attention(
       model's ``inv_freq``, R <= D a power of two) and ``rope_offset`` (int, or int32 [B]):
       stored key t is rotated forward to position ``rope_offset + t`` (``rotate_half``
       layout, :mod:`.rope`) before its dot; such keys always run element-wise.
-    num_splits (default: from the device, batch and length), block_tokens, and Triton's
-    num_warps and num_stages (default: Triton's) tune the launch;
+    num_splits (default: from the device, batch and length), block_tokens (default 64; the
+    decode kernel's plan: 32), and Triton's num_warps and num_stages tune the launch;
+    one query token per request over token-axis rows of 2/4/8/16 bits runs the decode kernel
+    (:mod:`.decode_kernel`; ``fused_decode=False`` forces the general one, for comparison);
     ``scale_after_dot`` picks the kernel variant (default None: the environment variable
     ``KVTUNER_SCALE_AFTER_DOT=1`` turns it on, else off): on, packed token-axis rows with
     groups >= 16 channels are not dequantized element-wise, their codes go into ``tl.dot``
@@ -118,6 +122,7 @@ def extend_attention(
         scale_after_dot=scale_after_dot,
         num_warps=num_warps,
         num_stages=num_stages,
+        fused_decode=fused_decode,
     )
 
 
@@ -125,27 +130,44 @@ def attend(
     batch: AttentionBatch,
     *,
     num_splits: int | None = None,
-    block_tokens: int = 64,
+    block_tokens: int | None = None,
     scale_after_dot: bool | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    fused_decode: bool = True,
 ) -> torch.Tensor:
     """The fused attention of one checked batch (build it by keyword) -> [B, Tq, Hq, D]
     (ragged: [N, Hq, D]) in q's dtype; launch options as in :func:`extend_attention`."""
     q, v_spec = batch.q, batch.v_spec
     if not q.is_cuda and not interpreted():
         raise ValueError("packed attention needs CUDA tensors, or TRITON_INTERPRET=1 on CPU")
-    if block_tokens < 16 or block_tokens & (block_tokens - 1):
+    if block_tokens is not None and (block_tokens < 16 or block_tokens & (block_tokens - 1)):
         raise ValueError(f"block_tokens must be a power of two >= 16, got {block_tokens}")
-    programs = batch.batch_size * batch.q_tokens  # about: rows of queries per KV head
-    splits = num_splits or choose_splits(programs, batch.kv_heads, batch.span, q.device)
     inputs = _kernel_inputs(batch)
-    tuning = {k: v for k, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v}
-    out = launch(batch, *inputs, splits, block_tokens, scale_after_dot=scale_after_dot, **tuning)
+    if fused_decode and serves(batch):
+        plan = _decode_plan(batch, num_splits, block_tokens, num_warps, num_stages)
+        out = launch_decode(batch, *inputs, plan)
+    else:
+        programs = batch.batch_size * batch.q_tokens  # about: rows of queries per KV head
+        splits = num_splits or choose_splits(programs, batch.kv_heads, batch.span, q.device)
+        tuning = {k: v for k, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v}
+        out = launch(batch, *inputs, splits, block_tokens or 64, scale_after_dot=scale_after_dot,
+                     **tuning)  # fmt: skip
     # out is in V's rotated basis
     if v_spec.is_quantized and v_spec.rotation == "hadamard":
         out = out @ hadamard(q.shape[-1], q.device)
     return out.to(q.dtype)
+
+
+def _decode_plan(batch, splits, block_tokens, num_warps, num_stages) -> DecodePlan:
+    """The decode kernel's plan, with what the caller set in place of its choices."""
+    plan = plan_decode(batch)
+    return DecodePlan(
+        splits=splits or plan.splits,
+        block_tokens=block_tokens or plan.block_tokens,
+        num_warps=num_warps or plan.num_warps,
+        num_stages=num_stages or plan.num_stages,
+    )
 
 
 def decode_attention(q: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:

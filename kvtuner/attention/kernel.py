@@ -5,7 +5,7 @@ request, a block of its queries and one slice of its packed tokens; it loads eac
 for all ``Hq / Hkv`` query heads of that KV head (rows = query token × head, padded to at least
 16, the smallest ``tl.dot``), keeps an online softmax, and writes a normalized partial output
 and its log2-sum-exp. The last split also attends the tail. With a sliding window the splits
-cover only the window of the block's queries. ``_reduce_kernel`` merges the splits of each
+cover only the window of the block's queries. :func:`.splits.merge_splits` merges the splits of each
 (request, query, head), and adds the head's attention sink to the softmax denominator.
 
 Rows are addressed as ``base + b * stride_b + token * stride_tok + h * stride_head``: a paged
@@ -42,6 +42,7 @@ from .after_dot import (
 )
 from .layout import AttentionBatch
 from .rope import kernel_rope
+from .splits import merge_splits, softmax_args, split_chunk
 from .tiles import (
     _channel_tile,
     _dot,
@@ -54,8 +55,6 @@ from .tiles import (
 )
 
 __all__ = ["launch"]
-
-_LOG2E = 1.4426950408889634
 
 
 @triton.jit
@@ -182,29 +181,6 @@ def _attention_kernel(
     tl.store(o_ptr + at[:, None] * D + d[None, :], out, mask=q_ok[:, None])
 
 
-@triton.jit
-def _reduce_kernel(o_ptr, lse_ptr, sinks_ptr, out_ptr, num_splits, hq, D: tl.constexpr,
-                   S_PAD: tl.constexpr, HAS_SINKS: tl.constexpr):  # fmt: skip
-    """Merge the splits of one (request, query, head): softmax-weighted by their log2-sum-exp;
-    with sinks, ``exp(sink of the head)`` joins the softmax denominator."""
-    bh = tl.program_id(0).to(tl.int64)
-    s, d = tl.arange(0, S_PAD), tl.arange(0, D)
-    ok = s < num_splits
-    lse = tl.load(lse_ptr + bh * num_splits + s, mask=ok, other=-float("inf"))
-    top = tl.max(lse, 0)
-    top = tl.where(top == -float("inf"), 0.0, top)
-    w = tl.exp2(lse - top)  # empty splits weigh 0
-    o = tl.load(
-        o_ptr + (bh * num_splits + s)[:, None] * D + d[None, :], mask=ok[:, None], other=0.0
-    )
-    total = tl.sum(w, 0)
-    out = tl.sum(w[:, None] * o, 0) / tl.where(total > 0, total, 1.0)
-    if HAS_SINKS:  # out · Σexp / (Σexp + exp(sink)), in log2 units; nothing seen: stays 0
-        sink = tl.load(sinks_ptr + bh % hq)  # log2 units (the launcher scales by log2 e)
-        out = out / (1.0 + tl.exp2(sink - top - tl.log2(tl.where(total > 0, total, 1.0))))
-    tl.store(out_ptr + bh * D + d, out)
-
-
 def _rows_view(rows: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     """What the kernel indexes: packed uint8 rows, or 16-bit rows as fp16 elements."""
     return rows if spec.is_quantized else rows.view(torch.float16)
@@ -220,23 +196,6 @@ def _row_strides(rows: torch.Tensor, paged: bool) -> tuple[int, int, int]:
 def _spec_args(spec: QuantSpec, prefix: str) -> dict:
     sym = spec.symmetric if spec.is_quantized else False
     return {f"{prefix}_BITS": spec.bits, f"{prefix}_G": spec.group_size, f"{prefix}_SYM": sym}
-
-
-def _softmax_args(batch: AttentionBatch) -> dict:
-    """Scores' scale (log2 units), soft cap and window as the kernel takes them."""
-    sm_scale = batch.sm_scale if batch.sm_scale is not None else batch.head_dim**-0.5
-    cap = batch.logit_cap
-    scale = sm_scale / cap if cap else sm_scale * _LOG2E
-    return dict(window=batch.window or 0, score_scale=scale, cap_log2=(cap or 0.0) * _LOG2E,
-                WINDOW=batch.window is not None, SOFTCAP=cap is not None)  # fmt: skip
-
-
-def _chunk(batch: AttentionBatch, splits: int, block_tokens: int) -> tuple[int, int]:
-    """(tokens per split, splits): the packed width, or with a window only the span of keys
-    one block of queries can see, cut in ``splits`` multiples of ``block_tokens``."""
-    span = max(batch.span, 1)
-    chunk = triton.cdiv(triton.cdiv(span, splits), block_tokens) * block_tokens
-    return chunk, max(1, triton.cdiv(span, chunk))
 
 
 def launch(
@@ -265,7 +224,7 @@ def launch(
     hkv, group = batch.kv_heads, hq // batch.kv_heads
     gp = triton.next_power_of_2(group)
     bq = min(triton.next_power_of_2(q_len), max(1, 64 // gp))  # about 64 rows per program
-    chunk, splits = _chunk(batch, splits, block_tokens)
+    chunk, splits = split_chunk(batch, splits, block_tokens)
     dev = q.device
     rows_of_q = q.shape[0] if ragged else bsz * q_len  # one per query token
     partial = torch.empty(rows_of_q, hq, splits, dim, dtype=torch.float32, device=dev)
@@ -287,7 +246,7 @@ def launch(
         stage, stage_rows, freq, k_pos0, *q_strides, *_row_strides(k_rows, paged),
         *_row_strides(v_rows, paged), *k_tail.stride()[:3], *v_tail.stride()[:3],
         stage.stride(0), stage.stride(1), stage.stride(2), table.stride(0) if paged else 0,
-        q_len, batch.k_delta, batch.v_tail_tokens, chunk, splits, **_softmax_args(batch), D=dim,
+        q_len, batch.k_delta, batch.v_tail_tokens, chunk, splits, **softmax_args(batch), D=dim,
         GROUP=group, GP=gp, BQ=bq, BT=block_tokens, **_spec_args(batch.k_spec, "K"),
         K_CHANNEL=batch.k_spec.axis == "channel" and batch.k_spec.is_quantized,
         **_spec_args(batch.v_spec, "V"), PAGED=paged, HAS_ROWS=batch.table_rows is not None,
@@ -295,9 +254,5 @@ def launch(
         K_AFTER_DOT=takes_after_dot(batch.k_spec, on and not rope_half),
         V_AFTER_DOT=takes_after_dot(batch.v_spec, on), ROPE_HALF=rope_half, **triton_options,
     )  # fmt: skip
-    out = torch.empty(rows_of_q, hq, dim, dtype=torch.float32, device=dev)
-    sinks = batch.sinks.float() * _LOG2E if batch.sinks is not None else lse  # [Hq], log2 units
-    _reduce_kernel[(rows_of_q * hq,)](partial, lse, sinks, out, splits, hq, D=dim,
-                                      S_PAD=triton.next_power_of_2(splits),
-                                      HAS_SINKS=batch.sinks is not None)  # fmt: skip
+    out = merge_splits(partial, lse, batch.sinks)
     return out if ragged else out.view(bsz, q_len, hq, dim)

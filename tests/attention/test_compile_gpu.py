@@ -14,7 +14,7 @@ COMPILE = textwrap.dedent("""
     import inspect, triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from kvtuner.attention import kernel as dk
+    from kvtuner.attention import kernel as dk, splits
     from kvtuner.quant import QuantSpec
 
     def ptx(k, v, paged, ragged=False, gemma=False, after=False, q="*bf16", rope=0):
@@ -51,7 +51,7 @@ COMPILE = textwrap.dedent("""
     sig = {"o_ptr": "*fp32", "lse_ptr": "*fp32", "sinks_ptr": "*fp32", "out_ptr": "*fp32",
            "num_splits": "i32", "hq": "i32", "D": "constexpr", "S_PAD": "constexpr",
            "HAS_SINKS": "constexpr"}
-    src = ASTSource(dk._reduce_kernel, sig, dict(D=128, S_PAD=8, HAS_SINKS=True))
+    src = ASTSource(splits._reduce_kernel, sig, dict(D=128, S_PAD=8, HAS_SINKS=True))
     print(".entry" in triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"])
 """)
 

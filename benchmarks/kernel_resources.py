@@ -1,0 +1,243 @@
+"""What an H100 would run for kvtuner's hot kernels, read off an sm_90a build on any machine.
+
+Every hot kernel is launched through its own launcher with CPU tensors at the benchmark shapes,
+in the dtypes a GPU run uses (bf16 q and KV), inside ``../shared/tools/sm90_report.py``'s
+``compile_only``: Triton's ptxas builds each kernel for sm_90a and cuobjdump reads its
+registers, spills, shared memory and SASS mix; nothing runs. One row per (case, kernel):
+
+- ``kernel``, ``label`` (phase and spec, e.g. ``decode KV4 g32``), ``reg`` (registers a
+  thread), ``spill_bytes``, ``shared`` (bytes a program), ``programs_per_sm`` (register and
+  shared-memory limit), ``ldg_widths`` (global loads by width: ``U8`` is a byte a load,
+  ``128`` sixteen), ``ldgsts_widths`` (the same for async copies into shared memory, what
+  Triton's pipelined loads become), ``sass`` (MMA, conversions, loads, spills...).
+
+A clean row does not prove speed (a GPU run does); a row that spills, converts every element or
+loads codes a byte at a time is slow there. Shapes: Llama-3-8B attention (32 query heads,
+8 KV heads, head_dim 128), decode at batch 16 × 8192 tokens; pack/unpack 65536 tokens.
+
+    python benchmarks/kernel_resources.py [--only decode] [--output FILE]
+
+Exit 2 with one line where the shared tool is missing (``--tool`` names another copy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import importlib.util
+import os
+import re
+import sys
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+
+OUT = Path(__file__).parent / "results" / "kernel_resources.json"
+TOOL = Path(__file__).resolve().parents[2] / "shared" / "tools" / "sm90_report.py"
+HQ, HKV, D, BATCH, CONTEXT, PACK_TOKENS = 32, 8, 128, 16, 8192, 65536
+SMS = 132  # an H100 SXM's SMs: the splits a GPU launch would choose
+SPECS = {  # label: (K spec kwargs, V spec kwargs)
+    "KV4 g32": (dict(bits=4), dict(bits=4)),
+    "KV8 g64": (dict(bits=8, group_size=64), dict(bits=8, group_size=64)),
+    "KV8 g32": (dict(bits=8), dict(bits=8)),
+    "K8V4 g64/g32": (dict(bits=8, group_size=64), dict(bits=4)),
+    "KV2 g32": (dict(bits=2), dict(bits=2)),
+    "KV4 g128": (dict(bits=4, group_size=128), dict(bits=4, group_size=128)),
+    "KV4 g32 sym": (dict(bits=4, symmetric=True), dict(bits=4, symmetric=True)),
+    "K16V4": (dict(bits=16), dict(bits=4)),
+}
+
+
+def load_tool(path: Path):
+    """The shared tool's module (``compile_only``), or one line and exit 2."""
+    if not path.is_file():
+        print(
+            f"error: {path} not found (the shared sm90_report tool; --tool PATH)", file=sys.stderr
+        )
+        sys.exit(2)
+    spec = importlib.util.spec_from_file_location("sm90_report", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def specs(label: str):
+    from kvtuner.quant import QuantSpec
+
+    return tuple(QuantSpec(**kw) for kw in SPECS[label])
+
+
+def paged_batch(label: str, **fields):
+    """A decode batch over a paged pool at the benchmark shape (uninitialised: compile only)."""
+    import torch
+
+    from kvtuner.attention import AttentionBatch
+
+    k_spec, v_spec = specs(label)
+    slots = BATCH * CONTEXT
+    rows = [torch.empty(slots, HKV, s.row_bytes(D), dtype=torch.uint8) for s in (k_spec, v_spec)]
+    table = torch.arange(slots, dtype=torch.int32).view(BATCH, CONTEXT)
+    return AttentionBatch(
+        q=torch.empty(BATCH, 1, HQ, D, dtype=torch.bfloat16), k_rows=rows[0], v_rows=rows[1],
+        k_spec=k_spec, v_spec=v_spec, slot_table=table,
+        lengths=torch.full((BATCH,), CONTEXT, dtype=torch.int32), **fields,
+    )  # fmt: skip
+
+
+def hf_batch(label: str, tail: int = 64):
+    """The HF cache's decode: contiguous rows [B, Hkv, T, R], a bf16 tail, left padding."""
+    import torch
+
+    from kvtuner.attention import AttentionBatch
+
+    k_spec, v_spec = specs(label)
+    rows = [torch.empty(1, HKV, 2048, s.row_bytes(D), dtype=torch.uint8) for s in (k_spec, v_spec)]
+    tails = [torch.empty(1, HKV, tail, D, dtype=torch.bfloat16) for _ in range(2)]
+    return AttentionBatch(
+        q=torch.empty(1, 1, HQ, D, dtype=torch.bfloat16), k_rows=rows[0], v_rows=rows[1],
+        k_spec=k_spec, v_spec=v_spec, k_tail=tails[0], v_tail=tails[1],
+        starts=torch.zeros(1, dtype=torch.int32),
+    )  # fmt: skip
+
+
+def decode_cases() -> dict:
+    """label -> a zero-argument launch: the decode kernel for every spec and the HF path, and
+    the general kernel at the same decode point for comparison."""
+    from kvtuner.attention.decode_kernel import launch_decode, plan_decode
+    from kvtuner.attention.kernel import launch
+
+    def decode(batch):
+        return lambda: launch_decode(batch, batch.q, batch.k_tail, batch.v_tail,
+                                     plan_decode(batch, sms=SMS))  # fmt: skip
+
+    cases = {f"decode {label}": decode(paged_batch(label)) for label in SPECS}
+    cases["decode KV4 g32 window+cap"] = decode(paged_batch("KV4 g32", window=4096, logit_cap=50.0))
+    cases["decode KV4 g32 HF (tail)"] = decode(hf_batch("KV4 g32"))
+    general = paged_batch("KV4 g32")
+    splits = plan_decode(general, sms=SMS).splits
+    cases["decode KV4 g32 general kernel"] = lambda: launch(general, general.q, None, None,
+                                                            splits, 64)  # fmt: skip
+    return cases
+
+
+def extend_cases() -> dict:
+    """The general kernel where it serves alone: SGLang's extend, KIVI pages, pre-RoPE keys."""
+    import torch
+
+    from kvtuner.attention import AttentionBatch
+    from kvtuner.attention.kernel import launch
+    from kvtuner.quant import QuantSpec
+
+    spec = QuantSpec(4)
+    n_q, slots = BATCH * 512, BATCH * CONTEXT
+    rows = torch.empty(slots, HKV, spec.row_bytes(D), dtype=torch.uint8)
+    table = torch.arange(slots, dtype=torch.int32).view(BATCH, CONTEXT)
+    lengths = torch.full((BATCH,), CONTEXT, dtype=torch.int32)
+    indptr = torch.arange(0, n_q + 1, 512, dtype=torch.int32)
+    ragged = AttentionBatch(
+        q=torch.empty(n_q, HQ, D, dtype=torch.bfloat16), k_rows=rows, v_rows=rows, k_spec=spec,
+        v_spec=spec, slot_table=table, lengths=lengths, qo_indptr=indptr, max_q_len=512,
+    )  # fmt: skip
+    rope = paged_batch("KV4 g32")  # keys stored pre-RoPE: rotated per tile
+    rope = AttentionBatch(**{**rope.__dict__, "k_spec": QuantSpec(4, pre_rope=True),
+                             "rope_freq": torch.empty(D // 2, dtype=torch.float32)})  # fmt: skip
+    return {
+        "extend KV4 g32 (512 new tokens)": lambda: launch(ragged, ragged.q, None, None, 8, 64),
+        "decode KV4 g32 pre-RoPE (general)": lambda: launch(rope, rope.q, None, None, 8, 64),
+    }
+
+
+def pack_cases() -> dict:
+    """Pack (scatter quantized into a slot pool) and unpack (gather dequantized to bf16)."""
+    import torch
+
+    from kvtuner.quant import QuantSpec
+    from kvtuner.quant import triton_kernels as tk
+
+    def pack(spec):
+        buf = torch.empty(PACK_TOKENS, HKV, spec.row_bytes(D), dtype=torch.uint8)
+        x = torch.empty(PACK_TOKENS, HKV, D, dtype=torch.bfloat16)
+        loc = torch.arange(PACK_TOKENS, dtype=torch.int64)
+        grid, args = tk._launch_args(buf, loc, spec, D)
+        return lambda: tk._scatter_kernel[grid](x, loc, buf, stride_xt=x.stride(0),
+                                                stride_xh=x.stride(1), **args)  # fmt: skip
+
+    def unpack(spec):
+        buf = torch.empty(PACK_TOKENS, HKV, spec.row_bytes(D), dtype=torch.uint8)
+        out = torch.empty(PACK_TOKENS, HKV, D, dtype=torch.bfloat16)
+        loc = torch.arange(PACK_TOKENS, dtype=torch.int64)
+        grid, args = tk._launch_args(buf, loc, spec, D)
+        return lambda: tk._gather_kernel[grid](buf, loc, out.view(torch.int16), OUT_BF16=True,
+                                               **args)  # fmt: skip
+
+    four, had = QuantSpec(4), QuantSpec(4, rotation="hadamard")
+    return {"pack KV4 g32": pack(four), "pack KV4 g32 hadamard": pack(had),
+            "unpack KV4 g32": unpack(four)}  # fmt: skip
+
+
+GROUPS = {"decode": decode_cases, "extend": extend_cases, "pack": pack_cases}
+
+
+def async_copy_widths(sass: str) -> dict[str, int]:
+    """Global-to-shared async copies (``LDGSTS``: what Triton's pipelined loads become) by
+    width: ``128`` is sixteen bytes, ``32`` four (no suffix), ``U8`` one."""
+    found = re.findall(r"\bLDGSTS\.E(?:\.BYPASS)?(?:\.LTC128B)?(?:\.(128|64|U8|U16))?\b", sass)
+    return dict(collections.Counter(w or "32" for w in found))
+
+
+def collect(tool, groups: list[str]) -> list[dict]:
+    """Compile every case of ``groups`` for sm_90a -> one row per (case, kernel compiled)."""
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory() as sass_dir, tool.compile_only(sass_dir) as kernels:
+        for group in groups:
+            for label, launch in GROUPS[group]().items():
+                seen = len(kernels.rows)
+                launch()
+                for i, row in enumerate(kernels.rows[seen:], seen):
+                    sass = Path(sass_dir, f"{i:02d}_{row['kernel']}.sass").read_text()
+                    rows.append({"label": label, **row, "ldgsts_widths": async_copy_widths(sass)})
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    head = (
+        "| label | kernel | warps | REG | spill B | shared B | programs/SM | cvt | int | mma "
+        "| ldg | ldgsts |"
+    )
+    lines = [head, "|" + "---|" * 12]
+    for r in rows:
+        ldg, ldgsts = (
+            ",".join(f"{w}x{n}" for w, n in sorted(r[key].items()))
+            for key in ("ldg_widths", "ldgsts_widths")
+        )
+        lines.append(
+            f"| {r['label']} | {r['kernel']} | {r.get('num_warps')} | {r['reg']} | "
+            f"{r['spill_bytes']} | {r.get('shared')} | {r['programs_per_sm']} | "
+            f"{r['sass']['cvt']} | {r['sass']['int']} | {r['sass']['mma']} | {ldg} | {ldgsts} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--only", nargs="+", choices=list(GROUPS), default=list(GROUPS))
+    p.add_argument("--tool", type=Path, default=TOOL, help="sm90_report.py (the shared tool)")
+    p.add_argument("--output", type=Path, default=OUT)
+    args = p.parse_args()
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        print("error: unset TRITON_INTERPRET (kernels are compiled, not run)", file=sys.stderr)
+        sys.exit(2)
+    tool = load_tool(args.tool)
+    rows = collect(tool, args.only)
+    print(table(rows))
+    from kvtuner.profile import write_json_atomic
+
+    shape = dict(q_heads=HQ, kv_heads=HKV, head_dim=D, batch=BATCH, context=CONTEXT,
+                 pack_tokens=PACK_TOKENS, sms=SMS)  # fmt: skip
+    meta = {"target": "sm_90a, compiled on a CPU", "date": datetime.now(UTC).isoformat()}
+    write_json_atomic(args.output, {**meta, "shape": shape, "rows": rows})
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""The decode kernel (:mod:`kvtuner.attention.decode_kernel`) against the torch reference under
+Triton's interpreter, at head_dim 64: groups below head_dim (codes dequantized element-wise in
+pair order) and one scale a token-head (scale and zero after the dot); which batches it serves
+and which go to the general kernel."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvtuner.attention import AttentionBatch, decode_attention, decode_attention_reference
+from kvtuner.attention.decode_kernel import DecodePlan, launch_decode, plan_decode, serves
+from kvtuner.quant import QuantSpec, quantize
+
+D = 64
+LENGTHS = [150, 1, 67]  # several tiles and splits, a length-1 request, a partial tile
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def pool(k_spec, v_spec, lengths=LENGTHS, kv_heads=2, seed=0, dim=D):
+    """(rows and specs, keywords) of a paged pool whose requests' slots are scattered."""
+    g = gen(seed)
+    slots = sum(lengths) + 8
+    k = torch.randn(slots, kv_heads, dim, generator=g) * 2 + 0.5  # off-centre: zeros matter
+    v = torch.randn(slots, kv_heads, dim, generator=g)
+    perm = torch.randperm(slots, generator=g).to(torch.int32)
+    table = torch.zeros(len(lengths), max(lengths), dtype=torch.int32)
+    used = 0
+    for b, n in enumerate(lengths):
+        table[b, :n] = perm[used : used + n]
+        used += n
+    lens = torch.tensor(lengths, dtype=torch.int32)
+    args = (quantize(k, k_spec), quantize(v, v_spec), k_spec, v_spec)
+    return args, dict(lengths=lens, slot_table=table)
+
+
+def check(q, args, kw, tol=2e-5, **launch):
+    batch = AttentionBatch(q=q.unsqueeze(1), k_rows=args[0], v_rows=args[1], k_spec=args[2],
+                           v_spec=args[3], **kw)  # fmt: skip
+    assert serves(batch)  # the decode kernel, not the general one
+    got = decode_attention(q, *args, **kw, **launch)
+    torch.testing.assert_close(got, decode_attention_reference(q, *args, **kw), atol=tol, rtol=tol)
+    return got
+
+
+SPECS = [
+    (QuantSpec(4), QuantSpec(4)),  # groups of 32: two a row
+    (QuantSpec(2, group_size=16), QuantSpec(2, group_size=16, symmetric=True)),
+    (QuantSpec(8), QuantSpec(8, group_size=32, symmetric=True)),
+    (QuantSpec(4, group_size=8, symmetric=True), QuantSpec(4, group_size=64)),
+    (QuantSpec(4, group_size=64), QuantSpec(4, group_size=64)),  # one scale a token-head
+    (QuantSpec(8, group_size=64), QuantSpec(2, group_size=32)),
+    (QuantSpec(16), QuantSpec(4)),
+    (QuantSpec(4, group_size=64), QuantSpec(16)),
+]
+
+
+@pytest.mark.parametrize("k_spec,v_spec", SPECS, ids=lambda s: s.short())
+@pytest.mark.parametrize("ratio", [1, 4])
+def test_every_served_format_matches_the_reference(k_spec, v_spec, ratio):
+    args, kw = pool(k_spec, v_spec)
+    q = torch.randn(3, 2 * ratio, D, generator=gen(1)) * 2
+    check(q, args, kw, block_tokens=16, num_splits=3)
+    check(q, args, kw)  # the launcher's own plan
+
+
+@pytest.mark.parametrize("rotation", ["none", "hadamard"])
+def test_hf_rows_with_a_tail_left_padding_a_window_and_sinks(rotation):
+    k_spec = QuantSpec(4, rotation=rotation)
+    v_spec = QuantSpec(8, group_size=64, rotation=rotation)
+    g = gen(2)
+    k, v = (torch.randn(2, 2, 90, D, generator=g) for _ in range(2))
+    args = (quantize(k[:, :, :70], k_spec), quantize(v[:, :, :70], v_spec), k_spec, v_spec)
+    kw = dict(k_tail=k[:, :, 70:], v_tail=v[:, :, 70:], starts=torch.tensor([0, 75]).int())
+    q = torch.randn(2, 8, D, generator=g)
+    check(q, args, kw, block_tokens=16, num_splits=2)
+    extra = dict(window=30, logit_cap=2.0, sinks=torch.randn(8, generator=g))
+    check(q, args, {**kw, **extra}, block_tokens=16, num_splits=2)
+
+
+def test_rows_of_68_bytes_load_words_and_nan_rows_outside_the_window_stay_unread():
+    """KV4 at one scale a token-head of 128 channels: 68-byte rows (4-byte loads, VEC 1)."""
+    spec = QuantSpec(4, group_size=128)
+    args, kw = pool(spec, spec, lengths=[100, 40], dim=128)
+    assert args[0].shape[-1] == 68
+    kw["window"] = 50
+    q = torch.randn(2, 4, 128, generator=gen(3))
+    clean = check(q, args, kw, block_tokens=16, num_splits=2)
+    for rows in args[:2]:  # NaN metadata on request 0's first 40 tokens, outside its window
+        rows[kw["slot_table"][0, :40].long()] = 0xFF
+    assert torch.equal(decode_attention(q, *args, **kw, block_tokens=16, num_splits=2), clean)
+
+
+def test_what_the_decode_kernel_leaves_to_the_general_one():
+    def batch(k_spec, v_spec=None, **kw):
+        v_spec = v_spec or QuantSpec(4)
+        args, index = pool(k_spec, v_spec)
+        q = torch.randn(3, 1, 4, D)
+        return AttentionBatch(q=q, k_rows=args[0], v_rows=args[1], k_spec=k_spec, v_spec=v_spec,
+                              **{**index, **kw})  # fmt: skip
+
+    assert serves(batch(QuantSpec(4)))
+    assert not serves(batch(QuantSpec(3)))  # codes straddle bytes
+    assert not serves(batch(QuantSpec(2, group_size=8)))  # a word of 16 codes spans 2 groups
+    assert not serves(batch(QuantSpec(4), QuantSpec(6)))
+    assert not serves(batch(QuantSpec(8, group_size=64, symmetric=True)))  # 66-byte rows
+    freq = torch.ones(D // 2)
+    assert not serves(batch(QuantSpec(4, pre_rope=True), rope_freq=freq))
+    args, index = pool(QuantSpec(4), QuantSpec(4))
+    two = AttentionBatch(q=torch.randn(3, 2, 4, D), k_rows=args[0], v_rows=args[1],
+                         k_spec=args[2], v_spec=args[3], **index)  # fmt: skip
+    assert not serves(two)  # two query tokens: extend
+    with pytest.raises(ValueError, match="general kernel"):
+        launch_decode(two, two.q, None, None, DecodePlan(1))
+
+
+def test_unaligned_rows_fall_back_to_the_general_kernel_with_the_same_result():
+    spec = QuantSpec(4)
+    args, kw = pool(spec, spec)
+    raw = torch.zeros(args[0].numel() + 2, dtype=torch.uint8)
+    odd = raw[2:].view(args[0].shape)  # 2 bytes past a word: no int32 view
+    odd.copy_(args[0])
+    q = torch.randn(3, 4, D, generator=gen(4))
+    batch = AttentionBatch(q=q.unsqueeze(1), k_rows=odd, v_rows=args[1], k_spec=spec,
+                           v_spec=spec, **kw)  # fmt: skip
+    assert not serves(batch)
+    got = decode_attention(q, odd, *args[1:], **kw)
+    torch.testing.assert_close(got, decode_attention_reference(q, *args, **kw))
+
+
+def test_plans_fill_the_device_and_reject_bad_tiles():
+    args, kw = pool(QuantSpec(4), QuantSpec(4))
+    batch = AttentionBatch(q=torch.randn(3, 1, 4, D), k_rows=args[0], v_rows=args[1],
+                           k_spec=args[2], v_spec=args[3], **kw)  # fmt: skip
+    assert plan_decode(batch).splits <= 2  # the interpreter: at most 2
+    assert plan_decode(batch, sms=132).splits == 1  # 150 tokens: one split of >= 256
+    for bad in (dict(splits=0), dict(splits=1, block_tokens=24), dict(splits=1, num_warps=3)):
+        with pytest.raises(ValueError):
+            DecodePlan(**bad)

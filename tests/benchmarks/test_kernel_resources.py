@@ -1,0 +1,56 @@
+"""The GPU-free loop (``benchmarks/kernel_resources.py``): every decode kernel compiles for an
+H100 (sm_90a, Triton's ptxas) and holds what a fast kernel shows there, read off its build
+without a GPU: no spill, at most 168 registers a thread, no code loaded a byte at a time. A
+regression in the decode kernel fails here, in CI, before any GPU is lent.
+
+Needs the shared ``sm90_report.py`` beside the checkout (``../shared/tools``), as CI has it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).parents[2] / "benchmarks"
+TOOL = Path(__file__).resolve().parents[3] / "shared" / "tools" / "sm90_report.py"
+MAX_REGISTERS = 168  # 3 programs of 4 warps an SM (65,536 registers)
+
+
+@pytest.fixture(scope="module")
+def decode_rows(tmp_path_factory) -> list[dict]:
+    if not TOOL.is_file():
+        pytest.skip(f"{TOOL} (the shared sm90_report tool) is not beside this checkout")
+    out = tmp_path_factory.mktemp("resources") / "decode.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compile, not run
+    cmd = [sys.executable, str(BENCH / "kernel_resources.py"), "--only", "decode"]
+    res = subprocess.run([*cmd, "--output", str(out)], capture_output=True, text=True, env=env,
+                         timeout=900, cwd=BENCH)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(out.read_text())["rows"]
+
+
+def test_decode_kernels_fit_the_registers_without_spill_or_byte_loads(decode_rows):
+    decode = [r for r in decode_rows if r["kernel"] == "_decode_kernel"]
+    assert len(decode) >= 9  # every spec of the benchmark, the window and the HF path
+    for row in decode:
+        where = f"{row['label']}: {row['reg']} registers, {row['spill_bytes']} B spilled"
+        assert row["spill_bytes"] == 0 and row["reg"] <= MAX_REGISTERS, where
+        widths = {**row["ldg_widths"], **row["ldgsts_widths"]}
+        assert "U8" not in widths, f"{row['label']} loads bytes one at a time: {widths}"
+
+
+def test_rows_of_16_byte_multiples_load_codes_16_bytes_at_a_time(decode_rows):
+    """KV4 g32's 80-byte rows: the codes come in 16-byte async copies, 4 programs an SM."""
+    (row,) = (r for r in decode_rows if r["label"] == "decode KV4 g32" and "decode" in r["kernel"])
+    assert row["ldgsts_widths"].get("128", 0) > 0 and row["programs_per_sm"] >= 4
+
+
+def test_the_general_kernel_is_still_the_slow_one_it_replaces(decode_rows):
+    """The comparison row keeps the proxy honest: it must show the known bad build."""
+    (row,) = (r for r in decode_rows if r["label"] == "decode KV4 g32 general kernel"
+              and r["kernel"] == "_attention_kernel")  # fmt: skip
+    assert row["spill_bytes"] > 0 or row["reg"] > MAX_REGISTERS
