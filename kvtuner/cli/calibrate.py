@@ -105,6 +105,17 @@ def specs_from_args(args: argparse.Namespace):
     return key, value
 
 
+def _at_head_dim(args: argparse.Namespace, key, value, model):
+    """A per-head preset's templates at the model's head_dim (unless --group-size is given)."""
+    from ..calibration import fingerprint_of
+    from ..search_spaces import load_preset
+
+    if args.group_size is not None or not load_preset(args.preset).group_per_head:
+        return key, value
+    head_dim = fingerprint_of(model).head_dim
+    return replace(key, group_size=head_dim), replace(value, group_size=head_dim)
+
+
 def _key_smoothing(args: argparse.Namespace, key, model, data):
     """Per-layer λ calibrated on ``data`` when the preset smooths (token-axis) keys, else None."""
     from ..search_spaces import load_preset
@@ -161,6 +172,7 @@ def run(args: argparse.Namespace) -> int:
         seq_len=args.seq_len,
         seed=args.seed,
     )
+    key, value = _at_head_dim(args, key, value, model)
     sens = calibrate(
         model,
         data,

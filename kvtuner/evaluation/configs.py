@@ -15,7 +15,9 @@ pays the same metadata: 8 bytes of fp16 scale+zero per 32 elements = +1 bit per 
   and ``kivi-prerope-hadv`` presets' formats).
 Group 32 (not DESIGN.md's first table's 64) because the search presets and the SGLang pool use 32;
 a ``-gN`` suffix sets another group for K and V: ``kivi-prerope-k4v3-g64`` (the
-``kivi-prerope-g64`` preset's format; 64 tokens per key scale, 64 values per value scale).
+``kivi-prerope-g64`` preset's format; 64 tokens per key scale, 64 values per value scale);
+``-gh`` a group of the model's head_dim, one scale and zero per token-head (``k5v4-gh``,
+``had-kv4-gh``: the ``per-token-head`` and ``per-token-head-had`` presets' formats).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ GROUP_SIZE = 32
 DEFAULT_UNIFORM = ("kv8", "kv4", "kv2", "k8v4", "k4v2", "kivi4", "kivi2")
 QUANTO_BITS = (4, 2)
 _NAME = re.compile(
-    r"^(kivi-)?(prerope-)?(?:(had|hadk|hadv)-)?(?:kv(\d+)|k(\d+)v(\d+))(?:-g(\d+))?$"
+    r"^(kivi-)?(prerope-)?(?:(had|hadk|hadv)-)?(?:kv(\d+)|k(\d+)v(\d+))(?:-g(\d+|h))?$"
 )
 _ROTATED = {None: (), "had": ("k", "v"), "hadk": ("k",), "hadv": ("v",)}  # prefix -> tensors
 
@@ -116,11 +118,11 @@ def uniform_specs(name: str, fingerprint: ModelFingerprint) -> tuple[LayerSpec, 
         raise KVTunerError(
             f"unknown uniform config {name!r} (use kvB, kBvC, kiviB, kivi-kBvC, optionally "
             "rotated: had-/hadk-/hadv-kvB, kivi-hadv-kvB, keys before RoPE: kivi-prerope-kvB; "
-            "another group: a -gN suffix; B, C in 2, 3, 4, 5, 6, 8, 16)"
+            "another group: a -gN suffix, -gh for head_dim; B, C in 2, 3, 4, 5, 6, 8, 16)"
         )
     kivi, prerope, rotation, both, kb, vb, group = m.groups()
     k_bits, v_bits = (int(both), int(both)) if both else (int(kb), int(vb))
-    g = int(group) if group else GROUP_SIZE
+    g = fingerprint.head_dim if group == "h" else int(group) if group else GROUP_SIZE
     rot = {t: "hadamard" if t in _ROTATED[rotation] else "none" for t in ("k", "v")}
     k = _spec(name, k_bits, "channel" if kivi else "token", rot["k"], bool(prerope), g)
     v = _spec(name, v_bits, "token", rot["v"], group=g)

@@ -17,6 +17,11 @@ value scale; SGLang with ``--page-size 64``): half the scale/zero bytes, spent o
 when the budget is given in bytes (``0.25x``): on Qwen2.5-0.5B uniform K4V3 in groups of 64
 measures +1.44 % perplexity on the 32 test windows against +2.68 % for K3V3 in groups of 32, at
 the same 3072 bytes per token (docs/results.md).
+``per-token-head`` / ``per-token-head-had``: token axis for both, one fp16 scale and zero per
+token-head (the group is the model's head_dim, resolved by :meth:`SearchPreset.for_head_dim`),
+without and with Hadamard-rotated keys and values (vLLM's ``int4_per_token_head`` and
+TurboQuant's shape): the fewest metadata bytes (4 per row: at head_dim 128, 4.25 bits an element
+at 4 bits against g32's 5), and the decode kernel's cheapest read (scale and zero after the dot).
 A user JSON file gives ``{"name", "key", "value"}`` where key/value are QuantSpec fields without
 ``bits``, plus optionally ``"smooth_alpha"`` (key smoothing, α in (0, 1]). Bits 16 always mean
 "leave alone" (fp16).
@@ -53,6 +58,7 @@ class SearchPreset:
     servable_by_sglang: bool  # at any --page-size: token-axis sides, keys after RoPE
     smooth_alpha: float | None = None
     smoothing: tuple[KeySmoothing, ...] | None = None  # per layer, once calibrated
+    group_per_head: bool = False  # templates' group: the model's head_dim (for_head_dim)
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -65,6 +71,14 @@ class SearchPreset:
             raise KVTunerError("key smoothing needs token-axis keys")
         if self.smoothing is not None and alpha is None:
             raise KVTunerError("smoothing factors need a preset with smooth_alpha")
+
+    def for_head_dim(self, head_dim: int) -> SearchPreset:
+        """This preset at a model's head_dim: a per-head preset's templates take ``group_size
+        = head_dim`` (one scale and zero per token-head); any other preset is returned as is."""
+        if not self.group_per_head:
+            return self
+        key, value = (replace(t, group_size=head_dim) for t in (self.key, self.value))
+        return replace(self, key=key, value=value)
 
     def with_smoothing(self, smoothing: tuple[KeySmoothing, ...]) -> SearchPreset:
         """This preset with calibrated per-layer λ: every quantized key gets its layer's λ."""
@@ -102,6 +116,16 @@ PRESETS = {
     ),
     "per-token-g64": SearchPreset(
         "per-token-g64", QuantSpec(4, 64, rotation="hadamard"), QuantSpec(4, 64), True
+    ),
+    "per-token-head": SearchPreset(
+        "per-token-head", QuantSpec(4, 128), QuantSpec(4, 128), True, group_per_head=True
+    ),
+    "per-token-head-had": SearchPreset(
+        "per-token-head-had",
+        QuantSpec(4, 128, rotation="hadamard"),
+        QuantSpec(4, 128, rotation="hadamard"),
+        True,
+        group_per_head=True,
     ),
     "per-token-smooth": SearchPreset(
         "per-token-smooth", QuantSpec(4, 32), QuantSpec(4, 32), True, smooth_alpha=0.5

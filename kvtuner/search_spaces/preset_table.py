@@ -13,10 +13,11 @@ DOCS_BEGIN = "<!-- presets: generated from PRESETS by kvtuner.search_spaces.pres
 DOCS_END = "<!-- presets: end -->"
 
 
-def _side(spec: QuantSpec) -> str:
+def _side(spec: QuantSpec, per_head: bool = False) -> str:
     """One template in words, e.g. "token axis, group 32, Hadamard"."""
     unit = "tokens" if spec.axis == "channel" else "values"
-    parts = [f"{spec.axis} axis", f"groups of {spec.group_size} {unit}"]
+    group = "head_dim" if per_head else str(spec.group_size)
+    parts = [f"{spec.axis} axis", f"groups of {group} {unit}"]
     if spec.rotation != "none":
         parts.append(f"{spec.rotation} rotated")
     if spec.pre_rope:
@@ -41,7 +42,8 @@ def presets_markdown() -> str:
     for name, p in PRESETS.items():
         smoothing = f"α = {p.smooth_alpha}" if p.smooth_alpha is not None else "no"
         rows.append(
-            f"| `{name}` | {_side(p.key)} | {_side(p.value)} | {smoothing} | {_sglang(p)} |"
+            f"| `{name}` | {_side(p.key, p.group_per_head)} | {_side(p.value, p.group_per_head)} "
+            f"| {smoothing} | {_sglang(p)} |"
         )
     return "\n".join(rows)
 

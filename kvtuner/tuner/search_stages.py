@@ -45,6 +45,7 @@ class Prepared:
     budget: Budget
     data: CalibrationData
     held: CalibrationData | None
+    preset: SearchPreset  # the settings' preset at the model's head_dim
 
 
 @dataclass(frozen=True)
@@ -107,9 +108,10 @@ def prepare(settings: SearchSettings, loaded: tuple[Any, Any] | None = None) -> 
     lm, tokenizer, where = load_placed(s.model, s.device, s.dtype, loaded)
     fp = fingerprint_of(lm)
     budget = s.budget.at_context(fp, s.context)
-    _check_feasible(budget, s.preset, fp, min(s.bits or DEFAULT_BITS))
+    preset = s.preset.for_head_dim(fp.head_dim)
+    _check_feasible(budget, preset, fp, min(s.bits or DEFAULT_BITS))
     data, held = load_text(tokenizer, s, s.confirm_samples, s.confirm_seq_len)
-    return Prepared(lm, tokenizer, where, fp, budget, data, held)
+    return Prepared(lm, tokenizer, where, fp, budget, data, held, preset)
 
 
 def _check_feasible(budget: Budget, preset: SearchPreset, fp: ModelFingerprint, low: int) -> None:
@@ -126,7 +128,7 @@ def calibrate(settings: SearchSettings, run: Prepared, log: Log, progress: bool)
     """Key smoothing, then the sensitivity: the given file, the one cached beside the output
     when it matches, or a fresh calibration; then the space it prunes."""
     s = settings
-    preset = calibrated_smoothing(run.lm, s.preset, run.data, log, s.batch_size)
+    preset = calibrated_smoothing(run.lm, run.preset, run.data, log, s.batch_size)
     path = s.sensitivity or sensitivity_path(s.output)
     sens = load_or_calibrate(
         run.lm,

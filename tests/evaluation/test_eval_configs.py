@@ -36,6 +36,12 @@ FP = ModelFingerprint("LlamaForCausalLM", 3, 2, 64)
             QuantSpec(3, 64),
         ),
         ("kv4-g64", QuantSpec(4, 64), QuantSpec(4, 64)),
+        ("k5v4-gh", QuantSpec(5, 64), QuantSpec(4, 64)),  # FP's head_dim: one group a row
+        (
+            "had-kv4-gh",
+            QuantSpec(4, 64, rotation="hadamard"),
+            QuantSpec(4, 64, rotation="hadamard"),
+        ),
         (
             "kivi-prerope-hadv-k16v3",
             QuantSpec(16),  # 16 bits: stored as the model gives it
@@ -63,6 +69,7 @@ def test_uniform_names_map_to_documented_specs(name, k, v):
         "prerope-kivi4",
         "kv4-g",
         "kv4-g0",
+        "kv4-gx",
         "kv4g64",
     ],
 )

@@ -55,6 +55,20 @@ def test_g64_preset_halves_the_metadata_of_per_token():
     assert (effective(g32), effective(g64)) == (5, 4.5)
 
 
+def test_per_token_head_presets_take_the_models_head_dim_as_their_group():
+    for name, rotation in (("per-token-head", "none"), ("per-token-head-had", "hadamard")):
+        preset = PRESETS[name]
+        assert preset.servable_by_sglang and preset.group_per_head
+        for head_dim in (64, 128, 256):
+            spec = preset.for_head_dim(head_dim).layer_spec(0, 5, 4)
+            assert spec.k == QuantSpec(5, head_dim, rotation=rotation)
+            assert spec.v == QuantSpec(4, head_dim, rotation=rotation)
+    # one fp16 scale and zero a row: at head_dim 128, 4.25 bits an element at 4 bits (g32: 5)
+    k = PRESETS["per-token-head"].for_head_dim(128).layer_spec(0, 4, 4).k
+    assert k.exact_bytes_per_token(128) * 8 / 128 == 4.25
+    assert PRESETS["per-token"].for_head_dim(128) is PRESETS["per-token"]
+
+
 def test_kivi_prerope_g64_is_kivi_prerope_in_groups_of_64():
     g64, g32 = PRESETS["kivi-prerope-g64"], PRESETS["kivi-prerope"]
     spec = g64.layer_spec(0, 4, 3)

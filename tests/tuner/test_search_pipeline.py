@@ -182,3 +182,15 @@ def test_search_takes_a_loaded_model(tiny_dir, tmp_path):
     outcome = run(tiny_dir, tmp_path / "l.json", [], model="built-in-memory", loaded=loaded)
     assert outcome.profile.model_id == "built-in-memory"
     assert outcome.profile.calibration["dtype"] == "bfloat16"
+
+
+def test_a_per_token_head_search_writes_one_group_a_row(tiny_dir, tmp_path):
+    """The per-head preset resolves to the model's head_dim (32) before calibration."""
+    out, logs = tmp_path / "head" / "profile.json", []
+    outcome = run(tiny_dir, out, logs, preset="per-token-head-had", budget="4bit")
+    profile = load_profile(out, model_fingerprint(str(tiny_dir)))
+    head_dim = model_fingerprint(str(tiny_dir)).head_dim
+    quantized = [s for layer in profile.layers for s in (layer.k, layer.v) if s.is_quantized]
+    assert quantized and {s.group_size for s in quantized} == {head_dim}
+    assert {s.rotation for s in quantized} == {"hadamard"}
+    assert profile.budget["preset"] == "per-token-head-had" and outcome.best.kl > 0
