@@ -109,6 +109,17 @@ def load_fp16(ptr, mask):
 
 
 @triton.jit
+def _code_bytes_ok(row_ok, j, NB: tl.constexpr):
+    """Mask [BLOCK, NB_PAD] of a row's code bytes j: by row alone where no byte is padding, so
+    the bytes of a row load and store as one vector (16 bytes where the rows' offsets are)."""
+    if NB == j.shape[0]:  # noqa: SIM300 (constexpr first, as the other branches)
+        ok = row_ok[:, None] & (j >= 0)[None, :]
+    else:
+        ok = row_ok[:, None] & (j < NB)[None, :]
+    return ok
+
+
+@triton.jit
 def store_codes(dst, q, row_ok, NB: tl.constexpr, BITS: tl.constexpr):
     """Codes q int32 [BLOCK, NW_PAD, 8] -> the little-endian bit stream at ``dst`` [BLOCK]:
     code i of a row at stream bits [i*BITS, (i+1)*BITS), NB bytes."""
@@ -119,8 +130,7 @@ def store_codes(dst, q, row_ok, NB: tl.constexpr, BITS: tl.constexpr):
         c = tl.reshape(q, [BLOCK, NW_PAD * BITS, P])
         packed = tl.sum(c << (tl.arange(0, P) * BITS)[None, None, :], axis=2)
         j = tl.arange(0, NW_PAD * BITS)  # [NB_PAD] byte index
-        ok = row_ok[:, None] & (j < NB)[None]
-        tl.store(dst[:, None] + j[None, :], packed.to(tl.uint8), mask=ok)
+        tl.store(dst[:, None] + j[None, :], packed.to(tl.uint8), mask=_code_bytes_ok(row_ok, j, NB))
     else:  # 3/5/6 bits: 8 codes make one word of BITS bytes (at most 48 bits)
         k = tl.arange(0, 8)
         word = tl.sum(q.to(tl.int64) << (k * BITS).to(tl.int64)[None, None, :], axis=2)
@@ -140,7 +150,7 @@ def load_code_ints(src, row_ok, NB: tl.constexpr, NW_PAD: tl.constexpr, BITS: tl
     if 8 % BITS == 0:
         P: tl.constexpr = 8 // BITS
         j = tl.arange(0, NW_PAD * BITS)
-        b = tl.load(src[:, None] + j[None, :], mask=row_ok[:, None] & (j < NB)[None], other=0)
+        b = tl.load(src[:, None] + j[None, :], mask=_code_bytes_ok(row_ok, j, NB), other=0)
         q = (b.to(tl.int32)[:, :, None] >> (tl.arange(0, P) * BITS)[None, None, :]) & MASK
         q = tl.reshape(q, [BLOCK, NW_PAD, 8])
     else:  # code k of a word starts in byte lo = k*BITS // 8 and may run into byte lo + 1
