@@ -44,6 +44,9 @@ SPECS = {  # label: (K spec kwargs, V spec kwargs)
     "KV2 g32": (dict(bits=2), dict(bits=2)),
     "KV4 g128": (dict(bits=4, group_size=128), dict(bits=4, group_size=128)),
     "KV4 g32 sym": (dict(bits=4, symmetric=True), dict(bits=4, symmetric=True)),
+    "KV3 g32": (dict(bits=3), dict(bits=3)),
+    "K5V3 g64/g32 (had keys)": (dict(bits=5, group_size=64, rotation="hadamard"), dict(bits=3)),
+    "KV6 g32": (dict(bits=6), dict(bits=6)),
     "K16V4": (dict(bits=16), dict(bits=4)),
 }
 

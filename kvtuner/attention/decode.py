@@ -104,7 +104,7 @@ def extend_attention(
       layout, :mod:`.rope`) before its dot; such keys always run element-wise.
     num_splits (default: from the device, batch and length), block_tokens (default 64; the
     decode kernel's plan: 32), and Triton's num_warps and num_stages tune the launch;
-    one query token per request over token-axis rows of 2/4/8/16 bits runs the decode kernel
+    one query token per request over token-axis rows runs the decode kernel
     (:mod:`.decode_kernel`; ``fused_decode=False`` forces the general one, for comparison);
     ``scale_after_dot`` picks the kernel variant (default None: the environment variable
     ``KVTUNER_SCALE_AFTER_DOT=1`` turns it on, else off): on, packed token-axis rows with

@@ -1,6 +1,6 @@
-"""The decode kernel: one query token per request over token-axis packed K/V rows, and its
-launcher. Specialised for the serving hot path; everything else runs the general kernel
-(:mod:`.kernel`), which :func:`serves` tells apart.
+"""The decode kernel: one query token per request over token-axis packed K/V rows (2 to 8
+bits, or 16), and its launcher. Specialised for the serving hot path; everything else runs the
+general kernel (:mod:`.kernel`), which :func:`serves` tells apart.
 
 Grid ``(B, Hkv, splits + tail)``: a program owns one KV head of one request and one slice of
 its packed tokens (flash decoding); the ``Hq / Hkv`` query heads of that KV head are the rows of
@@ -37,12 +37,56 @@ from .tiles import _dot, _softmax_step
 
 __all__ = ["DecodePlan", "launch_decode", "plan_decode", "serves"]
 
-SERVED_BITS = (2, 4, 8, 16)  # codes whole in an int32 word (3/5/6 bits straddle bytes)
 _FP16_MAX = tl.constexpr(65504.0)
 
 
 @triton.jit
 def _row_codes(words_ptr, at, D: tl.constexpr, BITS: tl.constexpr, DT: tl.constexpr):
+    """Codes of the rows starting at int32 word ``at`` [BT] -> ``DT`` [BT, D]: 2/4/8 bits in
+    pair order (:func:`_word_codes`), 3/5/6 bits in channel order (:func:`_stream_codes`)."""
+    if 32 % BITS == 0:
+        codes = _word_codes(words_ptr, at, D, BITS, DT)
+    else:
+        codes = _stream_codes(words_ptr, at, D, BITS, DT)
+    return codes
+
+
+@triton.jit
+def _stream_codes(words_ptr, at, D: tl.constexpr, BITS: tl.constexpr, DT: tl.constexpr):
+    """3/5/6-bit codes of the rows at word ``at`` [BT] -> ``DT`` [BT, D], channel order. 32
+    codes fill BITS words (a chunk); code j of a chunk starts at bit j·BITS, in word
+    ``j·BITS // 32``, and runs into the next word where it straddles: each code picks its one
+    or two words out of the chunk's BITS (loaded once a row, 4 bytes each), shifts and masks.
+    Needs head_dim a multiple of 32 (whole chunks)."""
+    BT: tl.constexpr = at.shape[0]
+    NC: tl.constexpr = D // 32
+    bit = tl.arange(0, 32) * BITS
+    first, shift = (bit // 32)[None, None, :], (bit % 32)[None, None, :]
+    straddles = shift + BITS > 32
+    chunk = at[:, None] + tl.arange(0, NC)[None, :] * BITS  # [BT, NC] a chunk's first word
+    lo = tl.zeros([BT, NC, 32], tl.uint32)
+    hi = tl.zeros([BT, NC, 32], tl.uint32)
+    for k in tl.static_range(BITS):
+        word = tl.load(words_ptr + chunk + k).to(tl.uint32, bitcast=True)[:, :, None]
+        lo = tl.where(first == k, word, lo)
+        hi = tl.where(first + 1 == k, word, hi)
+    high = tl.where(straddles, hi << ((32 - shift) % 32), 0)
+    codes = ((lo >> shift) | high) & ((1 << BITS) - 1)
+    return _codes_as(tl.reshape(codes.to(tl.int32), [BT, D]), DT)
+
+
+@triton.jit
+def _codes_as(c, DT: tl.constexpr):
+    """int32 codes in [0, 256) -> ``DT`` exactly; fp16 by the exponent trick (no convert)."""
+    if DT == tl.float16:  # noqa: SIM300 (a constexpr dtype, not a constant on the left)
+        out = (c | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - 1024.0
+    else:
+        out = c.to(DT)
+    return out
+
+
+@triton.jit
+def _word_codes(words_ptr, at, D: tl.constexpr, BITS: tl.constexpr, DT: tl.constexpr):
     """Codes of the rows starting at int32 word ``at`` [BT] -> ``DT`` [BT, D] in *pair order*.
 
     A row's codes are one little-endian bit stream: word w holds codes ``P·w .. P·w + P - 1``
@@ -250,14 +294,15 @@ def _decode_kernel(
         k_at0 = (b64 * k_sb + h64 * k_sh) * K_VEC  # int32 words; k_sb is 0 when paged
         v_at0 = (b64 * v_sb + h64 * v_sh) * V_VEC
         q_sum = tl.sum(q.to(tl.float32), 1)
-        q_k = _pair_order(q, K_BITS) if K_BITS < 16 else q  # the keys' code order
+        paired_k: tl.constexpr = K_BITS < 16 and 32 % K_BITS == 0
+        q_k = _pair_order(q, K_BITS) if paired_k else q  # the keys' code order
         m, denom, acc = _packed_part(
             q_k, q_sum, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at0, k_st,
             v_st, stride_table, lo, hi, start, qpos, window, score_scale, cap_log2, D, BT,
             K_BITS, K_G, K_SYM, K_VEC, V_BITS, V_G, V_SYM, V_VEC, PAGED, HAS_START, WINDOW,
             SOFTCAP, DOT_IEEE,
         )  # fmt: skip
-        if V_BITS < 16:  # acc is in the values' code order
+        if V_BITS < 16 and 32 % V_BITS == 0:  # acc is in the values' code order (pairs)
             acc = _channel_order(acc, V_BITS)
     else:  # the tail's own program
         kt_base = kt_ptr + b64 * kt_sb + h64 * kt_sh
@@ -322,27 +367,32 @@ def _vec(rows: torch.Tensor, paged: bool) -> int:
     return 0
 
 
-def _decodable(spec: QuantSpec) -> bool:
-    """16-bit rows, or token-axis codes whole in a word whose codes share one group."""
+def _decodable(spec: QuantSpec, head_dim: int) -> bool:
+    """16-bit rows, or token-axis codes: 2/4/8 bits in groups of at least a word's codes
+    (32/bits: a word never spans two groups), 3/5/6 bits in whole chunks of 32 channels."""
     if not spec.is_quantized:
         return True
-    whole_words = spec.group_size >= 32 // spec.bits if spec.bits in SERVED_BITS else False
-    return spec.axis == "token" and whole_words
+    if spec.axis != "token":
+        return False
+    if 32 % spec.bits == 0:
+        return spec.group_size >= 32 // spec.bits
+    return head_dim % 32 == 0
 
 
 def serves(batch: AttentionBatch) -> bool:
     """Whether :func:`launch_decode` runs this batch: one query token per request (not
-    ragged), token-axis (or 16-bit) K and V of 2/4/8/16 bits with groups of at least a word's
-    codes (32/bits), rows aligned to 4 bytes, no pre-RoPE keys. The rest (extend, KIVI keys,
-    3/5/6 bits, smaller groups, pre-RoPE keys) runs :mod:`.kernel`."""
+    ragged), token-axis (or 16-bit) K and V as :func:`_decodable` says, rows aligned to 4
+    bytes, no pre-RoPE keys. The rest (extend, KIVI keys, 2/4/8 bits in groups smaller than a
+    word's codes, 3/5/6 bits at a head_dim not a multiple of 32, pre-RoPE keys) runs
+    :mod:`.kernel`."""
     paged = batch.slot_table is not None
     return (
         batch.q_tokens == 1
         and batch.qo_indptr is None
         and batch.rope_freq is None
         and batch.k_delta == 0
-        and _decodable(batch.k_spec)
-        and _decodable(batch.v_spec)
+        and _decodable(batch.k_spec, batch.head_dim)
+        and _decodable(batch.v_spec, batch.head_dim)
         and _vec(batch.k_rows, paged) > 0
         and _vec(batch.v_rows, paged) > 0
     )

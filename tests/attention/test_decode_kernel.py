@@ -9,7 +9,13 @@ import pytest
 import torch
 
 from kvtuner.attention import AttentionBatch, decode_attention, decode_attention_reference
-from kvtuner.attention.decode_kernel import DecodePlan, launch_decode, plan_decode, serves
+from kvtuner.attention.decode_kernel import (
+    DecodePlan,
+    _decodable,
+    launch_decode,
+    plan_decode,
+    serves,
+)
 from kvtuner.quant import QuantSpec, quantize
 
 D = 64
@@ -55,6 +61,9 @@ SPECS = [
     (QuantSpec(8, group_size=64), QuantSpec(2, group_size=32)),
     (QuantSpec(16), QuantSpec(4)),
     (QuantSpec(4, group_size=64), QuantSpec(16)),
+    (QuantSpec(3), QuantSpec(3, symmetric=True)),  # codes straddle words
+    (QuantSpec(5, group_size=64, rotation="hadamard"), QuantSpec(6, group_size=16)),
+    (QuantSpec(6, symmetric=True), QuantSpec(3, group_size=64)),
 ]
 
 
@@ -103,9 +112,11 @@ def test_what_the_decode_kernel_leaves_to_the_general_one():
                               **{**index, **kw})  # fmt: skip
 
     assert serves(batch(QuantSpec(4)))
-    assert not serves(batch(QuantSpec(3)))  # codes straddle bytes
+    assert serves(batch(QuantSpec(3)))  # codes straddle words: whole chunks of 32 channels
     assert not serves(batch(QuantSpec(2, group_size=8)))  # a word of 16 codes spans 2 groups
-    assert not serves(batch(QuantSpec(4), QuantSpec(6)))
+    assert serves(batch(QuantSpec(4), QuantSpec(6)))
+    assert not _decodable(QuantSpec(3, group_size=16), 16)  # half a chunk of 32 codes
+    assert not _decodable(QuantSpec(4, axis="channel"), 64)  # KIVI keys
     assert not serves(batch(QuantSpec(8, group_size=64, symmetric=True)))  # 66-byte rows
     freq = torch.ones(D // 2)
     assert not serves(batch(QuantSpec(4, pre_rope=True), rope_freq=freq))
