@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import importlib.util
 import os
 import re
@@ -124,16 +125,19 @@ def decode_cases() -> dict:
 
 
 def extend_cases() -> dict:
-    """The general kernel where it serves alone: SGLang's extend, KIVI pages, pre-RoPE keys."""
+    """SGLang's extend (the extend kernel, and the general one for comparison) and the general
+    kernel where it serves alone: pre-RoPE keys."""
     import torch
 
     from kvtuner.attention import AttentionBatch
+    from kvtuner.attention.extend_kernel import launch_extend, plan_extend
     from kvtuner.attention.kernel import launch
     from kvtuner.quant import QuantSpec
 
     spec = QuantSpec(4)
     n_q, slots = BATCH * 512, BATCH * CONTEXT
     rows = torch.empty(slots, HKV, spec.row_bytes(D), dtype=torch.uint8)
+    rows8 = torch.empty(slots, HKV, QuantSpec(8, 64).row_bytes(D), dtype=torch.uint8)
     table = torch.arange(slots, dtype=torch.int32).view(BATCH, CONTEXT)
     lengths = torch.full((BATCH,), CONTEXT, dtype=torch.int32)
     indptr = torch.arange(0, n_q + 1, 512, dtype=torch.int32)
@@ -144,8 +148,16 @@ def extend_cases() -> dict:
     rope = paged_batch("KV4 g32")  # keys stored pre-RoPE: rotated per tile
     rope = AttentionBatch(**{**rope.__dict__, "k_spec": QuantSpec(4, pre_rope=True),
                              "rope_freq": torch.empty(D // 2, dtype=torch.float32)})  # fmt: skip
+    eight = QuantSpec(8, 64)
+    ragged8 = dataclasses.replace(ragged, k_spec=eight, v_spec=eight, k_rows=rows8, v_rows=rows8)
     return {
-        "extend KV4 g32 (512 new tokens)": lambda: launch(ragged, ragged.q, None, None, 8, 64),
+        "extend KV4 g32 (512 new tokens)": lambda: launch_extend(
+            ragged, ragged.q, plan_extend(ragged, 1)
+        ),
+        "extend KV8 g64 (512 new tokens)": lambda: launch_extend(
+            ragged8, ragged8.q, plan_extend(ragged8, 1)
+        ),
+        "extend KV4 g32, the general kernel": lambda: launch(ragged, ragged.q, None, None, 1, 64),
         "decode KV4 g32 pre-RoPE (general)": lambda: launch(rope, rope.q, None, None, 8, 64),
     }
 

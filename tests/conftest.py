@@ -85,14 +85,15 @@ def tiny_any(request):
 
 @pytest.fixture(params=["baseline", "scale-after-dot"])
 def attention_variant(request, monkeypatch):
-    """Each packed-attention test twice: ``baseline``, what a call runs by default (the decode
-    kernel where it serves the batch, else the general kernel's element-wise variant), and the
+    """Each packed-attention test twice: ``baseline``, what a call runs by default (the decode or
+    extend kernel where one serves the batch, else the general kernel's element-wise variant), the
     general kernel alone in its scale-after-dot variant (the launcher's environment variable)."""
     monkeypatch.setenv("KVTUNER_SCALE_AFTER_DOT", "1" if request.param != "baseline" else "0")
     if request.param != "baseline":
         from kvtuner.attention import decode
 
         monkeypatch.setattr(decode, "serves", lambda batch: False)
+        monkeypatch.setattr(decode, "serves_extend", lambda batch: False)
     return request.param
 
 

@@ -14,6 +14,7 @@ a sliding ``window`` and a ``logit_cap``; GPT-OSS-style layers pass attention ``
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -23,6 +24,7 @@ from ..quant.smoothing import smooth, unsmooth
 from ..quant.spec import QuantSpec
 from ..quant.triton_kernels import interpreted
 from .decode_kernel import DecodePlan, launch_decode, plan_decode, serves
+from .extend_kernel import launch_extend, plan_extend, serves_extend
 from .kernel import launch
 from .layout import AttentionBatch, choose_splits
 
@@ -105,7 +107,8 @@ def extend_attention(
     num_splits (default: from the device, batch and length), block_tokens (default 64; the
     decode kernel's plan: 32), and Triton's num_warps and num_stages tune the launch;
     one query token per request over token-axis rows runs the decode kernel
-    (:mod:`.decode_kernel`; ``fused_decode=False`` forces the general one, for comparison);
+    (:mod:`.decode_kernel`), a ragged batch over a paged pool of such rows the extend kernel
+    (:mod:`.extend_kernel`); ``fused_decode=False`` forces the general one, for comparison;
     ``scale_after_dot`` picks the kernel variant (default None: the environment variable
     ``KVTUNER_SCALE_AFTER_DOT=1`` turns it on, else off): on, packed token-axis rows with
     groups >= 16 channels are not dequantized element-wise, their codes go into ``tl.dot``
@@ -144,13 +147,17 @@ def attend(
     if block_tokens is not None and (block_tokens < 16 or block_tokens & (block_tokens - 1)):
         raise ValueError(f"block_tokens must be a power of two >= 16, got {block_tokens}")
     inputs = _kernel_inputs(batch)
+    programs = batch.batch_size * batch.q_tokens  # about: rows of queries per KV head
+    splits = num_splits or choose_splits(programs, batch.kv_heads, batch.span, q.device)
+    tuning = {k: v for k, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v}
     if fused_decode and serves(batch):
         plan = _decode_plan(batch, num_splits, block_tokens, num_warps, num_stages)
         out = launch_decode(batch, *inputs, plan)
+    elif fused_decode and serves_extend(batch):
+        plan = plan_extend(batch, splits)
+        tile = {"block_tokens": block_tokens} if block_tokens else {}
+        out = launch_extend(batch, inputs[0], dataclasses.replace(plan, **tile, **tuning))
     else:
-        programs = batch.batch_size * batch.q_tokens  # about: rows of queries per KV head
-        splits = num_splits or choose_splits(programs, batch.kv_heads, batch.span, q.device)
-        tuning = {k: v for k, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v}
         out = launch(batch, *inputs, splits, block_tokens or 64, scale_after_dot=scale_after_dot,
                      **tuning)  # fmt: skip
     # out is in V's rotated basis

@@ -9,13 +9,8 @@ import pytest
 import torch
 
 from kvtuner.attention import AttentionBatch, decode_attention, decode_attention_reference
-from kvtuner.attention.decode_kernel import (
-    DecodePlan,
-    _decodable,
-    launch_decode,
-    plan_decode,
-    serves,
-)
+from kvtuner.attention.decode_kernel import DecodePlan, launch_decode, plan_decode, serves
+from kvtuner.attention.packed_rows import decodable
 from kvtuner.quant import QuantSpec, quantize
 
 D = 64
@@ -115,8 +110,8 @@ def test_what_the_decode_kernel_leaves_to_the_general_one():
     assert serves(batch(QuantSpec(3)))  # codes straddle words: whole chunks of 32 channels
     assert not serves(batch(QuantSpec(2, group_size=8)))  # a word of 16 codes spans 2 groups
     assert serves(batch(QuantSpec(4), QuantSpec(6)))
-    assert not _decodable(QuantSpec(3, group_size=16), 16)  # half a chunk of 32 codes
-    assert not _decodable(QuantSpec(4, axis="channel"), 64)  # KIVI keys
+    assert not decodable(QuantSpec(3, group_size=16), 16)  # half a chunk of 32 codes
+    assert not decodable(QuantSpec(4, axis="channel"), 64)  # KIVI keys
     assert not serves(batch(QuantSpec(8, group_size=64, symmetric=True)))  # 66-byte rows
     freq = torch.ones(D // 2)
     assert not serves(batch(QuantSpec(4, pre_rope=True), rope_freq=freq))

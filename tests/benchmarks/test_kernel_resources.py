@@ -1,7 +1,7 @@
-"""The GPU-free loop (``benchmarks/kernel_resources.py``): every decode kernel compiles for an
-H100 (sm_90a, Triton's ptxas) and holds what a fast kernel shows there, read off its build
-without a GPU: no spill, at most 168 registers a thread, no code loaded a byte at a time. A
-regression in the decode kernel fails here, in CI, before any GPU is lent.
+"""The GPU-free loop (``benchmarks/kernel_resources.py``): every decode and extend kernel
+compiles for an H100 (sm_90a, Triton's ptxas) and holds what a fast kernel shows there, read off
+its build without a GPU: no spill, at most 168 registers a thread, no code loaded a byte at a
+time. A regression in either fails here, in CI, before any GPU is lent.
 
 Needs the shared ``sm90_report.py`` beside the checkout (``../shared/tools``), as CI has it."""
 
@@ -26,17 +26,18 @@ def decode_rows(tmp_path_factory) -> list[dict]:
         pytest.skip(f"{TOOL} (the shared sm90_report tool) is not beside this checkout")
     out = tmp_path_factory.mktemp("resources") / "decode.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compile, not run
-    cmd = [sys.executable, str(BENCH / "kernel_resources.py"), "--only", "decode"]
+    cmd = [sys.executable, str(BENCH / "kernel_resources.py"), "--only", "decode", "extend"]
     res = subprocess.run([*cmd, "--output", str(out)], capture_output=True, text=True, env=env,
                          timeout=900, cwd=BENCH)  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
     return json.loads(out.read_text())["rows"]
 
 
-def test_decode_kernels_fit_the_registers_without_spill_or_byte_loads(decode_rows):
+def test_decode_and_extend_kernels_fit_the_registers_without_spill_or_byte_loads(decode_rows):
     decode = [r for r in decode_rows if r["kernel"] == "_decode_kernel"]
-    assert len(decode) >= 9  # every spec of the benchmark, the window and the HF path
-    for row in decode:
+    extend = [r for r in decode_rows if r["kernel"] == "_extend_kernel"]
+    assert len(decode) >= 9 and len(extend) >= 2  # every spec, the window, the HF path
+    for row in decode + extend:
         where = f"{row['label']}: {row['reg']} registers, {row['spill_bytes']} B spilled"
         assert row["spill_bytes"] == 0 and row["reg"] <= MAX_REGISTERS, where
         widths = {**row["ldg_widths"], **row["ldgsts_widths"]}

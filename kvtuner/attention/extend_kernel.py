@@ -1,0 +1,162 @@
+"""The extend kernel: SGLang's ragged extend batch (each request's new tokens, already in the
+pool, attend causally to everything stored) over token-axis packed K/V rows, and its launcher.
+
+Grid ``(B, Hkv, query blocks × splits)``: a program owns one KV head of one request, a block of
+``BQ`` of its new tokens and one slice of the packed positions those tokens see; rows of its
+``tl.dot`` are (query token, query head of the KV head), so each K/V tile is loaded once for all
+of them. The rows are read as the decode kernel reads them (:mod:`.packed_rows`), causally per
+row. Partials merge in :func:`.splits.merge_splits` (sinks there). Everything else an extend
+can be (KIVI pages, pre-RoPE keys, contiguous rows, left padding) runs the general kernel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .layout import AttentionBatch
+from .packed_rows import FP16_MAX, decodable, packed_part, row_vec, rows_args
+from .splits import merge_splits, softmax_args, split_chunk
+
+__all__ = ["ExtendPlan", "launch_extend", "plan_extend", "serves_extend"]
+
+
+@triton.jit
+def _extend_kernel(
+    q_ptr, k_words, k_half, v_words, v_half, table_ptr, rows_ptr, len_ptr, qo_ptr, o_ptr, lse_ptr,
+    stride_qn, stride_qh, k_st, k_sh, v_st, v_sh, stride_table, chunk, num_splits, window,
+    score_scale, cap_log2, D: tl.constexpr, GROUP: tl.constexpr, GP: tl.constexpr,
+    BQ: tl.constexpr, BT: tl.constexpr, K_BITS: tl.constexpr, K_G: tl.constexpr,
+    K_SYM: tl.constexpr, K_VEC: tl.constexpr, V_BITS: tl.constexpr, V_G: tl.constexpr,
+    V_SYM: tl.constexpr, V_VEC: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    DOT_IEEE: tl.constexpr,
+):  # fmt: skip
+    b, h = tl.program_id(0), tl.program_id(1)
+    qb, split = tl.program_id(2) // num_splits, tl.program_id(2) % num_splits
+    h64 = h.to(tl.int64)
+    DT: tl.constexpr = tl.float32 if DOT_IEEE else tl.float16
+    q0 = tl.load(qo_ptr + b).to(tl.int64)  # request b's new tokens: q rows q0 .. q0 + n_q
+    n_q = tl.load(qo_ptr + b + 1).to(tl.int64) - q0
+    QP: tl.constexpr = BQ * GP if BQ * GP >= 16 else 16  # rows: (new token, head of the group)
+    r, d = tl.arange(0, QP), tl.arange(0, D)
+    qi = qb * BQ + r // GP
+    qh = h64 * GROUP + r % GP
+    q_ok = (r % GP < GROUP) & (qi < n_q) & (r < BQ * GP)
+    q_at = q_ptr + (q0 + qi)[:, None] * stride_qn + qh[:, None] * stride_qh + d[None, :]
+    q = tl.load(q_at, mask=q_ok[:, None], other=0.0).to(tl.float32)
+    q = tl.minimum(tl.maximum(q, -FP16_MAX), FP16_MAX).to(DT)  # [QP, D]
+    total = tl.load(len_ptr + b)  # stored tokens, the new ones last
+    qpos = total - n_q + qi  # [QP]
+    last = tl.max(tl.where(q_ok, qpos, -1), 0)  # no row of ours attends past it
+    first = tl.min(tl.where(q_ok, qpos, total), 0)
+    base = tl.maximum(first - window + 1, 0) if WINDOW else 0  # nor before this
+    lo = base + split * chunk
+    hi = tl.minimum(tl.minimum(lo + chunk, total), last + 1)
+    row = tl.load(rows_ptr + b).to(tl.int64)
+    m, denom, acc = packed_part(
+        q, k_words, k_half, v_words, v_half, table_ptr, row, h64 * k_sh * K_VEC,
+        h64 * v_sh * V_VEC, k_st, v_st, stride_table, lo, hi, 0, qpos, window, score_scale,
+        cap_log2, D, BT, K_BITS, K_G, K_SYM, K_VEC, V_BITS, V_G, V_SYM, V_VEC, True, False, WINDOW,
+        SOFTCAP, True, DOT_IEEE,
+    )  # fmt: skip
+    seen = denom > 0
+    out = acc / tl.where(seen, denom, 1.0)[:, None]
+    lse = tl.where(seen, m + tl.log2(tl.where(seen, denom, 1.0)), -float("inf"))
+    at = ((q0 + qi) * (GROUP * tl.num_programs(1)) + qh) * num_splits + split  # [N, Hq, splits]
+    tl.store(lse_ptr + at, lse, mask=q_ok)
+    tl.store(o_ptr + at[:, None] * D + d[None, :], out, mask=q_ok[:, None])
+
+
+@dataclass(frozen=True)
+class ExtendPlan:
+    """How one extend launch is cut: position splits, rows a program (query tokens × the KV
+    head's query heads, padded to a power of two), tokens a tile, Triton's warps and stages."""
+
+    splits: int
+    rows: int = 16
+    block_tokens: int = 32
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("rows", "block_tokens"):
+            n = getattr(self, name)
+            if n < 16 or n & (n - 1):
+                raise ValueError(f"{name} must be a power of two >= 16, got {n}")
+        if self.splits < 1 or self.num_warps not in (1, 2, 4, 8) or self.num_stages < 1:
+            raise ValueError(f"need splits >= 1, 1/2/4/8 warps and stages >= 1: {self}")
+
+
+def plan_extend(batch: AttentionBatch, splits: int) -> ExtendPlan:
+    """Tiles as the sm_90a build reads best (``benchmarks/kernel_resources.py``): 16 rows (4 new
+    tokens of a 4-head group) and 32 tokens on 4 warps, 2 stages, where rows load 16 bytes at
+    a time (KV4 g32: 128 registers; 32 rows took 175, 64 took 235); else 16 tokens on 8 warps,
+    unpipelined (KV8 g64's 136-byte rows: 150 registers, against 244)."""
+    if min(row_vec(batch.k_rows, True), row_vec(batch.v_rows, True)) == 4:
+        return ExtendPlan(splits, rows=16, block_tokens=32, num_warps=4, num_stages=2)
+    return ExtendPlan(splits, rows=16, block_tokens=16, num_warps=8, num_stages=1)
+
+
+def serves_extend(batch: AttentionBatch) -> bool:
+    """Whether :func:`launch_extend` runs this batch: queries over a paged pool (SGLang's ragged
+    extend, or Tq a request), token-axis (or 16-bit) K and V as the decode kernel reads them,
+    rows aligned to 4 bytes, no pre-RoPE keys, no left padding."""
+    return (
+        batch.slot_table is not None
+        and batch.rope_freq is None
+        and batch.starts is None
+        and batch.k_stage is None
+        and decodable(batch.k_spec, batch.head_dim)
+        and decodable(batch.v_spec, batch.head_dim)
+        and row_vec(batch.k_rows, True) > 0
+        and row_vec(batch.v_rows, True) > 0
+    )
+
+
+def launch_extend(batch: AttentionBatch, q: torch.Tensor, plan: ExtendPlan) -> torch.Tensor:
+    """fp32 [N, Hq, D] of a batch :func:`serves_extend` (not ragged: [B, Tq, Hq, D]); ``q`` as
+    the kernel reads it (rotated, smoothed), the rest from ``batch``."""
+    if not serves_extend(batch):
+        raise ValueError("launch_extend: this batch is for the general kernel (see serves_extend)")
+    indptr = batch.qo_indptr
+    if indptr is None:  # Tq new tokens a request: the ragged layout with equal counts
+        bsz, tq = q.shape[:2]
+        out = launch_extend(_ragged(batch, q), q.reshape(bsz * tq, *q.shape[2:]), plan)
+        return out.view(bsz, tq, *out.shape[1:])
+    hq, dim, hkv = q.shape[-2], batch.head_dim, batch.kv_heads
+    group = hq // hkv
+    gp = triton.next_power_of_2(group)
+    bq = max(1, plan.rows // gp)  # new tokens a program
+    chunk, splits = split_chunk(batch, plan.splits, plan.block_tokens)
+    partial = torch.empty(q.shape[0], hq, splits, dim, dtype=torch.float32, device=q.device)
+    lse = torch.empty(q.shape[0], hq, splits, dtype=torch.float32, device=q.device)
+    k_args, k_vec = rows_args(batch.k_rows, True)
+    v_args, v_vec = rows_args(batch.v_rows, True)
+    table = batch.slot_table
+    rows = batch.table_rows
+    if rows is None:
+        rows = torch.arange(batch.batch_size, dtype=torch.int32, device=q.device)
+    k, v = batch.k_spec, batch.v_spec
+    grid = (batch.batch_size, hkv, triton.cdiv(batch.q_tokens, bq) * splits)
+    _extend_kernel[grid](
+        q, k_args[0], k_args[1], v_args[0], v_args[1], table, rows, batch.lengths,
+        batch.qo_indptr, partial, lse, q.stride(0), q.stride(1), *k_args[3:], *v_args[3:],
+        table.stride(0), chunk, splits, **softmax_args(batch), D=dim, GROUP=group, GP=gp, BQ=bq,
+        BT=plan.block_tokens, K_BITS=k.bits, K_G=k.group_size, K_SYM=k.symmetric and k.is_quantized,
+        K_VEC=k_vec, V_BITS=v.bits, V_G=v.group_size, V_SYM=v.symmetric and v.is_quantized,
+        V_VEC=v_vec, DOT_IEEE=q.dtype == torch.float32, num_warps=plan.num_warps,
+        num_stages=plan.num_stages,
+    )  # fmt: skip
+    return merge_splits(partial, lse, batch.sinks)
+
+
+def _ragged(batch: AttentionBatch, q: torch.Tensor) -> AttentionBatch:
+    """A [B, Tq, Hq, D] batch as the ragged one it equals (``qo_indptr`` of Tq steps)."""
+    bsz, tq = q.shape[:2]
+    indptr = torch.arange(0, bsz * tq + 1, tq, dtype=torch.int32, device=q.device)
+    flat = q.reshape(bsz * tq, *q.shape[2:])
+    return dataclasses.replace(batch, q=flat, qo_indptr=indptr, max_q_len=tq)

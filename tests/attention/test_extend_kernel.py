@@ -1,0 +1,83 @@
+"""The extend kernel (:mod:`kvtuner.attention.extend_kernel`) against the torch reference under
+Triton's interpreter at head_dim 64: SGLang's ragged extend (and Tq new tokens a request) over
+a paged pool, every format the decode kernel reads; what it leaves to the general kernel."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_decode_kernel import SPECS, gen, pool
+
+from kvtuner.attention import AttentionBatch, extend_attention, extend_attention_reference
+from kvtuner.attention.extend_kernel import ExtendPlan, launch_extend, plan_extend, serves_extend
+from kvtuner.quant import QuantSpec
+
+NEW = [5, 1, 0]  # new tokens of each request: several rows, one, none
+
+
+def ragged(new, heads, seed=0):
+    g = gen(seed)
+    indptr = torch.zeros(len(new) + 1, dtype=torch.int32)
+    indptr[1:] = torch.cumsum(torch.tensor(new), 0)
+    return torch.randn(int(indptr[-1]), heads, 64, generator=g) * 2, indptr
+
+
+@pytest.mark.parametrize("k_spec,v_spec", SPECS, ids=lambda s: s.short())
+def test_ragged_extend_matches_the_reference_for_every_format(k_spec, v_spec):
+    args, kw = pool(k_spec, v_spec)  # requests of 150, 1 and 67 stored tokens
+    q, indptr = ragged(NEW, 8)
+    kw = dict(kw, qo_indptr=indptr, max_q_len=5)
+    batch = AttentionBatch(q=q, k_rows=args[0], v_rows=args[1], k_spec=k_spec, v_spec=v_spec, **kw)
+    assert serves_extend(batch)
+    got = extend_attention(q, *args, **kw, block_tokens=16, num_splits=3)
+    want = extend_attention_reference(q, *args, **kw)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+
+
+def test_a_window_cap_and_sinks_per_row():
+    spec = QuantSpec(4)
+    args, kw = pool(spec, spec)
+    q, indptr = ragged(NEW, 8, seed=1)
+    kw = dict(kw, qo_indptr=indptr, max_q_len=5, window=20, logit_cap=2.0)
+    kw["sinks"] = torch.randn(8, generator=gen(2))
+    got = extend_attention(q, *args, **kw, block_tokens=16, num_splits=2)
+    want = extend_attention_reference(q, *args, **kw)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+
+
+def test_equal_counts_run_as_the_ragged_batch_they_are():
+    spec = QuantSpec(8, group_size=64)
+    args, kw = pool(spec, spec)
+    q = torch.randn(3, 1, 4, 64, generator=gen(3)).expand(3, 2, 4, 64).contiguous()
+    got = extend_attention(q, *args, **kw, block_tokens=16)  # 2 new tokens a request
+    torch.testing.assert_close(got, extend_attention_reference(q, *args, **kw), atol=2e-5,
+                               rtol=2e-5)  # fmt: skip
+
+
+def test_what_the_extend_kernel_leaves_to_the_general_one():
+    spec = QuantSpec(4)
+    args, kw = pool(spec, spec)
+    q, indptr = ragged(NEW, 4)
+    kw = dict(kw, qo_indptr=indptr, max_q_len=5)
+
+    def batch(**change):
+        fields = dict(q=q, k_rows=args[0], v_rows=args[1], k_spec=spec, v_spec=spec, **kw)
+        return AttentionBatch(**{**fields, **change})
+
+    assert serves_extend(batch())
+    assert not serves_extend(batch(rope_freq=torch.ones(32), k_spec=QuantSpec(4, pre_rope=True)))
+    assert args[0].shape[-1] == 40  # rows not a multiple of 16 bytes: 8 warps, unpipelined
+    assert plan_extend(batch(), 2) == ExtendPlan(2, 16, 16, num_warps=8, num_stages=1)
+    g16 = QuantSpec(4, group_size=16)
+    rows16, _ = pool(g16, g16)
+    assert rows16[0].shape[-1] == 48  # 16-byte rows
+    wide = batch(k_rows=rows16[0], v_rows=rows16[1], k_spec=g16, v_spec=g16)
+    assert plan_extend(wide, 2) == ExtendPlan(2, 16, 32, num_warps=4, num_stages=2)
+    with pytest.raises(ValueError, match="power of two"):
+        ExtendPlan(1, rows=24)
+    contiguous = AttentionBatch(q=q[None, :4], k_rows=args[0][None, :, :].expand(1, -1, -1, -1)
+                                .transpose(1, 2), v_rows=args[1][None].transpose(1, 2),
+                                k_spec=spec, v_spec=spec)  # fmt: skip
+    assert not serves_extend(contiguous)  # the HF cache's rows: the general kernel
+    with pytest.raises(ValueError, match="general kernel"):
+        launch_extend(contiguous, contiguous.q, ExtendPlan(1))
