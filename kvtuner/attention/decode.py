@@ -3,8 +3,12 @@
 ``q [B, Tq, Hq, D]``: each request's newest Tq tokens (decode: Tq = 1), already stored, attend
 causally to one layer's packed K and V rows and an optional unpacked tail. Codes, scales and
 zeros are read and dequantized in registers (never written back), scores and the softmax run in
-fp32, and the dot products run in q's dtype (what dequantize-then-SDPA does). The kernel and its
-launcher are in :mod:`.kernel`; the inputs are checked once by :class:`.layout.AttentionBatch`.
+fp32. Three kernels, each beside its launcher, chosen per call: :mod:`.decode_kernel` (one query
+token a request over token-axis rows), :mod:`.extend_kernel` (new tokens over a paged pool of
+such rows: SGLang's extend), both with fp16 dots (:mod:`.packed_rows`); :mod:`.kernel`, the
+general one, for the rest (KIVI keys, pre-RoPE keys, the HF cache's extend), with dots in q's
+dtype (what dequantize-then-SDPA does). The inputs are checked once by
+:class:`.layout.AttentionBatch`.
 
 Hadamard-rotated keys are attended by rotating q, rotated values by un-rotating the output.
 Smoothed keys (rows of ``k / λ``, :mod:`kvtuner.quant.smoothing`) are attended by multiplying q
