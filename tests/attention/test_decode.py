@@ -29,14 +29,20 @@ def paged_pool(lengths, kv_heads, k_spec, v_spec, seed=0, slots=160):
     g = gen(seed)
     k = torch.randn(slots, kv_heads, D, generator=g) * 2
     v = torch.randn(slots, kv_heads, D, generator=g)
+    table = scattered_table(lengths, slots, g)
+    lens = torch.tensor(lengths, dtype=torch.int32)
+    return quantize(k, k_spec), quantize(v, v_spec), table, lens
+
+
+def scattered_table(lengths, slots: int, g: torch.Generator) -> torch.Tensor:
+    """int32 [requests, max length]: request b's tokens in distinct random slots of ``slots``."""
     perm = torch.randperm(slots, generator=g)
     table = torch.zeros(len(lengths), max(lengths), dtype=torch.int32)
     used = 0
     for b, n in enumerate(lengths):
         table[b, :n] = perm[used : used + n]
         used += n
-    lens = torch.tensor(lengths, dtype=torch.int32)
-    return quantize(k, k_spec), quantize(v, v_spec), table, lens
+    return table
 
 
 def pool_args(lengths, kv_heads, k_spec, v_spec, seed=0):

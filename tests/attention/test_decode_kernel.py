@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_decode import scattered_table
 
 from kvtuner.attention import AttentionBatch, decode_attention, decode_attention_reference
 from kvtuner.attention.decode_kernel import DecodePlan, launch_decode, plan_decode, serves
@@ -27,12 +28,7 @@ def pool(k_spec, v_spec, lengths=LENGTHS, kv_heads=2, seed=0, dim=D):
     slots = sum(lengths) + 8
     k = torch.randn(slots, kv_heads, dim, generator=g) * 2 + 0.5  # off-centre: zeros matter
     v = torch.randn(slots, kv_heads, dim, generator=g)
-    perm = torch.randperm(slots, generator=g).to(torch.int32)
-    table = torch.zeros(len(lengths), max(lengths), dtype=torch.int32)
-    used = 0
-    for b, n in enumerate(lengths):
-        table[b, :n] = perm[used : used + n]
-        used += n
+    table = scattered_table(lengths, slots, g)
     lens = torch.tensor(lengths, dtype=torch.int32)
     args = (quantize(k, k_spec), quantize(v, v_spec), k_spec, v_spec)
     return args, dict(lengths=lens, slot_table=table)
