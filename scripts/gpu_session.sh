@@ -53,7 +53,7 @@ case "$stage" in
     step 200 python3 -m pytest -m cuda -q -n 8 -p no:cacheprovider $cuda_tests
     tool=$(ls ../shared/tools/sm90_report.py shared/tools/sm90_report.py 2>/dev/null | head -1)
     if [ -n "$tool" ]; then
-      step 90 python3 benchmarks/kernel_resources.py --tool "$tool" \
+      step 60 python3 benchmarks/kernel_resources.py --tool "$tool" \
         --output "$out/kernel_resources_gpu_machine.json"
     else
       echo "== kernel_resources: no sm90_report.py beside the checkout, skipped" | tee -a "$log"
