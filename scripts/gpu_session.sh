@@ -7,6 +7,7 @@
 #     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
 #     --platform manylinux2014_x86_64 -d .whl optuna alembic colorlog mako sqlalchemy greenlet \
 #     gguf datasets dill multiprocess
+#   cp ../shared/tools/sm90_report.py .whl/   # kernel_resources.py's tool, for the cross-check
 # On the GPU machine, from the repo root, with .whl carried:
 #   bash scripts/gpu_session.sh first     # the first call: pytest -m cuda, the sm_90 build's
 #                                         # resources, decode kernel vs general vs bf16 SDPA at
@@ -51,7 +52,7 @@ case "$stage" in
     # SGLang backend step, pack and unpack (HF generate waits for `hf`)
     nvidia-smi -L >>"$log" 2>&1
     step 200 python3 -m pytest -m cuda -q -n 8 -p no:cacheprovider $cuda_tests
-    tool=$(ls ../shared/tools/sm90_report.py shared/tools/sm90_report.py 2>/dev/null | head -1)
+    tool=$(ls .whl/sm90_report.py ../shared/tools/sm90_report.py 2>/dev/null | head -1)
     if [ -n "$tool" ]; then
       step 60 python3 benchmarks/kernel_resources.py --tool "$tool" \
         --output "$out/kernel_resources_gpu_machine.json"
