@@ -48,8 +48,8 @@ SPECS = {  # label: (K spec kwargs, V spec kwargs)
 DEFAULT_SPECS = [label for label in SPECS if "pre-RoPE" not in label]
 VARIANTS = {  # label: the launcher's keywords
     "decode-kernel": dict(),  # the decode kernel (kvtuner.attention.decode_kernel) where it serves
-    "baseline": dict(fused_decode=False, scale_after_dot=False),  # the general kernel
-    "scale-after-dot": dict(fused_decode=False, scale_after_dot=True),
+    "baseline": dict(specialized=False, scale_after_dot=False),  # the general kernel
+    "scale-after-dot": dict(specialized=False, scale_after_dot=True),
 }
 DEFAULT_VARIANTS = ["decode-kernel", "baseline"]
 

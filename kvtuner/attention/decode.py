@@ -76,7 +76,7 @@ def extend_attention(
     scale_after_dot: bool | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
-    fused_decode: bool = True,
+    specialized: bool = True,
     **fields: Any,
 ) -> torch.Tensor:
     """Causal attention of each request's newest Tq tokens over its packed K/V (and tail)
@@ -108,11 +108,11 @@ def extend_attention(
       model's ``inv_freq``, R <= D a power of two) and ``rope_offset`` (int, or int32 [B]):
       stored key t is rotated forward to position ``rope_offset + t`` (``rotate_half``
       layout, :mod:`.rope`) before its dot; such keys always run element-wise.
-    num_splits (default: from the device, batch and length), block_tokens (default 64; the
-    decode kernel's plan: 32), and Triton's num_warps and num_stages tune the launch;
-    one query token per request over token-axis rows runs the decode kernel
-    (:mod:`.decode_kernel`), a ragged batch over a paged pool of such rows the extend kernel
-    (:mod:`.extend_kernel`); ``fused_decode=False`` forces the general one, for comparison;
+    num_splits (default: from the device, batch and length), block_tokens (default: the decode
+    and extend kernels' plans, the general kernel's 64), and Triton's num_warps and num_stages
+    tune the launch; one query token per request over token-axis rows runs the decode kernel
+    (:mod:`.decode_kernel`), queries over a paged pool of such rows the extend kernel
+    (:mod:`.extend_kernel`); ``specialized=False`` forces the general one, for comparison;
     ``scale_after_dot`` picks the kernel variant (default None: the environment variable
     ``KVTUNER_SCALE_AFTER_DOT=1`` turns it on, else off): on, packed token-axis rows with
     groups >= 16 channels are not dequantized element-wise, their codes go into ``tl.dot``
@@ -129,7 +129,7 @@ def extend_attention(
         scale_after_dot=scale_after_dot,
         num_warps=num_warps,
         num_stages=num_stages,
-        fused_decode=fused_decode,
+        specialized=specialized,
     )
 
 
@@ -141,7 +141,7 @@ def attend(
     scale_after_dot: bool | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
-    fused_decode: bool = True,
+    specialized: bool = True,
 ) -> torch.Tensor:
     """The fused attention of one checked batch (build it by keyword) -> [B, Tq, Hq, D]
     (ragged: [N, Hq, D]) in q's dtype; launch options as in :func:`extend_attention`."""
@@ -154,10 +154,10 @@ def attend(
     programs = batch.batch_size * batch.q_tokens  # about: rows of queries per KV head
     splits = num_splits or choose_splits(programs, batch.kv_heads, batch.span, q.device)
     tuning = {k: v for k, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v}
-    if fused_decode and serves(batch):
+    if specialized and serves(batch):
         plan = _decode_plan(batch, num_splits, block_tokens, num_warps, num_stages)
         out = launch_decode(batch, *inputs, plan)
-    elif fused_decode and serves_extend(batch):
+    elif specialized and serves_extend(batch):
         plan = plan_extend(batch, splits)
         tile = {"block_tokens": block_tokens} if block_tokens else {}
         out = launch_extend(batch, inputs[0], dataclasses.replace(plan, **tile, **tuning))

@@ -217,7 +217,7 @@ def test_scale_after_dot_takes_token_axis_groups_of_16_or_more():
 def test_the_keyword_overrides_the_environment(monkeypatch):
     spec = QuantSpec(4)
     args, index = pool_args(RAGGED, 2, spec, spec)
-    index["fused_decode"] = False  # the general kernel's variants (decode_kernel: its own)
+    index["specialized"] = False  # the general kernel's variants (decode_kernel: its own)
     q = torch.randn(3, 8, D, generator=gen(13))
     monkeypatch.setenv(ENV, "1")
     assert wanted(None) and not wanted(False)
