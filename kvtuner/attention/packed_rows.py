@@ -125,9 +125,10 @@ def channel_order(x, BITS: tl.constexpr):
 
 @triton.jit
 def row_meta(half_ptr, at, ok, D: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr,
-              SYM: tl.constexpr, DT: tl.constexpr):  # fmt: skip
+             SYM: tl.constexpr, DT: tl.constexpr):  # fmt: skip
     """Scales and zeros of the rows at word ``at`` [BT] -> ``DT`` [BT, NG] each, such that
-    x = zero + scale·code (symmetric rows: scale/HALF and -scale). One load a row."""
+    x = zero + scale·code (symmetric rows: scale/HALF and -scale); a row's scales are one load,
+    its zeros another; rows not ``ok`` read as 0."""
     NG: tl.constexpr = D // G
     first = 2 * (at + D * BITS // 32)  # fp16 index of the row's first scale
     at_g = first[:, None] + tl.arange(0, NG)[None, :]
@@ -143,7 +144,7 @@ def row_meta(half_ptr, at, ok, D: tl.constexpr, BITS: tl.constexpr, G: tl.conste
 
 @triton.jit
 def dequantized(words_ptr, half_ptr, at, ok, D: tl.constexpr, BITS: tl.constexpr,
-                 G: tl.constexpr, SYM: tl.constexpr, DT: tl.constexpr):  # fmt: skip
+                G: tl.constexpr, SYM: tl.constexpr, DT: tl.constexpr):  # fmt: skip
     """Rows at word ``at`` [BT] -> ``DT`` [BT, D]: one fma an element (16-bit rows: loaded)."""
     BT: tl.constexpr = at.shape[0]
     if BITS == 16:
@@ -159,7 +160,7 @@ def dequantized(words_ptr, half_ptr, at, ok, D: tl.constexpr, BITS: tl.constexpr
 
 @triton.jit
 def scores(q, q_sum, k_words, k_half, at, ok, D: tl.constexpr, BITS: tl.constexpr,
-            G: tl.constexpr, SYM: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+           G: tl.constexpr, SYM: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
     """Raw scores fp32 [QP, BT] of q [QP, D] (row sums q_sum fp32 [QP]) against the keys at
     word ``at`` [BT]; one scale a token-head: scale·(q·codes) + zero·Σq, after the dot."""
     BT: tl.constexpr = at.shape[0]
@@ -176,7 +177,7 @@ def scores(q, q_sum, k_words, k_half, at, ok, D: tl.constexpr, BITS: tl.constexp
 
 @triton.jit
 def values(p, v_words, v_half, at, ok, D: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr,
-            SYM: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+           SYM: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
     """p fp32 [QP, BT] times the values at word ``at`` [BT] -> (fp32 [QP, D], fp32 [QP]: the
     zeros' part Σ_t p·zero, added to every channel by the caller; 0 unless one scale a row)."""
     BT: tl.constexpr = at.shape[0]
