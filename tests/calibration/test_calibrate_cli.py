@@ -98,6 +98,18 @@ def test_flags_override_the_preset(tiny_dir, tmp_path):
     assert sens.value_spec["rotation"] == "hadamard" and sens.value_spec["group_size"] == 16
 
 
+def test_a_per_head_preset_calibrates_one_group_a_row(tiny_dir, tmp_path):
+    """``per-token-head``: the group becomes the model's head_dim once the model is loaded."""
+    args = ["--model", str(tiny_dir), "--num-samples", "1", "--seq-len", "32", "--bits", "4"]
+    run = kvtuner(*args, "--preset", "per-token-head-had", "--no-cache", "--no-progress",
+                  "--output", str(tmp_path / "s.json"))  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    sens = Sensitivity.load(tmp_path / "s.json")
+    head_dim = json.loads((tiny_dir / "config.json").read_text())["head_dim"]
+    assert sens.key_spec["group_size"] == sens.value_spec["group_size"] == head_dim
+    assert sens.key_spec["rotation"] == sens.value_spec["rotation"] == "hadamard"
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
