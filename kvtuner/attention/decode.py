@@ -27,7 +27,7 @@ from ..quant.reference import hadamard
 from ..quant.smoothing import smooth, unsmooth
 from ..quant.spec import QuantSpec
 from ..quant.triton_kernels import interpreted
-from .decode_kernel import DecodePlan, launch_decode, plan_decode, serves
+from .decode_kernel import launch_decode, plan_decode, serves
 from .extend_kernel import launch_extend, plan_extend, serves_extend
 from .kernel import launch
 from .layout import AttentionBatch, choose_splits
@@ -145,40 +145,36 @@ def attend(
 ) -> torch.Tensor:
     """The fused attention of one checked batch (build it by keyword) -> [B, Tq, Hq, D]
     (ragged: [N, Hq, D]) in q's dtype; launch options as in :func:`extend_attention`."""
-    q, v_spec = batch.q, batch.v_spec
+    q = batch.q
     if not q.is_cuda and not interpreted():
         raise ValueError("packed attention needs CUDA tensors, or TRITON_INTERPRET=1 on CPU")
     if block_tokens is not None and (block_tokens < 16 or block_tokens & (block_tokens - 1)):
         raise ValueError(f"block_tokens must be a power of two >= 16, got {block_tokens}")
     inputs = _kernel_inputs(batch)
-    programs = batch.batch_size * batch.q_tokens  # about: rows of queries per KV head
-    splits = num_splits or choose_splits(programs, batch.kv_heads, batch.span, q.device)
-    tuning = {k: v for k, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v}
-    if specialized and serves(batch):
-        plan = _decode_plan(batch, num_splits, block_tokens, num_warps, num_stages)
-        out = launch_decode(batch, *inputs, plan)
-    elif specialized and serves_extend(batch):
-        plan = plan_extend(batch, splits)
-        tile = {"block_tokens": block_tokens} if block_tokens else {}
-        out = launch_extend(batch, inputs[0], dataclasses.replace(plan, **tile, **tuning))
+    options = dict(splits=num_splits, block_tokens=block_tokens, num_warps=num_warps,
+                   num_stages=num_stages)  # fmt: skip
+    options = {k: v for k, v in options.items() if v}  # what the caller set, over the plans'
+    if specialized and serves(batch):  # its plan chooses its own splits
+        out = launch_decode(batch, *inputs, dataclasses.replace(plan_decode(batch), **options))
     else:
-        out = launch(batch, *inputs, splits, block_tokens or 64, scale_after_dot=scale_after_dot,
-                     **tuning)  # fmt: skip
-    # out is in V's rotated basis
+        programs = batch.batch_size * batch.q_tokens  # about: rows of queries per KV head
+        splits = num_splits or choose_splits(programs, batch.kv_heads, batch.span, q.device)
+        if specialized and serves_extend(batch):
+            plan = dataclasses.replace(plan_extend(batch, splits), **options)
+            out = launch_extend(batch, inputs[0], plan)
+        else:
+            tuning = {k: options[k] for k in ("num_warps", "num_stages") if k in options}
+            out = launch(batch, *inputs, splits, block_tokens or 64,
+                         scale_after_dot=scale_after_dot, **tuning)  # fmt: skip
+    return _unrotated(out, batch)
+
+
+def _unrotated(out: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
+    """The kernel's fp32 output, in V's rotated basis, -> q's dtype in the model's basis."""
+    v_spec, q = batch.v_spec, batch.q
     if v_spec.is_quantized and v_spec.rotation == "hadamard":
         out = out @ hadamard(q.shape[-1], q.device)
     return out.to(q.dtype)
-
-
-def _decode_plan(batch, splits, block_tokens, num_warps, num_stages) -> DecodePlan:
-    """The decode kernel's plan, with what the caller set in place of its choices."""
-    plan = plan_decode(batch)
-    return DecodePlan(
-        splits=splits or plan.splits,
-        block_tokens=block_tokens or plan.block_tokens,
-        num_warps=num_warps or plan.num_warps,
-        num_stages=num_stages or plan.num_stages,
-    )
 
 
 def decode_attention(q: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:

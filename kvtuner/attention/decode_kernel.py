@@ -23,8 +23,8 @@ import triton
 import triton.language as tl
 
 from .layout import AttentionBatch, choose_splits
-from .packed_rows import FP16_MAX, decodable, packed_part, row_vec, rows_args
-from .splits import merge_splits, softmax_args, split_chunk
+from .packed_rows import FP16_MAX, decodable, packed_part, row_vec, rows_args, table_rows
+from .splits import merge_splits, softmax_args, split_chunk, store_partial
 from .tiles import _dot, _softmax_step
 
 __all__ = ["DecodePlan", "launch_decode", "plan_decode", "serves"]
@@ -100,13 +100,8 @@ def _decode_kernel(
             q, kt_base, vt_base, kt_st, vt_st, tail_len, packed, start, qpos, window,
             score_scale, cap_log2, D, BT, HAS_START, WINDOW, SOFTCAP, DOT_IEEE,
         )  # fmt: skip
-    seen = denom > 0
-    out = acc / tl.where(seen, denom, 1.0)[:, None]
-    lse = tl.where(seen, m + tl.log2(tl.where(seen, denom, 1.0)), -float("inf"))
-    parts = tl.num_programs(2)
-    at = ((b64 * tl.num_programs(1) + h64) * GROUP + r) * parts + split  # [B, Hq, parts]
-    tl.store(lse_ptr + at, lse, mask=q_ok)
-    tl.store(o_ptr + at[:, None] * D + d[None, :], out, mask=q_ok[:, None])
+    at = ((b64 * tl.num_programs(1) + h64) * GROUP + r) * tl.num_programs(2) + split
+    store_partial(o_ptr, lse_ptr, at, m, denom, acc, q_ok)  # [B, Hq, parts] partials
 
 
 @dataclass(frozen=True)
@@ -133,24 +128,18 @@ def plan_decode(batch: AttentionBatch, *, sms: int | None = None) -> DecodePlan:
     kernel_resources.py``): 32 tokens on 4 warps, 2 stages, where rows load 16 bytes at a
     time; else 16 tokens on 8 warps, unpipelined (narrower loads take Triton to layouts that
     cost registers: KV8 g64's 136-byte rows took 244 at 32 tokens on 4 warps)."""
-    span, paged = batch.span, batch.slot_table is not None
-    if sms is None:
-        splits = choose_splits(batch.batch_size, batch.kv_heads, span, batch.q.device)
-    else:
-        wanted = -(-4 * sms // max(1, batch.batch_size * batch.kv_heads))
-        splits = max(1, min(wanted, -(-span // 256), 64))
-    if min(row_vec(batch.k_rows, paged), row_vec(batch.v_rows, paged)) == 4:
+    splits = choose_splits(batch.batch_size, batch.kv_heads, batch.span, batch.q.device, sms=sms)
+    if min(row_vec(batch.k_rows), row_vec(batch.v_rows)) == 4:
         return DecodePlan(splits, block_tokens=32, num_warps=4, num_stages=2)
     return DecodePlan(splits, block_tokens=16, num_warps=8, num_stages=1)
 
 
 def serves(batch: AttentionBatch) -> bool:
     """Whether :func:`launch_decode` runs this batch: one query token per request (not
-    ragged), token-axis (or 16-bit) K and V as :func:`_decodable` says, rows aligned to 4
-    bytes, no pre-RoPE keys. The rest (extend, KIVI keys, 2/4/8 bits in groups smaller than a
-    word's codes, 3/5/6 bits at a head_dim not a multiple of 32, pre-RoPE keys) runs
-    :mod:`.kernel`."""
-    paged = batch.slot_table is not None
+    ragged), token-axis (or 16-bit) K and V as :func:`.packed_rows.decodable` says, rows
+    aligned to 4 bytes, no pre-RoPE keys. The rest (extend, KIVI keys, 2/4/8 bits in groups
+    smaller than a word's codes, 3/5/6 bits at a head_dim not a multiple of 32, pre-RoPE keys)
+    runs :mod:`.kernel`."""
     return (
         batch.q_tokens == 1
         and batch.qo_indptr is None
@@ -158,8 +147,8 @@ def serves(batch: AttentionBatch) -> bool:
         and batch.k_delta == 0
         and decodable(batch.k_spec, batch.head_dim)
         and decodable(batch.v_spec, batch.head_dim)
-        and row_vec(batch.k_rows, paged) > 0
-        and row_vec(batch.v_rows, paged) > 0
+        and row_vec(batch.k_rows) > 0
+        and row_vec(batch.v_rows) > 0
     )
 
 
@@ -187,9 +176,7 @@ def launch_decode(
     empty = torch.zeros(1, 1, 1, dim, dtype=q.dtype, device=dev)
     k_tail, v_tail = (empty, empty) if k_tail is None else (k_tail, v_tail)
     table = batch.slot_table if paged else batch.lengths  # unused pointers: any int tensor
-    rows = batch.table_rows if batch.table_rows is not None else batch.lengths
-    if paged and batch.table_rows is None:
-        rows = torch.arange(bsz, dtype=torch.int32, device=dev)
+    rows = table_rows(batch) if paged else batch.lengths
     starts = batch.starts if batch.starts is not None else batch.lengths
     k, v = batch.k_spec, batch.v_spec
     tuning = {"num_stages": plan.num_stages} if plan.num_stages else {}

@@ -19,8 +19,8 @@ import triton
 import triton.language as tl
 
 from .layout import AttentionBatch
-from .packed_rows import FP16_MAX, decodable, packed_part, row_vec, rows_args
-from .splits import merge_splits, softmax_args, split_chunk
+from .packed_rows import FP16_MAX, decodable, packed_part, row_vec, rows_args, table_rows
+from .splits import merge_splits, softmax_args, split_chunk, store_partial
 
 __all__ = ["ExtendPlan", "launch_extend", "plan_extend", "serves_extend"]
 
@@ -63,12 +63,8 @@ def _extend_kernel(
         cap_log2, D, BT, K_BITS, K_G, K_SYM, K_VEC, V_BITS, V_G, V_SYM, V_VEC, True, False, WINDOW,
         SOFTCAP, True, DOT_IEEE,
     )  # fmt: skip
-    seen = denom > 0
-    out = acc / tl.where(seen, denom, 1.0)[:, None]
-    lse = tl.where(seen, m + tl.log2(tl.where(seen, denom, 1.0)), -float("inf"))
     at = ((q0 + qi) * (GROUP * tl.num_programs(1)) + qh) * num_splits + split  # [N, Hq, splits]
-    tl.store(lse_ptr + at, lse, mask=q_ok)
-    tl.store(o_ptr + at[:, None] * D + d[None, :], out, mask=q_ok[:, None])
+    store_partial(o_ptr, lse_ptr, at, m, denom, acc, q_ok)
 
 
 @dataclass(frozen=True)
@@ -96,7 +92,7 @@ def plan_extend(batch: AttentionBatch, splits: int) -> ExtendPlan:
     tokens of a 4-head group) and 32 tokens on 4 warps, 2 stages, where rows load 16 bytes at
     a time (KV4 g32: 128 registers; 32 rows took 175, 64 took 235); else 16 tokens on 8 warps,
     unpipelined (KV8 g64's 136-byte rows: 150 registers, against 244)."""
-    if min(row_vec(batch.k_rows, True), row_vec(batch.v_rows, True)) == 4:
+    if min(row_vec(batch.k_rows), row_vec(batch.v_rows)) == 4:
         return ExtendPlan(splits, rows=16, block_tokens=32, num_warps=4, num_stages=2)
     return ExtendPlan(splits, rows=16, block_tokens=16, num_warps=8, num_stages=1)
 
@@ -112,8 +108,8 @@ def serves_extend(batch: AttentionBatch) -> bool:
         and batch.k_stage is None
         and decodable(batch.k_spec, batch.head_dim)
         and decodable(batch.v_spec, batch.head_dim)
-        and row_vec(batch.k_rows, True) > 0
-        and row_vec(batch.v_rows, True) > 0
+        and row_vec(batch.k_rows) > 0
+        and row_vec(batch.v_rows) > 0
     )
 
 
@@ -136,10 +132,7 @@ def launch_extend(batch: AttentionBatch, q: torch.Tensor, plan: ExtendPlan) -> t
     lse = torch.empty(q.shape[0], hq, splits, dtype=torch.float32, device=q.device)
     k_args, k_vec = rows_args(batch.k_rows, True)
     v_args, v_vec = rows_args(batch.v_rows, True)
-    table = batch.slot_table
-    rows = batch.table_rows
-    if rows is None:
-        rows = torch.arange(batch.batch_size, dtype=torch.int32, device=q.device)
+    table, rows = batch.slot_table, table_rows(batch)
     k, v = batch.k_spec, batch.v_spec
     grid = (batch.batch_size, hkv, triton.cdiv(batch.q_tokens, bq) * splits)
     _extend_kernel[grid](

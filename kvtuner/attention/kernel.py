@@ -42,7 +42,7 @@ from .after_dot import (
 )
 from .layout import AttentionBatch
 from .rope import kernel_rope
-from .splits import merge_splits, softmax_args, split_chunk
+from .splits import merge_splits, softmax_args, split_chunk, store_partial
 from .tiles import (
     _channel_tile,
     _dot,
@@ -172,13 +172,9 @@ def _attention_kernel(
             acc_z = acc_z * alpha[None, :]
     if V_AFTER_DOT:
         acc += _spread_groups(acc_z, V_G)  # each value group's Σ p·zero on its channels
-    seen = denom > 0
-    out = acc / tl.where(seen, denom, 1.0)[:, None]
-    lse = tl.where(seen, m + tl.log2(tl.where(seen, denom, 1.0)), -float("inf"))
     hq = GROUP * tl.num_programs(1)
     at = ((q0 + qi) * hq + qh) * num_splits + split  # [rows of q, Hq, splits] index
-    tl.store(lse_ptr + at, lse, mask=q_ok)
-    tl.store(o_ptr + at[:, None] * D + d[None, :], out, mask=q_ok[:, None])
+    store_partial(o_ptr, lse_ptr, at, m, denom, acc, q_ok)
 
 
 def _rows_view(rows: torch.Tensor, spec: QuantSpec) -> torch.Tensor:

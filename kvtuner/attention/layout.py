@@ -275,12 +275,15 @@ class AttentionBatch:
         return 0 if self.v_tail is None else self.v_tail.shape[2]
 
 
-def choose_splits(batch: int, kv_heads: int, max_tokens: int, device: torch.device) -> int:
+def choose_splits(
+    batch: int, kv_heads: int, max_tokens: int, device: torch.device, *, sms: int | None = None
+) -> int:
     """Sequence splits per (query rows of a request, KV head): enough programs to fill the GPU
     (about 4 per SM), each with at least 256 tokens to amortize its reduce; on CPU
-    (interpreter) at most 2."""
-    if device.type != "cuda":
+    (interpreter) at most 2. ``sms`` (default: the device's) plans a GPU launch anywhere."""
+    if sms is None and device.type != "cuda":
         return 1 if max_tokens <= 64 else 2
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    if sms is None:
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
     wanted = -(-4 * sms // max(1, batch * kv_heads))
     return max(1, min(wanted, -(-max_tokens // 256), 64))

@@ -27,7 +27,7 @@ import triton.language as tl
 from ..quant.spec import QuantSpec
 from .tiles import _dot, _softmax_step
 
-__all__ = ["FP16_MAX", "decodable", "packed_part", "row_vec", "rows_args"]
+__all__ = ["FP16_MAX", "decodable", "packed_part", "row_vec", "rows_args", "table_rows"]
 
 FP16_MAX = tl.constexpr(65504.0)  # q is clamped to fp16's range before it becomes fp16
 
@@ -250,10 +250,10 @@ def _seen(t, ok, qpos, window, WINDOW: tl.constexpr, CAUSAL: tl.constexpr):
     return seen
 
 
-def row_vec(rows: torch.Tensor, paged: bool) -> int:
+def row_vec(rows: torch.Tensor) -> int:
     """Words every row offset is a multiple of: 4 (16-byte loads), 2 or 1; 0: rows are not
-    4-byte aligned (no int32 view)."""
-    strides = rows.stride()[:-1] if not paged else rows.stride()[:2]
+    4-byte aligned (no int32 view). Rows paged [slots, Hkv, R] or contiguous [B, Hkv, T, R]."""
+    strides = rows.stride()[:-1]
     if rows.shape[-1] % 4:
         return 0
     for vec in (4, 2, 1):
@@ -276,9 +276,16 @@ def decodable(spec: QuantSpec, head_dim: int) -> bool:
 
 def rows_args(rows: torch.Tensor, paged: bool) -> tuple[tuple, int]:
     """(int32 view, fp16 view, stride_b, stride_tok, stride_head in VEC-word units), VEC."""
-    vec = row_vec(rows, paged)
+    vec = row_vec(rows)
     strides = (0, rows.stride(0), rows.stride(1)) if paged else rows.stride()[:3]
     if not paged:
         strides = (strides[0], strides[2], strides[1])  # [B, Hkv, T, R]: (b, token, head)
     units = tuple(s // (4 * vec) for s in strides)
     return (rows.view(torch.int32), rows.view(torch.float16), *units), vec
+
+
+def table_rows(batch) -> torch.Tensor:
+    """int32 [B]: each request's row of a paged batch's slot table (``arange`` by default)."""
+    if batch.table_rows is not None:
+        return batch.table_rows
+    return torch.arange(batch.batch_size, dtype=torch.int32, device=batch.q.device)

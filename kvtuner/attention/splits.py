@@ -1,6 +1,7 @@
-"""Split-K bookkeeping shared by the attention kernels (:mod:`.kernel`, :mod:`.decode_kernel`):
-how the packed tokens are cut into splits, the softmax arguments in log2 units, and the reduce
-that merges each (query row, head)'s split partials (with attention sinks)."""
+"""Split-K bookkeeping shared by the attention kernels (:mod:`.kernel`, :mod:`.decode_kernel`,
+:mod:`.extend_kernel`): how the packed tokens are cut into splits, the softmax arguments in log2
+units, each split's partial stored, and the reduce that merges each (query row, head)'s split
+partials (with attention sinks)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,21 @@ import triton.language as tl
 
 from .layout import AttentionBatch
 
-__all__ = ["LOG2E", "merge_splits", "softmax_args", "split_chunk"]
+__all__ = ["LOG2E", "merge_splits", "softmax_args", "split_chunk", "store_partial"]
 
 LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def store_partial(o_ptr, lse_ptr, at, m, denom, acc, ok):
+    """One split's online softmax (max m, denominator [R], acc [R, D]) -> its normalized partial
+    and log2-sum-exp at partial index ``at`` [R] (rows ``ok``); nothing seen: lse -inf."""
+    D: tl.constexpr = acc.shape[1]
+    seen = denom > 0
+    out = acc / tl.where(seen, denom, 1.0)[:, None]
+    lse = tl.where(seen, m + tl.log2(tl.where(seen, denom, 1.0)), -float("inf"))
+    tl.store(lse_ptr + at, lse, mask=ok)
+    tl.store(o_ptr + at[:, None] * D + tl.arange(0, D)[None, :], out, mask=ok[:, None])
 
 
 @triton.jit
