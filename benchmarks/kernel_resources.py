@@ -146,8 +146,8 @@ def extend_cases() -> dict:
         v_spec=spec, slot_table=table, lengths=lengths, qo_indptr=indptr, max_q_len=512,
     )  # fmt: skip
     rope = paged_batch("KV4 g32")  # keys stored pre-RoPE: rotated per tile
-    rope = AttentionBatch(**{**rope.__dict__, "k_spec": QuantSpec(4, pre_rope=True),
-                             "rope_freq": torch.empty(D // 2, dtype=torch.float32)})  # fmt: skip
+    freq = torch.empty(D // 2, dtype=torch.float32)
+    rope = dataclasses.replace(rope, k_spec=QuantSpec(4, pre_rope=True), rope_freq=freq)
     eight = QuantSpec(8, 64)
     ragged8 = dataclasses.replace(ragged, k_spec=eight, v_spec=eight, k_rows=rows8, v_rows=rows8)
     return {

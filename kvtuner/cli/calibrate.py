@@ -86,11 +86,14 @@ def parse_bits(text: str) -> tuple[int, ...]:
     return bits
 
 
-def specs_from_args(args: argparse.Namespace):
-    """(key template, value template) from --preset and the override flags."""
+def specs_from_args(args: argparse.Namespace, head_dim: int | None = None):
+    """(key template, value template) from --preset (at the model's ``head_dim`` once known:
+    per-head presets take it as their group) and the override flags."""
     from ..search_spaces import load_preset
 
     preset = load_preset(args.preset)
+    if head_dim is not None:
+        preset = preset.for_head_dim(head_dim)
     key, value = preset.key, preset.value
     shared = {"symmetric": True} if args.symmetric else {}
     if args.group_size is not None:
@@ -103,17 +106,6 @@ def specs_from_args(args: argparse.Namespace):
     except ValueError as exc:
         raise KVTunerError(str(exc)) from None
     return key, value
-
-
-def _at_head_dim(args: argparse.Namespace, key, value, model):
-    """A per-head preset's templates at the model's head_dim (unless --group-size is given)."""
-    from ..calibration import fingerprint_of
-    from ..search_spaces import load_preset
-
-    if args.group_size is not None or not load_preset(args.preset).group_per_head:
-        return key, value
-    head_dim = fingerprint_of(model).head_dim
-    return replace(key, group_size=head_dim), replace(value, group_size=head_dim)
 
 
 def _key_smoothing(args: argparse.Namespace, key, model, data):
@@ -144,13 +136,13 @@ def _summary(sens, seconds: float, device) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..calibration import calibrate, load_calibration_data, load_model
+    from ..calibration import calibrate, fingerprint_of, load_calibration_data, load_model
     from ..calibration.corpus import check_dataset
     from ..calibration.kl import check_batch_size
     from ..placement import reset_peak_memory
     from ..search_spaces import DEFAULT_BITS
 
-    key, value = specs_from_args(args)  # bad flags fail before anything loads
+    specs_from_args(args)  # bad flags fail before anything loads
     bits = parse_bits(args.bits) if args.bits else DEFAULT_BITS
     check_dataset(args.dataset)
     check_batch_size(args.batch_size)
@@ -172,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
         seq_len=args.seq_len,
         seed=args.seed,
     )
-    key, value = _at_head_dim(args, key, value, model)
+    key, value = specs_from_args(args, fingerprint_of(model).head_dim)  # per-head presets
     sens = calibrate(
         model,
         data,
