@@ -39,6 +39,7 @@ __all__ = [
     "NOT_EMULATED",
     "VLLM_KV_DTYPES",
     "VllmKVFormat",
+    "kv_scale",
     "model_dtype_bytes",
 ]
 
@@ -71,6 +72,16 @@ def model_dtype_bytes(dtype: str) -> int:
     if dtype not in _MODEL_DTYPE_BYTES:
         raise ValueError(f"model dtype must be one of {tuple(_MODEL_DTYPE_BYTES)}, got {dtype!r}")
     return _MODEL_DTYPE_BYTES[dtype]
+
+
+def kv_scale(kv_cache_dtype: str, amax: float) -> float:
+    """The per-tensor scale a calibrated checkpoint gives ``kv_cache_dtype`` for a side whose
+    largest |x| is ``amax`` (ModelOpt: amax / 448 for FP8, so nothing saturates); 1.0 for the
+    formats that compute their own scales. A zero amax (an all-zero side) gives 1.0."""
+    if kv_cache_dtype in FP8_DTYPES:
+        limit = torch.finfo(FP8_DTYPES[kv_cache_dtype]).max
+        return float(amax) / limit if amax > 0 else 1.0
+    return 1.0
 
 
 def _check_scale(name: str, value: float) -> None:
@@ -119,6 +130,10 @@ class VllmKVFormat:
         int4 packs two codes per byte (vLLM's ``TritonAttentionBackend.customize_spec``)."""
         codes = head_dim // 2 if self.kv_cache_dtype == INT4 else head_dim
         return codes + (4 if self.per_token_head else 0)
+
+    def side_bytes(self, head_dim: int, which: str) -> int:
+        """Bytes one token-head of side ``which`` ("k" or "v") takes in vLLM's page."""
+        return self.head_bytes(head_dim)
 
     def scale_of(self, which: str) -> float:
         return {"k": self.k_scale, "v": self.v_scale}[which]

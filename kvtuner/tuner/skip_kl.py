@@ -1,6 +1,8 @@
-"""KL vs fp, and perplexity, of a vLLM skip set: layers in ``--kv-cache-dtype-skip-layers`` keep
-the model dtype, the rest are stored in the vLLM KV dtype (through the HF cache that stores K/V
-as vLLM does, :func:`kvtuner.runtime_loader.hf.vllm_cache.make_vllm_cache`)."""
+"""KL vs fp, and perplexity, of an engine plan (:class:`PlanKL`: a vLLM skip set's plan or a
+per-layer recipe) and of vLLM skip sets (:class:`SkipKL`: layers in
+``--kv-cache-dtype-skip-layers`` keep the model dtype, the rest are stored in the vLLM KV dtype),
+through the HF cache that stores K/V as vLLM does
+(:func:`kvtuner.runtime_loader.hf.vllm_cache.make_vllm_cache`)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,36 @@ from typing import Any
 
 from ..runtime_loader.vllm import VllmPlan
 
-__all__ = ["SkipKL"]
+__all__ = ["PlanKL", "SkipKL"]
+
+
+@dataclass(frozen=True)
+class PlanKL:
+    """KL vs fp (and perplexity) of plans on ``tokens`` (int64 [samples, seq]); a plan has
+    ``num_layers`` and ``layer_formats(layer)`` (``VllmPlan``, ``EngineRecipe``)."""
+
+    lm: Any
+    tokens: Any
+    reference: Any  # the fp log-probs of ``tokens``
+
+    @classmethod
+    def on(cls, lm: Any, tokens: Any) -> PlanKL:
+        from ..calibration import fp_reference
+
+        return cls(lm, tokens, fp_reference(lm, tokens))
+
+    def _run(self, plan: Any, nll: bool) -> tuple[float, float | None]:
+        from ..calibration.kl import measure_with_cache
+        from ..runtime_loader.hf.vllm_cache import make_vllm_cache
+
+        new_cache = lambda: make_vllm_cache(self.lm, plan)  # noqa: E731
+        return measure_with_cache(self.lm, self.tokens, self.reference, new_cache, nll=nll)
+
+    def kl(self, plan: Any) -> float:
+        return self._run(plan, nll=False)[0]
+
+    def ppl(self, plan: Any) -> float:
+        return math.exp(self._run(plan, nll=True)[1])
 
 
 @dataclass(frozen=True)
@@ -32,15 +63,8 @@ class SkipKL:
     def plan(self, skip: tuple[int, ...]) -> VllmPlan:
         return VllmPlan(self.kv_cache_dtype, self.num_layers, tuple(skip))
 
-    def _run(self, skip: tuple[int, ...], nll: bool) -> tuple[float, float | None]:
-        from ..calibration.kl import measure_with_cache
-        from ..runtime_loader.hf.vllm_cache import make_vllm_cache
-
-        new_cache = lambda: make_vllm_cache(self.lm, self.plan(skip))  # noqa: E731
-        return measure_with_cache(self.lm, self.tokens, self.reference, new_cache, nll=nll)
-
     def kl(self, skip: tuple[int, ...]) -> float:
-        return self._run(skip, nll=False)[0]
+        return PlanKL(self.lm, self.tokens, self.reference).kl(self.plan(skip))
 
     def ppl(self, skip: tuple[int, ...]) -> float:
-        return math.exp(self._run(skip, nll=True)[1])
+        return PlanKL(self.lm, self.tokens, self.reference).ppl(self.plan(skip))

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Any
 
 import optuna
 from optuna.trial import TrialState
@@ -24,7 +25,16 @@ from ..search_spaces import Pair, SearchSpace, pair_label
 from .additive_optimum import dp_optimum
 from .local_search import LocalSearchSampler
 
-__all__ = ["SAMPLERS", "Evaluate", "StudySettings", "dp_optimum", "run_study", "seed_choices"]
+__all__ = [
+    "SAMPLERS",
+    "Evaluate",
+    "StudySettings",
+    "dp_optimum",
+    "measure_choices",
+    "open_measured_study",
+    "run_study",
+    "seed_choices",
+]
 
 SAMPLERS = ("local", "tpe", "nsga2")
 DP_SCALES = (Fraction(1), Fraction(39, 40), Fraction(19, 20), Fraction(37, 40), Fraction(9, 10))
@@ -116,21 +126,58 @@ def _check_numerics(study: optuna.Study, name: str, where: Placement | None) -> 
         study.set_user_attr("devices", [*devices, device])
 
 
+def _create(storage: str | None, name: str, sampler=None) -> optuna.Study:
+    """Create or resume ``name``; trials a killed run left RUNNING are marked FAIL."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(
+        storage=_storage(storage) if storage else None,
+        study_name=name,
+        direction="minimize",
+        sampler=sampler,
+        load_if_exists=True,
+    )
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
+    return study
+
+
+def open_measured_study(storage: str | None, name: str) -> optuna.Study:
+    """A study that records configurations measured in an order the caller decides (the
+    engine targets: skip sets, recipes): resumable, RUNNING trials of a killed run repaired."""
+    return _create(storage, name)
+
+
+def measure_choices(
+    study: optuna.Study,
+    choices: Sequence[dict[str, Any]],
+    measure: Callable[[dict[str, Any]], float],
+    options: Sequence[Any],
+) -> dict[tuple, float]:
+    """Measure each ``choice`` (param -> one of ``options``, every param the same categorical
+    options) the study has not finished (a rerun resumes, a killed run loses no finished trial);
+    returns every finished one, keyed by its sorted items."""
+    key = lambda params: tuple(sorted(params.items()))  # noqa: E731
+    done = {key(t.params): t.value for t in study.trials if t.state == TrialState.COMPLETE}
+    for params in choices:
+        if key(params) in done:
+            continue
+        study.enqueue_trial(params)
+        trial = study.ask()
+        for name in params:  # the enqueued values come back
+            trial.suggest_categorical(name, list(options))
+        value = float(measure(params))
+        study.tell(trial, value)
+        done[key(params)] = value
+    return done
+
+
 def open_study(
     space: SearchSpace, settings: StudySettings, where: Placement | None = None
 ) -> optuna.Study:
     """Create or resume; trials a killed run left RUNNING are marked FAIL and their seeds redone.
     ``where``: the device and dtype trials run in (recorded; the dtype must match on resume)."""
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = _storage(settings.storage) if settings.storage else None
     name = settings.study_name or f"kvtuner-{space.budget.label}-{space.preset.name}-{space.hash}"
-    study = optuna.create_study(
-        storage=storage,
-        study_name=name,
-        direction="minimize",
-        sampler=_sampler(space, settings),
-        load_if_exists=True,
-    )
+    study = _create(settings.storage, name, _sampler(space, settings))
     known = study.user_attrs.get("space_hash")
     if known is not None and known != space.hash:
         raise KVTunerError(
@@ -139,8 +186,6 @@ def open_study(
         )
     study.set_user_attr("space_hash", space.hash)
     _check_numerics(study, name, where)
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
     return study
 
 

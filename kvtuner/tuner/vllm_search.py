@@ -32,7 +32,7 @@ from ..runtime_loader.vllm import VllmLayout
 from .search_stages import load_placed, load_text
 from .skip_candidates import additive, boundary, greedy, largest_keys, merge_rules
 from .skip_kl import SkipKL
-from .study import StudySettings
+from .study import StudySettings, measure_choices, open_measured_study
 from .vllm_settings import VllmSettings, VllmTarget
 
 if TYPE_CHECKING:
@@ -67,23 +67,14 @@ def _layer_sensitivity(study, measure, num_layers: int, dtype: str, log) -> list
 
 def _run_study(study, measure, candidates, num_layers: int) -> dict[tuple[int, ...], float]:
     """Measure each candidate not yet in the study (a rerun resumes); returns all measured."""
+    params_of = lambda skip: {f"skip{i}": i in skip for i in range(num_layers)}  # noqa: E731
+    done = measure_choices(study, [params_of(s) for s in candidates],
+                           lambda p: measure(_skip_of(p, num_layers)), [False, True])  # fmt: skip
+    return {_skip_of(dict(items), num_layers): kl for items, kl in done.items()}
 
-    def skip_of(params: dict) -> tuple[int, ...]:
-        return tuple(i for i in range(num_layers) if params.get(f"skip{i}"))
 
-    done = {skip_of(t.params): t.value for t in study.trials if t.value is not None}
-    for skip in candidates:
-        if skip in done:
-            continue
-        params = {f"skip{i}": i in skip for i in range(num_layers)}
-        study.enqueue_trial(params)
-        trial = study.ask()
-        for k in params:  # the enqueued values come back
-            trial.suggest_categorical(k, [False, True])
-        value = measure(skip)
-        study.tell(trial, value)
-        done[skip] = value
-    return done
+def _skip_of(params: dict, num_layers: int) -> tuple[int, ...]:
+    return tuple(i for i in range(num_layers) if params.get(f"skip{i}"))
 
 
 def _fewest_within(measure_ppl, order: list[int], cap: int, limit: float, log) -> tuple[int, ...]:
@@ -128,7 +119,7 @@ def run_vllm_search(
     run = _prepare(s, loaded)
     text = f"{run.data.seq_len}x{s.num_samples}"
     name = s.study.study_name or f"vllm {target.kv_cache_dtype} cap {run.cap} {text}"
-    study = _open_study(s.study.storage, name)
+    study = open_measured_study(s.study.storage, name)
     skip_kl = run.skip_kl
     with _counting(skip_kl.kl, progress) as measure:
         sens = _layer_sensitivity(study, measure, skip_kl.num_layers, target.kv_cache_dtype, log)
@@ -169,13 +160,6 @@ def _prepare(settings: VllmSettings, loaded: tuple[Any, Any] | None) -> _Prepare
     s.output.parent.mkdir(parents=True, exist_ok=True)
     skip_kl = SkipKL.on(lm, target.kv_cache_dtype, fp.num_layers, data.tokens)
     return _Prepared(layout, cap, data, held, skip_kl)
-
-
-def _open_study(storage: str, name: str) -> Any:
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    return optuna.create_study(storage=storage, study_name=name, load_if_exists=True)
 
 
 @contextmanager

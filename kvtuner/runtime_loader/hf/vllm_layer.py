@@ -10,18 +10,26 @@ from ...quant.vllm_format import VllmKVFormat
 
 
 class _Stored:
-    """One side's history: codes [B, H, T, D] in vLLM's storage dtype ([B, H, T, D/2] uint8 for
-    int4), fp32 scales [B, H, T] (per-token-head formats) or None (per-tensor scale)."""
+    """One side's history in one format: codes [B, H, T, D] in vLLM's storage dtype ([B, H, T,
+    D/2] uint8 for the 4-bit formats) and their scales ([B, H, T] fp32 per token-head, [B, H, T,
+    D/16] fp8 NVFP4 block scales) or None (per-tensor scale); the model dtype: the states."""
 
-    def __init__(self) -> None:
+    def __init__(self, fmt: VllmKVFormat | None, which: str) -> None:
+        self.fmt, self.which = fmt, which
         self.codes: torch.Tensor | None = None
         self.scales: torch.Tensor | None = None
 
-    def append(self, codes: torch.Tensor, scales: torch.Tensor | None) -> None:
-        cat = lambda old, new: new if old is None else torch.cat([old, new], dim=-2)  # noqa: E731
+    def append(self, x: torch.Tensor) -> None:
+        codes, scales = (x, None) if self.fmt is None else self.fmt.store(x, self.which)
+        cat = lambda old, new: new if old is None else torch.cat([old, new], dim=2)  # noqa: E731
         self.codes = cat(self.codes, codes)
         if scales is not None:
-            self.scales = scales if self.scales is None else torch.cat([self.scales, scales], -1)
+            self.scales = cat(self.scales, scales)
+
+    def read(self, dtype: torch.dtype) -> torch.Tensor:
+        if self.fmt is None:
+            return self.codes
+        return self.fmt.load(self.codes, self.scales, self.which, dtype)
 
     def nbytes(self) -> int:
         sizes = [t.numel() * t.element_size() for t in (self.codes, self.scales) if t is not None]
@@ -31,26 +39,24 @@ class _Stored:
 class VllmFormatLayer(DynamicLayer):
     """``update(k, v)`` stores the new states [B, H, T, D] as vLLM would (codes and scales) and
     returns the whole history read back as vLLM's attention reads it, in the states' dtype
-    (int4: the K and V attention effectively sees, un-rotated to the model's basis)."""
+    (int4: the K and V attention effectively sees, un-rotated to the model's basis). K and V
+    may differ in format (``fp8k_nvfp4v``); None keeps a side at the model's dtype."""
 
     is_croppable = False
 
-    def __init__(self, fmt: VllmKVFormat):
+    def __init__(self, key_format: VllmKVFormat | None, value_format: VllmKVFormat | None):
         super().__init__()
-        self.fmt = fmt
-        self.k, self.v = _Stored(), _Stored()
+        self.formats = key_format, value_format
+        self.k, self.v = _Stored(key_format, "k"), _Stored(value_format, "v")
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        self.k.append(*self.fmt.store(key_states, "k"))
-        self.v.append(*self.fmt.store(value_states, "v"))
-        dtype = key_states.dtype
-        keys = self.fmt.load(self.k.codes, self.k.scales, "k", dtype)
-        values = self.fmt.load(self.v.codes, self.v.scales, "v", dtype)
-        return keys, values
+        self.k.append(key_states)
+        self.v.append(value_states)
+        return self.k.read(key_states.dtype), self.v.read(value_states.dtype)
 
     def get_seq_length(self) -> int:
         return 0 if self.k.codes is None else self.k.codes.shape[-2]
@@ -60,7 +66,7 @@ class VllmFormatLayer(DynamicLayer):
         return self.k.nbytes() + self.v.nbytes()
 
     def reset(self) -> None:
-        self.k, self.v = _Stored(), _Stored()
+        self.k, self.v = _Stored(self.formats[0], "k"), _Stored(self.formats[1], "v")
         super().reset()
 
     def crop(self, tokens_to_remove: int) -> None:

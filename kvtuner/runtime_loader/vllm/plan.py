@@ -44,6 +44,11 @@ class VllmPlan:
         """The format layer ``layer`` is stored in; None: the model's dtype (skipped)."""
         return None if layer in self.skip_layers else self.format
 
+    def layer_formats(self, layer: int) -> tuple[VllmKVFormat | None, VllmKVFormat | None]:
+        """K's and V's format in ``layer`` (both None: the model's dtype)."""
+        fmt = self.layer_format(layer)
+        return fmt, fmt
+
     def engine_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``vllm.LLM(...)`` / ``EngineArgs``."""
         kw: dict[str, Any] = {"kv_cache_dtype": self.kv_cache_dtype}

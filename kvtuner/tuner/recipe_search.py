@@ -1,0 +1,250 @@
+"""`search_recipe()`: a KV format per layer, among the formats an engine serves with its own kernels
+(FP8, NVFP4, FP8-K/NVFP4-V, the model dtype), within a budget in ModelOpt's effective bits.
+
+Steps (every recipe measured is a trial of one Optuna study beside the output, so a rerun or a
+killed run resumes; the study is keyed by model, text and formats, not by the budget, so
+budgets share their measurements):
+
+1. calibration: the fp reference and each layer's K/V amax (the FP8/NVFP4 scales);
+2. one-layer tables (:mod:`.recipe_candidates`): ``isolated`` (ModelOpt's score) and
+   ``in_context``;
+3. seeds, measured whole: ModelOpt's pick (the isolated knapsack over the formats it may pick,
+   the model dtype excluded), the knapsack picks of both tables over every target format, and
+   each uniform format that fits;
+4. local search from the best recipe measured: ``n_trials`` more recipes, one- and two-layer
+   moves that fit, best predicted first; a move is taken when its measured KL is lower;
+5. confirmation: the best finalists and ModelOpt's pick re-measured on held-back windows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..placement import placement_of
+from ..profile.recipe_profile import RecipeProfile, save_recipe_profile
+from ..quant.engine_recipe import MODEL_DTYPE, EngineRecipe, format_bits
+from .recipe_candidates import Recipe, knapsack_pick, neighbours, recipe_bits
+from .recipe_settings import RecipeSettings, RecipeTarget
+from .search_stages import load_placed, load_text
+from .skip_kl import PlanKL
+from .study import StudySettings, measure_choices, open_measured_study
+
+if TYPE_CHECKING:
+    from ..calibration import CalibrationData
+
+__all__ = ["RecipeOutcome", "RecipeSettings", "RecipeTarget", "run_recipe_search", "search_recipe"]
+CONFIRM_FINALISTS = 4
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class RecipeOutcome:
+    profile: RecipeProfile
+    output: Path
+    kl: float
+    modelopt_kl: float  # ModelOpt's additive pick, measured on the same windows
+    trials: int
+    summary: str
+
+
+@dataclass(frozen=True)
+class _Run:
+    """The model, its text and calibration, and the study's measure."""
+
+    settings: RecipeSettings
+    fingerprint: Any
+    data: CalibrationData
+    held: CalibrationData | None
+    plan_kl: PlanKL
+    base: EngineRecipe  # the calibration's amax, every layer in the model dtype
+    study: Any
+
+    @property
+    def formats(self) -> tuple[str, ...]:
+        return self.settings.target.by_bits(self.fingerprint.head_dim)
+
+    @property
+    def bits(self) -> dict[str, Fraction]:
+        head_dim = self.fingerprint.head_dim
+        return {f: format_bits(f, head_dim) for f in (MODEL_DTYPE, *self.formats)}
+
+    @property
+    def capacity(self) -> Fraction:
+        return self.settings.target.capacity(self.fingerprint.num_layers)
+
+    def measure(self, recipes: list[Recipe]) -> dict[Recipe, float]:
+        """Measured KL of ``recipes`` and of every recipe the study holds (resumed ones free)."""
+        options = list(self.bits)
+        params = [{f"layer{i}": f for i, f in enumerate(r)} for r in recipes]
+        kl_of = lambda p: self.plan_kl.kl(self.base.with_layers(_recipe_of(p)))  # noqa: E731
+        done = measure_choices(self.study, params, kl_of, options)
+        return {_recipe_of(dict(items)): kl for items, kl in done.items()}
+
+
+def _recipe_of(params: dict) -> Recipe:
+    return tuple(params[f"layer{i}"] for i in range(len(params)))
+
+
+def search_recipe(
+    *,
+    n_trials: int = 24,
+    storage: str | None = None,
+    study_name: str | None = None,
+    log: Log = print,
+    loaded: tuple[Any, Any] | None = None,
+    **settings: Any,
+) -> RecipeOutcome:
+    """:func:`run_recipe_search` over ``RecipeSettings(**settings)`` (keywords: model, target,
+    output, dataset, num_samples, ...), its study from ``n_trials``, ``storage``, ``study_name``."""
+    study = StudySettings(n_trials=n_trials, storage=storage, study_name=study_name)
+    return run_recipe_search(RecipeSettings(study=study, **settings), log=log, loaded=loaded)
+
+
+def run_recipe_search(
+    settings: RecipeSettings, *, log: Log = print, loaded: tuple[Any, Any] | None = None
+) -> RecipeOutcome:
+    """Search a recipe for ``settings.target`` and write a recipe profile (atomic)."""
+    run = _prepare(settings, loaded)
+    isolated, in_context = _tables(run, log)
+    seeds = _seeds(run, isolated, in_context)
+    measured = run.measure(list(seeds.values()))
+    best = _local_search(run, min(seeds.values(), key=measured.get), in_context, log)
+    measured = {r: kl for r, kl in run.measure([]).items() if _fits(run, r)}
+    modelopt = seeds["modelopt"]
+    metrics = {"modelopt_kl": measured[modelopt], "modelopt_layers": list(modelopt)}
+    if run.held is not None:
+        best, confirmed = _confirm(run, measured, modelopt, log)
+        metrics.update(confirmed)
+    metrics["kl"] = measured[best]
+    profile = _profile(run, best, measured, metrics)
+    save_recipe_profile(profile, settings.output)
+    trials = len(run.study.trials)
+    return RecipeOutcome(profile, settings.output, measured[best], metrics["modelopt_kl"], trials,
+                         _summary(profile))  # fmt: skip
+
+
+def _prepare(settings: RecipeSettings, loaded: tuple[Any, Any] | None) -> _Run:
+    from ..calibration import fingerprint_of
+    from ..calibration.kv_amax import kv_amax
+
+    s = settings
+    lm, tokenizer, _ = load_placed(s.model, s.device, s.dtype, loaded)
+    fp = fingerprint_of(lm)
+    s.target.check_feasible(fp.num_layers, fp.head_dim)
+    data, held = load_text(tokenizer, s, s.confirm_samples)
+    s.output.parent.mkdir(parents=True, exist_ok=True)
+    k_amax, v_amax = kv_amax(lm, data.tokens)
+    base = EngineRecipe((MODEL_DTYPE,) * fp.num_layers, k_amax, v_amax)
+    text = f"{data.seq_len}x{s.num_samples} seed {s.data_seed}"
+    name = s.study.study_name or f"recipe {','.join(s.target.formats)} {text}"
+    study = open_measured_study(s.study.storage, name)
+    return _Run(s, fp, data, held, PlanKL.on(lm, data.tokens), base, study)
+
+
+def _one_layer(run: _Run, context: str, formats: tuple[str, ...]) -> list[dict[str, float]]:
+    """[layer] -> format -> KL with that layer alone in the format, the rest in ``context``."""
+    n = run.fingerprint.num_layers
+    every = lambda i, f: tuple(f if j == i else context for j in range(n))  # noqa: E731
+    measured = run.measure([every(i, f) for i in range(n) for f in formats])
+    return [{f: measured[every(i, f)] for f in formats} for i in range(n)]
+
+
+def _tables(run: _Run, log: Log) -> tuple[list[dict], list[dict]]:
+    """``isolated`` (each format among model-dtype layers, 0 for the model dtype) and
+    ``in_context`` (each format among cheapest-format layers, the change from all-cheapest)."""
+    quantized = tuple(f for f in run.formats if f != MODEL_DTYPE)
+    isolated = _one_layer(run, MODEL_DTYPE, quantized)
+    for row in isolated:
+        row[MODEL_DTYPE] = 0.0
+    cheapest = run.formats[0]
+    floor = run.measure([(cheapest,) * run.fingerprint.num_layers])
+    floor_kl = floor[(cheapest,) * run.fingerprint.num_layers]
+    others = tuple(f for f in run.formats if f != cheapest)
+    rows = _one_layer(run, cheapest, others)
+    in_context = [{cheapest: 0.0, **{f: kl - floor_kl for f, kl in r.items()}} for r in rows]
+    log(f"one-layer tables: {len(isolated)} layers x {len(run.formats)} formats measured")
+    return isolated, in_context
+
+
+def _seeds(run: _Run, isolated, in_context) -> dict[str, Recipe]:
+    """Named seed recipes; "modelopt" is ModelOpt's pick (it never picks the model dtype)."""
+    quantized = [f for f in run.formats if f != MODEL_DTYPE]
+    pick = lambda table, formats: knapsack_pick(table, formats, run.bits, run.capacity)  # noqa: E731
+    n = run.fingerprint.num_layers
+    seeds = {"modelopt": pick(isolated, quantized) or (run.formats[0],) * n,
+             "isolated": pick(isolated, list(run.formats)),
+             "in-context": pick(in_context, list(run.formats))}  # fmt: skip
+    seeds.update({f"uniform {f}": (f,) * n for f in run.formats})
+    return {name: r for name, r in seeds.items() if r is not None and _fits(run, r)}
+
+
+def _fits(run: _Run, recipe: Recipe) -> bool:
+    return recipe_bits(recipe, run.bits) <= run.capacity
+
+
+def _local_search(run: _Run, start: Recipe, predicted, log: Log) -> Recipe:
+    """First-improvement descent: measure the next few unmeasured neighbours of the best, move
+    when one is lower; ``n_trials`` new recipes at most."""
+    best, budget = start, run.settings.study.n_trials
+    measured = run.measure([])
+    while budget > 0:
+        fresh = [r for r in neighbours(best, run.formats, run.bits, run.capacity, predicted)
+                 if r not in measured][: min(4, budget)]  # fmt: skip
+        if not fresh:
+            break
+        measured, budget = run.measure(fresh), budget - len(fresh)
+        top = min(fresh, key=measured.get)
+        if measured[top] < measured[best]:
+            log(f"local search: KL {measured[best]:.5g} -> {measured[top]:.5g}")
+            best = top
+    return best
+
+
+def _confirm(run: _Run, measured: dict[Recipe, float], modelopt: Recipe, log: Log):
+    held = PlanKL.on(run.plan_kl.lm, run.held.tokens)
+    finalists = sorted(measured, key=lambda r: (measured[r], r))[:CONFIRM_FINALISTS]
+    finalists = list(dict.fromkeys([*finalists, modelopt]))
+    again = {r: held.kl(run.base.with_layers(r)) for r in finalists}
+    log(f"confirmation on {run.held.tokens.numel()} held-back tokens:")
+    for r in finalists:
+        log(f"  {_short(r)}: {measured[r]:.5g} -> {again[r]:.5g}")
+    best = min(again, key=lambda r: (again[r], r))
+    return best, {"confirm_kl": again[best], "confirm_modelopt_kl": again[modelopt],
+                  "confirm_tokens": run.held.tokens.numel()}  # fmt: skip
+
+
+def _short(recipe: Recipe) -> str:
+    """Runs of one format: ``fp8 x3, nvfp4 x27``."""
+    runs: list[list] = []
+    for f in recipe:
+        if runs and runs[-1][0] == f:
+            runs[-1][1] += 1
+        else:
+            runs.append([f, 1])
+    return ", ".join(f"{f} x{k}" for f, k in runs)
+
+
+def _profile(run: _Run, best: Recipe, measured, metrics) -> RecipeProfile:
+    s, lm = run.settings, run.plan_kl.lm
+    recipe = run.base.with_layers(best)
+    metrics = {**metrics, "fp_ppl": run.plan_kl.reference.ppl, "ppl": run.plan_kl.ppl(recipe),
+               "trials": len(run.study.trials)}  # fmt: skip
+    bits = float(recipe.effective_bits(run.fingerprint.head_dim))
+    budget = {"asked": s.target.budget.label, "effective_bits": round(bits, 4),
+              "formats": list(s.target.formats)}  # fmt: skip
+    calibration = {**run.data.describe(), **placement_of(lm).describe()}
+    return RecipeProfile(s.model, run.fingerprint, s.target.engine, recipe, budget, calibration,
+                         metrics)  # fmt: skip
+
+
+def _summary(profile: RecipeProfile) -> str:
+    m = profile.metrics
+    return (
+        f"recipe for {profile.engine}: {_short(profile.recipe.layers)} -> KL {m['kl']:.5g} "
+        f"(ModelOpt's additive pick: {m['modelopt_kl']:.5g}), ppl {m['ppl']:.4f} "
+        f"(fp {m['fp_ppl']:.4f}), {profile.effective_bits:.3f} effective bits"
+    )
