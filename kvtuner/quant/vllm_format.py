@@ -22,8 +22,16 @@ Tested bit-exact against vLLM's kernels under the Triton interpreter (IEEE fp32)
 Triton's fp32 ``/`` is ``div.full.f32`` (up to 2 ulp), so a per-token-head scale can differ in its
 last bit there and, rarely, a code by one (docs/vllm.md).
 
-Not emulated (named in docs/vllm.md, reasons in :data:`NOT_EMULATED`): ``turboquant_*``,
-``nvfp4*``, ``ultraquant_4bit``.
+- ``nvfp4`` / ``nvfp4_4over6``: E2M1 in blocks of 16 with FP8 block scales under the layer's
+  per-tensor scale (:mod:`kvtuner.quant.vllm_nvfp4`).
+- ``turboquant_k8v4`` / ``turboquant_4bit_nc`` / ``turboquant_k3v4_nc`` / ``turboquant_3bit_nc``:
+  Hadamard-rotated Lloyd-Max (or fp8) keys and uniform values
+  (:mod:`kvtuner.quant.vllm_turboquant`).
+  What a decode step reads from the cache; vLLM's first prefill chunk attends over the unquantized
+  K/V instead, so a prompt's own first chunk sees less damage in vLLM than here. vLLM adds its
+  boundary layers (first and last two) to the skip set itself (:func:`effective_skip_layers`).
+
+Not emulated (named in docs/engines.md, reason in :data:`NOT_EMULATED`): ``ultraquant_4bit``.
 """
 
 from __future__ import annotations
@@ -33,12 +41,13 @@ from dataclasses import dataclass
 
 import torch
 
-from . import vllm_int4
+from . import vllm_int4, vllm_nvfp4, vllm_turboquant
 
 __all__ = [
     "NOT_EMULATED",
     "VLLM_KV_DTYPES",
     "VllmKVFormat",
+    "effective_skip_layers",
     "kv_scale",
     "model_dtype_bytes",
 ]
@@ -53,16 +62,10 @@ PER_TOKEN_HEAD = {  # dtype -> (storage dtype, QUANT_MIN, QUANT_MAX) as vLLM's T
     "fp8_per_token_head": (torch.float8_e4m3fn, -448.0, 448.0),
 }
 INT4 = "int4_per_token_head"
-VLLM_KV_DTYPES = (*FP8_DTYPES, *PER_TOKEN_HEAD, INT4)
-NOT_EMULATED = {
-    "turboquant": (
-        "vLLM's TurboQuant attention is not a function of the stored bytes alone: a first "
-        "prefill chunk attends over the unquantized K/V, later chunks and decode steps over "
-        "the cache, so what a query sees depends on vLLM's chunk schedule"
-    ),
-    "nvfp4": "packed fp4 with fp8 block scales; GPU-only kernels were not reproduced",
-    "ultraquant_4bit": "packed fp4 with UE8M0 group scales; not reproduced",
-}
+NVFP4 = tuple(vllm_nvfp4.KV_CACHE_DTYPES)  # nvfp4, nvfp4_4over6
+TURBOQUANT = tuple(vllm_turboquant.PRESETS)
+VLLM_KV_DTYPES = (*FP8_DTYPES, *PER_TOKEN_HEAD, INT4, *NVFP4, *TURBOQUANT)
+NOT_EMULATED = {"ultraquant_4bit": "packed fp4 with UE8M0 group scales; not reproduced"}
 SCALE_FLOOR = vllm_int4.SCALE_FLOOR  # vLLM's per-token-head scale floor (int8, fp8, int4)
 _MODEL_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
@@ -76,12 +79,20 @@ def model_dtype_bytes(dtype: str) -> int:
 
 def kv_scale(kv_cache_dtype: str, amax: float) -> float:
     """The per-tensor scale a calibrated checkpoint gives ``kv_cache_dtype`` for a side whose
-    largest |x| is ``amax`` (ModelOpt: amax / 448 for FP8, so nothing saturates); 1.0 for the
-    formats that compute their own scales. A zero amax (an all-zero side) gives 1.0."""
-    if kv_cache_dtype in FP8_DTYPES:
-        limit = torch.finfo(FP8_DTYPES[kv_cache_dtype]).max
-        return float(amax) / limit if amax > 0 else 1.0
+    largest |x| is ``amax``: ModelOpt's amax / 448 for FP8 (nothing saturates) and for NVFP4
+    (its global scale 448 / amax keeps block scales inside E4M3); 1.0 for the formats that
+    compute their own scales, or for an all-zero side."""
+    if kv_cache_dtype in (*FP8_DTYPES, *NVFP4) and amax > 0:
+        return float(amax) / torch.finfo(torch.float8_e4m3fn).max
     return 1.0
+
+
+def effective_skip_layers(kv_cache_dtype: str, skip: tuple[int, ...], num_layers: int):
+    """The layers vLLM keeps at the model dtype: ``skip``, plus TurboQuant's boundary layers
+    (vLLM adds them whatever the user passes)."""
+    if kv_cache_dtype in TURBOQUANT:
+        skip = (*skip, *vllm_turboquant.boundary_skip_layers(num_layers))
+    return tuple(sorted(set(skip)))
 
 
 def _check_scale(name: str, value: float) -> None:
@@ -110,7 +121,8 @@ class VllmKVFormat:
             )
         _check_scale("k_scale", self.k_scale)
         _check_scale("v_scale", self.v_scale)
-        if self.per_token_head and (self.k_scale, self.v_scale) != (1.0, 1.0):
+        own = self.per_token_head or self.kv_cache_dtype in TURBOQUANT
+        if own and (self.k_scale, self.v_scale) != (1.0, 1.0):
             raise ValueError(f"{self.kv_cache_dtype} computes its own scales; k/v scales are 1.0")
 
     @property
@@ -119,32 +131,46 @@ class VllmKVFormat:
 
     @property
     def storage_dtype(self) -> torch.dtype:
-        if self.kv_cache_dtype == INT4:
-            return torch.uint8  # two codes per byte
+        if self.kv_cache_dtype in (INT4, *NVFP4, *TURBOQUANT):
+            return torch.uint8  # two codes per byte (TurboQuant: a slot of bytes)
         if self.per_token_head:
             return PER_TOKEN_HEAD[self.kv_cache_dtype][0]
         return FP8_DTYPES[self.kv_cache_dtype]
 
-    def head_bytes(self, head_dim: int) -> int:
-        """Bytes one token-head of K (or of V) takes in vLLM's page: codes (+ fp32 scale);
-        int4 packs two codes per byte (vLLM's ``TritonAttentionBackend.customize_spec``)."""
+    def side_bytes(self, head_dim: int, which: str) -> int:
+        """Bytes one token-head of side ``which`` ("k" or "v") takes in vLLM's page: codes (+
+        fp32 scale); int4 packs two codes per byte (vLLM's ``customize_spec``); NVFP4 adds a
+        block scale byte per 16; TurboQuant's sides differ (:mod:`.vllm_turboquant`)."""
+        if self.kv_cache_dtype in NVFP4:
+            return vllm_nvfp4.head_bytes(head_dim)
+        if self.kv_cache_dtype in TURBOQUANT:
+            return vllm_turboquant.head_bytes(self.kv_cache_dtype, which, head_dim)
         codes = head_dim // 2 if self.kv_cache_dtype == INT4 else head_dim
         return codes + (4 if self.per_token_head else 0)
 
-    def side_bytes(self, head_dim: int, which: str) -> int:
-        """Bytes one token-head of side ``which`` ("k" or "v") takes in vLLM's page."""
-        return self.head_bytes(head_dim)
+    def token_head_bytes(self, head_dim: int) -> int:
+        """K plus V bytes of one token-head in vLLM's page (TurboQuant's slot rounds up to even)."""
+        if self.kv_cache_dtype in TURBOQUANT:
+            return vllm_turboquant.slot_bytes(self.kv_cache_dtype, head_dim)
+        return self.side_bytes(head_dim, "k") + self.side_bytes(head_dim, "v")
 
     def scale_of(self, which: str) -> float:
         return {"k": self.k_scale, "v": self.v_scale}[which]
 
-    def store(self, x: torch.Tensor, which: str) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x [..., head_dim] -> (codes [..., head_dim] in storage dtype, per-row fp32 scales
-        [...] or None), exactly as vLLM writes its cache: :meth:`prepare`, then the store's
-        cast (fp8: round to nearest even, saturating like PTX ``cvt.rn.satfinite``; int8:
-        truncation; int4: :func:`kvtuner.quant.vllm_int4.store`, codes [..., head_dim / 2])."""
+    def store(self, x: torch.Tensor, which: str) -> tuple[torch.Tensor | None, ...]:
+        """x [..., head_dim] -> what vLLM's page holds for it, exactly as vLLM writes it, every
+        tensor with x's leading dims: (codes [..., head_dim] in storage dtype, per-row fp32
+        scales [...] or None) after :meth:`prepare` and the store's cast (fp8: round to nearest
+        even, saturating like PTX ``cvt.rn.satfinite``; int8: truncation); int4:
+        :func:`.vllm_int4.store`; NVFP4: (codes [..., head_dim / 2], fp8 block scales [...,
+        head_dim / 16]); TurboQuant: :func:`.vllm_turboquant.store`'s tensors."""
         if self.kv_cache_dtype == INT4:
             return vllm_int4.store(x)
+        if self.kv_cache_dtype in NVFP4:
+            four_over_six = vllm_nvfp4.KV_CACHE_DTYPES[self.kv_cache_dtype]
+            return vllm_nvfp4.store(x, self.scale_of(which), four_over_six=four_over_six)
+        if self.kv_cache_dtype in TURBOQUANT:
+            return vllm_turboquant.store(x, which, self.kv_cache_dtype)
         values, scales = self.prepare(x, which)
         if self.storage_dtype == torch.int8:
             return values.trunc().to(torch.int8), scales
@@ -153,8 +179,8 @@ class VllmKVFormat:
 
     def prepare(self, x: torch.Tensor, which: str) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The fp32 values vLLM's store kernel hands to its final cast, and the scales."""
-        if self.kv_cache_dtype == INT4:
-            raise ValueError("int4_per_token_head has no separate final cast; use store()")
+        if self.kv_cache_dtype in (INT4, *NVFP4, *TURBOQUANT):
+            raise ValueError(f"{self.kv_cache_dtype} has no separate final cast; use store()")
         xf = x.float()
         if not self.per_token_head:
             return xf / torch.tensor(self.scale_of(which), dtype=torch.float32), None
@@ -166,17 +192,22 @@ class VllmKVFormat:
         return q.clamp(qmin, qmax), scale
 
     def load(
-        self, codes: torch.Tensor, scales: torch.Tensor | None, which: str, dtype: torch.dtype
+        self, stored: tuple[torch.Tensor | None, ...], which: str, dtype: torch.dtype
     ) -> torch.Tensor:
-        """What attention reads: codes times the scale (fp32), in ``dtype``; int4: what it
-        effectively reads in the model's basis (:func:`kvtuner.quant.vllm_int4.read`)."""
+        """What attention reads from :meth:`store`'s tensors: codes times the scale (fp32), in
+        ``dtype``; int4 and TurboQuant: what it effectively reads in the model's basis."""
         if self.kv_cache_dtype == INT4:
-            return vllm_int4.read(codes, scales, dtype)
+            return vllm_int4.read(*stored, dtype)
+        if self.kv_cache_dtype in NVFP4:
+            return vllm_nvfp4.read(*stored, self.scale_of(which), dtype)
+        if self.kv_cache_dtype in TURBOQUANT:
+            return vllm_turboquant.read(stored, which, self.kv_cache_dtype, dtype)
+        codes, scales = stored
         scale = scales[..., None] if scales is not None else self.scale_of(which)
         return (codes.float() * scale).to(dtype)
 
     def fake_quantize(self, x: torch.Tensor, which: str) -> torch.Tensor:
-        return self.load(*self.store(x, which), which, x.dtype)
+        return self.load(self.store(x, which), which, x.dtype)
 
     def to_dict(self) -> dict:
         out: dict = {"kv_cache_dtype": self.kv_cache_dtype}

@@ -2,8 +2,8 @@
 (FP8, NVFP4, FP8-K/NVFP4-V, the model dtype), within a budget in ModelOpt's effective bits.
 
 Steps (every recipe measured is a trial of one Optuna study beside the output, so a rerun or a
-killed run resumes; the study is keyed by model, text and formats, not by the budget, so
-budgets share their measurements):
+killed run resumes; the study is keyed by the text, not by the formats or the budget, so
+searches of one model share their measurements):
 
 1. calibration: the fp reference and each layer's K/V amax (the FP8/NVFP4 scales);
 2. one-layer tables (:mod:`.recipe_candidates`): ``isolated`` (ModelOpt's score) and
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..placement import placement_of
 from ..profile.recipe_profile import RecipeProfile, save_recipe_profile
-from ..quant.engine_recipe import MODEL_DTYPE, EngineRecipe, format_bits
+from ..quant.engine_recipe import LAYER_FORMATS, MODEL_DTYPE, EngineRecipe, format_bits
 from .recipe_candidates import Recipe, knapsack_pick, neighbours, recipe_bits
 from .recipe_settings import RecipeSettings, RecipeTarget
 from .search_stages import load_placed, load_text
@@ -78,7 +78,7 @@ class _Run:
 
     def measure(self, recipes: list[Recipe]) -> dict[Recipe, float]:
         """Measured KL of ``recipes`` and of every recipe the study holds (resumed ones free)."""
-        options = list(self.bits)
+        options = list(LAYER_FORMATS)  # one study serves every format set and budget
         params = [{f"layer{i}": f for i, f in enumerate(r)} for r in recipes]
         kl_of = lambda p: self.plan_kl.kl(self.base.with_layers(_recipe_of(p)))  # noqa: E731
         done = measure_choices(self.study, params, kl_of, options)
@@ -140,7 +140,7 @@ def _prepare(settings: RecipeSettings, loaded: tuple[Any, Any] | None) -> _Run:
     k_amax, v_amax = kv_amax(lm, data.tokens)
     base = EngineRecipe((MODEL_DTYPE,) * fp.num_layers, k_amax, v_amax)
     text = f"{data.seq_len}x{s.num_samples} seed {s.data_seed}"
-    name = s.study.study_name or f"recipe {','.join(s.target.formats)} {text}"
+    name = s.study.study_name or f"recipe {text}"
     study = open_measured_study(s.study.storage, name)
     return _Run(s, fp, data, held, PlanKL.on(lm, data.tokens), base, study)
 

@@ -66,7 +66,7 @@ def test_codes_zero_point_and_read_error_bound():
 
 
 def test_page_bytes_and_refusals():
-    assert INT4.head_bytes(64) == 32 + 4  # codes, then the fp32 scale (vLLM's customize_spec)
+    assert INT4.side_bytes(64, "k") == 32 + 4  # codes, then the fp32 scale (vLLM's customize_spec)
     assert INT4.per_token_head and INT4.storage_dtype == torch.uint8
     with pytest.raises(ValueError, match="even head_dim"):
         INT4.store(torch.zeros(2, 63), "k")

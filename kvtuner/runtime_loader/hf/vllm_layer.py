@@ -10,30 +10,30 @@ from ...quant.vllm_format import VllmKVFormat
 
 
 class _Stored:
-    """One side's history in one format: codes [B, H, T, D] in vLLM's storage dtype ([B, H, T,
-    D/2] uint8 for the 4-bit formats) and their scales ([B, H, T] fp32 per token-head, [B, H, T,
-    D/16] fp8 NVFP4 block scales) or None (per-tensor scale); the model dtype: the states."""
+    """One side's history in one format: the tensors :meth:`VllmKVFormat.store` gives, each
+    [B, H, T, ...] (codes [B, H, T, D] in vLLM's storage dtype, [B, H, T, D/2] for the 4-bit
+    formats; scales [B, H, T] fp32 per token-head, [B, H, T, D/16] NVFP4 block scales; None for
+    a per-tensor scale), concatenated along T; the model dtype: the states themselves."""
 
     def __init__(self, fmt: VllmKVFormat | None, which: str) -> None:
         self.fmt, self.which = fmt, which
-        self.codes: torch.Tensor | None = None
-        self.scales: torch.Tensor | None = None
+        self.parts: tuple[torch.Tensor | None, ...] = ()
 
     def append(self, x: torch.Tensor) -> None:
-        codes, scales = (x, None) if self.fmt is None else self.fmt.store(x, self.which)
-        cat = lambda old, new: new if old is None else torch.cat([old, new], dim=2)  # noqa: E731
-        self.codes = cat(self.codes, codes)
-        if scales is not None:
-            self.scales = cat(self.scales, scales)
+        new = (x,) if self.fmt is None else self.fmt.store(x, self.which)
+        cat = lambda old, t: t if old is None else torch.cat([old, t], dim=2)  # noqa: E731
+        old = self.parts or (None,) * len(new)
+        self.parts = tuple(cat(a, b) for a, b in zip(old, new, strict=True))
 
     def read(self, dtype: torch.dtype) -> torch.Tensor:
-        if self.fmt is None:
-            return self.codes
-        return self.fmt.load(self.codes, self.scales, self.which, dtype)
+        return self.parts[0] if self.fmt is None else self.fmt.load(self.parts, self.which, dtype)
+
+    @property
+    def tokens(self) -> int:
+        return 0 if not self.parts else self.parts[0].shape[2]
 
     def nbytes(self) -> int:
-        sizes = [t.numel() * t.element_size() for t in (self.codes, self.scales) if t is not None]
-        return sum(sizes)
+        return sum(t.numel() * t.element_size() for t in self.parts if t is not None)
 
 
 class VllmFormatLayer(DynamicLayer):
@@ -59,7 +59,7 @@ class VllmFormatLayer(DynamicLayer):
         return self.k.read(key_states.dtype), self.v.read(value_states.dtype)
 
     def get_seq_length(self) -> int:
-        return 0 if self.k.codes is None else self.k.codes.shape[-2]
+        return self.k.tokens
 
     def nbytes(self) -> int:
         """Bytes this layer stores: codes plus fp32 scales, as in vLLM's page."""

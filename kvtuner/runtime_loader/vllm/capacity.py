@@ -6,7 +6,7 @@ Read from vLLM's source (``platforms/interface.py: _align_heterogeneous_kv_block
 - a layer's page holds ``block_size`` tokens of K and V for every KV head: per token and head,
   ``2 * head_dim`` elements at 1 byte (fp8 / int8), at half a byte (int4, two per byte) or at
   the model dtype's size (a skipped layer), plus two fp32 scales for the per-token-head formats
-  (``VllmKVFormat.head_bytes``; vLLM's ``TritonAttentionBackend.customize_spec``);
+  (``VllmKVFormat.token_head_bytes``; vLLM's ``TritonAttentionBackend.customize_spec``);
 - with skip layers, vLLM first raises the block size to
   ``align * ceil(skip_page * smallest_kernel_block / (align * primary_page))`` (align =
   max(smallest kernel block, block size)) so that the primary page covers a skipped page;
@@ -62,7 +62,7 @@ class VllmLayout:
         if fmt is None:
             per_head = 2 * fp.head_dim * model_dtype_bytes(self.model_dtype)
         else:
-            per_head = 2 * fmt.head_bytes(fp.head_dim)
+            per_head = fmt.token_head_bytes(fp.head_dim)
         return fp.num_kv_heads * per_head
 
     def bytes_per_token(self, plan: VllmPlan) -> int:

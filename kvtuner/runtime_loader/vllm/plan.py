@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import KVTunerError
-from ...quant.vllm_format import VllmKVFormat
+from ...quant.vllm_format import VllmKVFormat, effective_skip_layers
 
 
 @dataclass(frozen=True)
@@ -40,9 +40,15 @@ class VllmPlan:
     def format(self) -> VllmKVFormat:
         return VllmKVFormat(self.kv_cache_dtype, self.k_scale, self.v_scale)
 
+    @property
+    def model_dtype_layers(self) -> tuple[int, ...]:
+        """The layers vLLM keeps at the model dtype: the skip set, and for TurboQuant its
+        boundary layers (vLLM adds them itself)."""
+        return effective_skip_layers(self.kv_cache_dtype, self.skip_layers, self.num_layers)
+
     def layer_format(self, layer: int) -> VllmKVFormat | None:
         """The format layer ``layer`` is stored in; None: the model's dtype (skipped)."""
-        return None if layer in self.skip_layers else self.format
+        return None if layer in self.model_dtype_layers else self.format
 
     def layer_formats(self, layer: int) -> tuple[VllmKVFormat | None, VllmKVFormat | None]:
         """K's and V's format in ``layer`` (both None: the model's dtype)."""

@@ -264,4 +264,4 @@ def test_int4_page_bytes_are_vllms():
         spec = FullAttentionSpec(block_size=16, num_kv_heads=H, head_size=D, dtype=torch.uint8,
                                  kv_quant_mode=get_kv_quant_mode(dtype))  # fmt: skip
         page = TritonAttentionBackend.customize_spec(spec).page_size_bytes
-        assert page == 16 * H * 2 * VllmKVFormat(dtype).head_bytes(D)
+        assert page == 16 * H * VllmKVFormat(dtype).token_head_bytes(D)

@@ -1,0 +1,30 @@
+"""vLLM flags for a recipe.
+
+vLLM 0.32 serves one ``--kv-cache-dtype`` with ``--kv-cache-dtype-skip-layers`` at the model
+dtype: a recipe of one quantized format and model-dtype layers is exactly that. A recipe that
+mixes quantized formats needs vLLM's ModelOpt map reader (vLLM #56155 / #56116, not in 0.32):
+``--kv-cache-dtype auto`` with the map in the checkpoint (``kvtuner export-hf --recipe``).
+The per-layer scales travel in the checkpoint in both cases; flags alone leave vLLM at 1.0.
+"""
+
+from __future__ import annotations
+
+from ...quant.engine_recipe import LAYER_FORMATS, MODEL_DTYPE
+
+__all__ = ["recipe_vllm_args"]
+
+
+def recipe_vllm_args(layers: tuple[str, ...]) -> tuple[list[str], bool]:
+    """(flags, needs_map): the ``vllm serve`` KV flags, and whether the checkpoint's ModelOpt
+    map (a vLLM with its reader) is what carries the recipe."""
+    quantized = {f for f in layers if f != MODEL_DTYPE}
+    if not quantized:
+        return ["--kv-cache-dtype", "auto"], False
+    dtypes = {d for f in quantized for d in LAYER_FORMATS[f]}
+    if len(dtypes) > 1:
+        return ["--kv-cache-dtype", "auto"], True
+    args = ["--kv-cache-dtype", dtypes.pop()]
+    skipped = [str(i) for i, f in enumerate(layers) if f == MODEL_DTYPE]
+    if skipped:  # vLLM parses this list flag space-separated (nargs="+")
+        args += ["--kv-cache-dtype-skip-layers", *skipped]
+    return args, False
