@@ -16,6 +16,7 @@ import errno
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,13 +73,20 @@ def _move_into_place(tmp: Path, output: Path) -> bool:
 
 
 def export_hf(
-    model: str | os.PathLike, output: str | os.PathLike, *, dtype: str = "bfloat16"
+    model: str | os.PathLike,
+    output: str | os.PathLike,
+    *,
+    dtype: str = "bfloat16",
+    finish: Callable[[Path], None] | None = None,
 ) -> ExportResult:
     """Write model + tokenizer of ``model`` (``--model`` forms: alias, .gguf, HF folder, hub id)
-    to the folder ``output``; an existing HF folder there is used as is."""
+    to the folder ``output``; an existing HF folder there is used as is. ``finish(folder)``
+    adds to the folder before it moves into place (an existing folder is then an error)."""
     if dtype not in DTYPES:
         raise KVTunerError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     output = Path(output).expanduser()
+    if _is_hf_folder(output) and finish is not None:
+        raise KVTunerError(f"--output {output} exists; a checkpoint with a recipe is a new folder")
     if _is_hf_folder(output):
         return ExportResult(output, written=False)
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
@@ -88,6 +96,8 @@ def export_hf(
     tmp.chmod(0o755)  # mkdtemp's 0700 would follow the folder into place
     try:
         _save(os.fspath(model), tmp, dtype)
+        if finish is not None:
+            finish(tmp)
         written = _move_into_place(tmp, output)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # gone already when the rename won

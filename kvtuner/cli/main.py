@@ -23,6 +23,7 @@ COMMANDS = (
     "export_hf",
     "serve",
     "vllm_args",
+    "recipe_args",
     "generate",
 )
 

@@ -10,6 +10,7 @@ from ..tuner.confirmation import CONFIRM_METRICS
 from .calibrate import add_batch_size_argument, add_bits_argument, parse_bits
 from .output import Verbosity, add_verbosity_arguments
 from .placement_args import add_placement_arguments, placement_from_args
+from .search_recipe import add_recipe_arguments, run_recipe
 from .search_vllm import add_vllm_arguments, run_vllm
 
 if TYPE_CHECKING:
@@ -112,6 +113,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="also measure the uniform configs over the budget, for the summary",
     )
     add_vllm_arguments(p)
+    add_recipe_arguments(p)
     add_verbosity_arguments(p)
     p.set_defaults(func=run)
 
@@ -158,11 +160,14 @@ def settings_from_args(args: argparse.Namespace) -> SearchSettings:
     )
 
 
+TARGETS = {"vllm": run_vllm, "recipe": run_recipe}  # the engine targets; kvtuner's own below
+
+
 def run(args: argparse.Namespace) -> int:
     from ..tuner.search import run_search
 
-    if args.target == "vllm":
-        return run_vllm(args)
+    if args.target in TARGETS:
+        return TARGETS[args.target](args)
     verbosity = Verbosity.from_args(args)
     verbosity.apply()
     settings = settings_from_args(args)

@@ -16,10 +16,11 @@ def add_vllm_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("vLLM target (see docs/vllm.md)")
     g.add_argument(
         "--target",
-        choices=("kvtuner", "vllm"),
+        choices=("kvtuner", "vllm", "recipe"),
         default="kvtuner",
         help="kvtuner: per-layer packed K/V bits (default); vllm: which layers vLLM's "
-        "--kv-cache-dtype-skip-layers keeps at the model dtype, the rest in --kv-cache-dtype",
+        "--kv-cache-dtype-skip-layers keeps at the model dtype, the rest in --kv-cache-dtype; "
+        "recipe: a format per layer among those --engine serves (FP8, NVFP4, ...)",
     )
     g.add_argument("--kv-cache-dtype", help="the vLLM dtype, e.g. fp8_e4m3 (--target vllm)")
     g.add_argument("--max-skip", type=int, help="skip at most this many layers (--target vllm)")

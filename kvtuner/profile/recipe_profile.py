@@ -69,6 +69,16 @@ class RecipeProfile:
                 f"{self.fingerprint.num_layers}"
             )
 
+    def check_model(self, model: ModelFingerprint) -> None:
+        """One line when ``model`` is not the model this recipe was searched on."""
+        for name in ("architecture", "num_layers", "num_kv_heads", "head_dim"):
+            mine, theirs = getattr(self.fingerprint, name), getattr(model, name)
+            if mine != theirs:
+                raise KVTunerError(
+                    f"recipe was made for {self.model_id} ({name} {mine}), not for this model "
+                    f"({name} {theirs})"
+                )
+
     @property
     def effective_bits(self) -> float:
         return float(self.recipe.effective_bits(self.fingerprint.head_dim))

@@ -38,12 +38,16 @@ class RecipeTarget:
             raise KVTunerError("the recipe target's budget is effective bits, e.g. --budget 5.4bit")
         served = ENGINE_FORMATS[self.engine]
         formats = served if self.formats is None else tuple(dict.fromkeys(self.formats))
+        unknown = [f for f in formats if f not in LAYER_FORMATS]
+        if unknown:
+            raise KVTunerError(
+                f"unknown format(s) {', '.join(unknown)}; kvtuner knows {', '.join(LAYER_FORMATS)}"
+            )
         bad = [f for f in formats if f not in served]
         if bad:
-            known = "known to kvtuner" if all(f in LAYER_FORMATS for f in bad) else "known"
             raise KVTunerError(
-                f"{self.engine} does not serve {', '.join(bad)} per layer ({known} formats it "
-                f"serves: {', '.join(served)})"
+                f"{self.engine} does not serve {', '.join(bad)} per layer; it serves "
+                f"{', '.join(served)}"
             )
         if len(formats) < 2:
             raise KVTunerError(f"a recipe needs at least two formats to choose from, got {formats}")

@@ -2,7 +2,13 @@
 TensorRT-LLM's ModelOpt readers take), TensorRT-LLM's per-layer ``KvCacheConfig.dtype`` and
 vLLM's flags. Each form has a reader that checks it the way its engine does."""
 
-from .modelopt import modelopt_kv_layers, quant_config, read_quant_config, scale_tensors
+from .modelopt import (
+    modelopt_kv_layers,
+    quant_config,
+    read_quant_config,
+    scale_tensors,
+    write_checkpoint_kv,
+)
 from .trtllm import parse_trtllm_kv_dtype, trtllm_kv_dtype
 from .vllm_flags import recipe_vllm_args
 
@@ -14,4 +20,5 @@ __all__ = [
     "recipe_vllm_args",
     "scale_tensors",
     "trtllm_kv_dtype",
+    "write_checkpoint_kv",
 ]

@@ -17,15 +17,24 @@ reader of it takes (``ModelOptMixedPrecisionConfig``, vLLM RFC #57445 / PR #5611
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 from ...errors import KVTunerError
+from ...profile.io import read_json, write_json_atomic
 from ...quant.engine_recipe import MODEL_DTYPE
 
-__all__ = ["modelopt_kv_layers", "quant_config", "read_quant_config", "scale_tensors"]
+__all__ = [
+    "modelopt_kv_layers",
+    "quant_config",
+    "read_quant_config",
+    "scale_tensors",
+    "write_checkpoint_kv",
+]
 
 KV_SCHEMA_VERSION = 1
 MIXED = "MIXED_PRECISION"
+SCALES_FILE = "kv_scales.safetensors"
 ALGOS = {"fp8": "FP8", "nvfp4": "NVFP4", "fp8k_nvfp4v": "FP8_K_NVFP4_V"}  # ours -> ModelOpt's
 _LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.self_attn$")
 
@@ -95,3 +104,38 @@ def scale_tensors(recipe: Any) -> dict[str, float]:
         if scales is not None:
             out[f"{_attn(i)}.k_proj.k_scale"], out[f"{_attn(i)}.v_proj.v_scale"] = scales
     return out
+
+
+def write_checkpoint_kv(folder: Path, recipe: Any) -> None:
+    """Make the HF folder ``folder`` a ModelOpt KV checkpoint for ``recipe``: its
+    ``hf_quant_config.json``, ``config.json``'s ``quantization_config`` and the per-layer scales
+    (fp32 scalars in ``kv_scales.safetensors``, listed in the safetensors index)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from ..._version import __version__
+
+    section = quant_config(recipe.layers)
+    producer = {"name": "kvtuner", "version": __version__}
+    quant = {"producer": producer, "quantization": section}
+    write_json_atomic(folder / "hf_quant_config.json", quant)
+    config = read_json(folder / "config.json", "config")
+    config["quantization_config"] = {"quant_method": "modelopt", **section}
+    write_json_atomic(folder / "config.json", config)
+    scales = {k: torch.tensor(v, dtype=torch.float32) for k, v in scale_tensors(recipe).items()}
+    save_file(scales, folder / SCALES_FILE)
+    _index_scales(folder, list(scales))
+
+
+def _index_scales(folder: Path, names: list[str]) -> None:
+    """List the scales in ``model.safetensors.index.json`` (made for a one-file checkpoint)."""
+    index_path = folder / "model.safetensors.index.json"
+    if index_path.is_file():
+        index = read_json(index_path, "safetensors index")
+    else:
+        from safetensors import safe_open
+
+        with safe_open(folder / "model.safetensors", "pt") as f:
+            index = {"metadata": {}, "weight_map": dict.fromkeys(f.keys(), "model.safetensors")}
+    index["weight_map"].update(dict.fromkeys(names, SCALES_FILE))
+    write_json_atomic(index_path, index)
