@@ -72,5 +72,5 @@ def test_page_bytes_and_refusals():
         INT4.store(torch.zeros(2, 63), "k")
     with pytest.raises(ValueError, match="computes its own scales"):
         VllmKVFormat("int4_per_token_head", k_scale=2.0)
-    with pytest.raises(ValueError, match="turboquant"):
-        VllmKVFormat("turboquant_4bit_nc")
+    with pytest.raises(ValueError, match="UE8M0"):
+        VllmKVFormat("ultraquant_4bit")

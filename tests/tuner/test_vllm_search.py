@@ -54,8 +54,8 @@ def test_ppl_within_and_bad_input(tiny_dir, tmp_path, capsys):
 
 
 def test_int4_per_token_head_from_the_cli(tiny_dir, tmp_path, capsys):
-    """int4_per_token_head is searched, saved and handed back as vLLM's flags; turboquant_* is
-    refused in one line that says why."""
+    """int4_per_token_head is searched, saved and handed back as vLLM's flags; ultraquant_4bit
+    (not emulated) is refused in one line that says why."""
     out = tmp_path / "int4.json"
     argv = ["search", "--model", str(tiny_dir), "--target", "vllm", "--kv-cache-dtype",
             "int4_per_token_head", "--max-skip", "1", "--num-samples", "2", "--seq-len", "32",
@@ -66,7 +66,7 @@ def test_int4_per_token_head_from_the_cli(tiny_dir, tmp_path, capsys):
     capsys.readouterr()
     assert main(["vllm-args", str(out)]) == 0
     assert "--kv-cache-dtype int4_per_token_head" in capsys.readouterr().out
-    argv[argv.index("int4_per_token_head")] = "turboquant_4bit_nc"
+    argv[argv.index("int4_per_token_head")] = "ultraquant_4bit"
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "chunk schedule" in err[0]
+    assert len(err) == 1 and "UE8M0" in err[0]

@@ -32,7 +32,7 @@ def test_plan_flags_and_kwargs():
     assert plan.engine_kwargs() == {"kv_cache_dtype": "fp8_e4m3",
                                     "kv_cache_dtype_skip_layers": ["0", "29"]}  # fmt: skip
     assert plan.layer_format(0) is None and plan.layer_format(1) == VllmKVFormat("fp8_e4m3")
-    for bad in (dict(skip_layers=(30,)), dict(kv_cache_dtype="turboquant_4bit_nc")):
+    for bad in (dict(skip_layers=(30,)), dict(kv_cache_dtype="ultraquant_4bit")):
         with pytest.raises(KVTunerError):
             VllmPlan(**{"kv_cache_dtype": "fp8", "num_layers": 30, **bad})
 
@@ -106,12 +106,40 @@ def test_hf_cache_stores_each_layer_as_the_plan_says(tiny_llama):
     cfg = tiny_llama.config
     kv_heads, d = cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
     assert cache.layers[0].keys.dtype == torch.float32  # skipped: the model's dtype
-    assert cache.layers[1].k.codes.dtype == torch.int8
+    assert cache.layers[1].k.parts[0].dtype == torch.int8
     assert cache.layers[1].nbytes() == 2 * 9 * kv_heads * (d + 4)
     with pytest.raises(KVTunerError):
         make_vllm_cache(tiny_llama, VllmPlan("fp8", n + 1))
     cache = make_vllm_cache(tiny_llama, VllmPlan("int4_per_token_head", n, (0,)))
     with torch.no_grad():
         tiny_llama(ids, **cache_kwargs(cache), use_cache=True)
-    assert cache.layers[1].k.codes.shape == (1, kv_heads, 9, d // 2)
+    assert cache.layers[1].k.parts[0].shape == (1, kv_heads, 9, d // 2)
     assert cache.layers[1].nbytes() == 2 * 9 * kv_heads * (d // 2 + 4)
+
+
+def test_hf_cache_stores_each_side_of_a_recipe_in_its_own_format(tiny_llama):
+    """fp8k_nvfp4v: K in FP8 (D bytes), V in NVFP4 (D/2 + D/16 bytes); what attention reads is
+    each side's own store-then-read, at the layer's calibrated scales."""
+    from kvtuner.quant.engine_recipe import EngineRecipe
+
+    cfg, n, t = tiny_llama.config, tiny_llama.config.num_hidden_layers, 9
+    kv_heads, d = cfg.num_key_value_heads, cfg.head_dim
+    recipe = EngineRecipe(("fp8k_nvfp4v",) + ("auto",) * (n - 1), (3.0,) * n, (2.0,) * n)
+    cache = make_vllm_cache(tiny_llama, recipe)
+    ids = torch.randint(0, cfg.vocab_size, (1, t))
+    with torch.no_grad():
+        tiny_llama(ids, **cache_kwargs(cache), use_cache=True)
+    layer = cache.layers[0]
+    assert layer.k.parts[0].dtype == torch.float8_e4m3fn
+    assert layer.v.parts[1].dtype == torch.float8_e4m3fn  # NVFP4's block scales
+    assert layer.nbytes() == t * kv_heads * (d + d // 2 + d // 16)
+    k_fmt, v_fmt = recipe.layer_formats(0)
+    assert (k_fmt.k_scale, v_fmt.v_scale) == (3.0 / 448, 2.0 / 448)
+
+
+def test_turboquant_keeps_vllms_boundary_layers_at_the_model_dtype():
+    plan = VllmPlan("turboquant_4bit_nc", 30, (5,))
+    assert plan.model_dtype_layers == (0, 1, 5, 28, 29)  # vLLM adds them to any skip list
+    assert plan.layer_format(1) is None and plan.layer_format(2) is not None
+    assert plan.cli_args() == ["--kv-cache-dtype", "turboquant_4bit_nc",
+                               "--kv-cache-dtype-skip-layers", "5"]  # fmt: skip
