@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import shutil
 import sys
 import tempfile
 import time
@@ -71,6 +72,10 @@ def _plans(args, loaded, fp: ModelFingerprint, work: Path, log) -> tuple[dict, d
             t0 = time.monotonic()
             out = work / f"{budget}-{len(formats)}.json"
             metrics, recipe = _searched(args, loaded, budget, formats, out, log)
+            if args.export:  # the searched profile, as exported_configs/<model>/ keeps them
+                engine = "vllm" if "auto" in formats else "modelopt"
+                args.export.mkdir(parents=True, exist_ok=True)
+                shutil.copy(out, args.export / f"recipe-{engine}-{budget}.json")
             base = recipe.with_layers(("auto",) * fp.num_layers)
             plans[f"kvtuner {label} @{budget}"] = recipe
             facts[f"kvtuner {label} @{budget}"] = {**metrics, "seconds": time.monotonic() - t0}
@@ -110,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--confirm-samples", type=int, default=2)
     p.add_argument("--num-windows", type=int, default=16)
     p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--export", type=Path, help="copy each searched profile into this folder")
     args = p.parse_args(argv)
     command = f"OMP_NUM_THREADS={torch.get_num_threads()} python benchmarks/recipe_peers.py " + (
         shlex.join(sys.argv[1:] if argv is None else argv)

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 
 def add_vllm_arguments(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("vLLM target (see docs/vllm.md)")
+    g = p.add_argument_group("vLLM target (see docs/engines.md)")
     g.add_argument(
         "--target",
         choices=("kvtuner", "vllm", "recipe"),

@@ -1,7 +1,7 @@
 """`kvtuner serve <sglang flags>`: alias of the fallback SGLang launcher.
 
 `kvtuner serve --engine vllm --profile p.json --model M [vllm serve flags]`: checks the vLLM
-profile was made for M, then execs ``vllm serve M`` with the profile's flags (see docs/vllm.md).
+profile was made for M, then execs ``vllm serve M`` with the profile's flags (see docs/engines.md).
 
 Same flags as ``python -m sglang.launch_server`` plus ``--kvtuner-profile PATH``; runs
 ``python -m kvtuner.runtime_loader.sglang.launch_server`` in this process (exec), so that the
@@ -43,7 +43,7 @@ def _vllm(argv: list[str]) -> int:
     if not known.profile or not known.model:
         raise KVTunerError("--engine vllm needs --profile PROFILE.json and --model MODEL")
     if importlib.util.find_spec("vllm") is None:
-        raise KVTunerError("vllm is not installed here (pip install vllm; see docs/vllm.md)")
+        raise KVTunerError("vllm is not installed here (pip install vllm; see docs/engines.md)")
     argv = serve_argv(known.profile, known.model, extra)
     cmd = [sys.executable, "-m", VLLM_CLI, *argv[1:]]  # "vllm serve ..." in this interpreter
     print(" ".join(argv), flush=True)

@@ -70,7 +70,12 @@ def profile_from_dict(data: Any) -> Profile:
     if data.get("target") == "vllm":
         raise KVTunerError(
             "this is a vLLM profile (target vllm): pass it to `kvtuner vllm-args` or "
-            "`kvtuner serve --engine vllm` (docs/vllm.md)"
+            "`kvtuner serve --engine vllm` (docs/engines.md)"
+        )
+    if data.get("target") == "recipe":
+        raise KVTunerError(
+            "this is an engine recipe (target recipe): pass it to `kvtuner recipe-args` or "
+            "`kvtuner export-hf --recipe` (docs/engines.md)"
         )
     check_schema_version(data.get("schema_version"))
     unknown = set(data) - _TOP_LEVEL

@@ -102,7 +102,7 @@ def vllm_profile_from_dict(data: Any) -> VllmProfile:
     from ..runtime_loader.vllm.plan import VllmPlan
 
     if not is_vllm_profile(data):
-        raise KVTunerError('not a vLLM profile (needs "target": "vllm"; see docs/vllm.md)')
+        raise KVTunerError('not a vLLM profile (needs "target": "vllm"; see docs/engines.md)')
     if data.get("schema_version") != VLLM_SCHEMA_VERSION:
         raise KVTunerError(
             f"unsupported vLLM profile schema_version {data.get('schema_version')!r}"

@@ -20,7 +20,7 @@ vLLM 0.32's source:
 
 Tested bit-exact against vLLM's kernels under the Triton interpreter (IEEE fp32). On a GPU,
 Triton's fp32 ``/`` is ``div.full.f32`` (up to 2 ulp), so a per-token-head scale can differ in its
-last bit there and, rarely, a code by one (docs/vllm.md).
+last bit there and, rarely, a code by one (docs/engines.md).
 
 - ``nvfp4`` / ``nvfp4_4over6``: E2M1 in blocks of 16 with FP8 block scales under the layer's
   per-tensor scale (:mod:`kvtuner.quant.vllm_nvfp4`).

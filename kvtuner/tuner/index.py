@@ -72,7 +72,8 @@ def build_index(root: str | os.PathLike) -> dict[str, Any]:
     for path in sorted(root.rglob("*.json")):
         if path.parent == root and path.name == INDEX_JSON:
             continue
-        if is_vllm_profile(read_json(path, "profile")):  # vLLM's flags, not packed specs
+        data = read_json(path, "profile")
+        if is_vllm_profile(data) or data.get("target") == "recipe":  # engines' own formats
             continue
         profile = load_profile(path)
         slot = models.setdefault(
