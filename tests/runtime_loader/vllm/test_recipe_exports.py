@@ -206,7 +206,8 @@ def test_vllm_032_refuses_the_checkpoint_config(layers, kv_flag, model_dir):
 def test_vllm_maps_and_loads_our_scale_names(model_dir, llama):
     """``scale_tensors`` names through vLLM's ``maybe_remap_kv_scale_name`` and its Llama
     loader (``AutoWeightsLoader`` with the quant config's cache-scale mapper): each value lands
-    in its layer's ``attn.k_scale`` / ``attn.v_scale``; the ``auto`` layer gets none."""
+    in its layer's ``attn.k_scale`` / ``attn.v_scale`` (FP8: that side's amax / 448, ModelOpt's
+    convention); the ``auto`` layer gets none."""
     from vllm.model_executor.model_loader.weight_utils import maybe_remap_kv_scale_name
 
     recipe = EngineRecipe(("auto", "fp8", "fp8", "fp8"), (1.0, 224.0, 448.0, 100.0),
@@ -216,12 +217,15 @@ def test_vllm_maps_and_loads_our_scale_names(model_dir, llama):
     model = llama(_engine_config(model_dir(MODELOPT_FP8)))
     params = dict(model.named_parameters())
     want = {}
-    for name, value in scales.items():
+    for name in scales:
         layer, side = int(name.split(".")[2]), name.rsplit(".", 1)[1][0]
         target = f"model.layers.{layer}.self_attn.attn.{side}_scale"
         assert target in params
         assert maybe_remap_kv_scale_name(name, params) == target
-        want[target] = value
+        want[target] = (recipe.k_amax if side == "k" else recipe.v_amax)[layer] / 448
+    assert set(want) == {
+        f"model.layers.{i}.self_attn.attn.{s}_scale" for i in (1, 2, 3) for s in "kv"
+    }
     loaded = model.load_weights((k, torch.tensor(v)) for k, v in scales.items())
     assert loaded == set(want)
     for target, value in want.items():
