@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..profile import load_profile
+from ..profile import load_profile, read_json
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -21,10 +21,25 @@ def run(args: argparse.Namespace) -> int:
         from ..calibration import model_fingerprint
 
         fingerprint = model_fingerprint(args.model, trust_remote_code=args.trust_remote_code)
-    profile = load_profile(args.profile, fingerprint)
     against = f" and fits {args.model}" if args.model else ""
+    if read_json(args.profile, "profile").get("target") == "recipe":
+        return _validate_recipe(args.profile, fingerprint, against)
+    profile = load_profile(args.profile, fingerprint)
     print(
         f"ok: {args.profile} is a valid schema v{profile.schema_version} profile{against} "
         f"(hash {profile.hash}, {profile.effective_bits:.3f} effective bits)"
+    )
+    return 0
+
+
+def _validate_recipe(path: str, fingerprint, against: str) -> int:
+    from ..profile.recipe_profile import load_recipe_profile
+
+    profile = load_recipe_profile(path)
+    if fingerprint is not None:
+        profile.check_model(fingerprint)
+    print(
+        f"ok: {path} is a valid {profile.engine} recipe{against} (hash {profile.hash}, "
+        f"{profile.effective_bits:.3f} effective bits)"
     )
     return 0

@@ -1,10 +1,12 @@
 """vLLM flags for a recipe.
 
 vLLM 0.32 serves one ``--kv-cache-dtype`` with ``--kv-cache-dtype-skip-layers`` at the model
-dtype: a recipe of one quantized format and model-dtype layers is exactly that. A recipe that
-mixes quantized formats needs vLLM's ModelOpt map reader (vLLM #56155 / #56116, not in 0.32):
-``--kv-cache-dtype auto`` with the map in the checkpoint (``kvtuner export-hf --recipe``).
-The per-layer scales travel in the checkpoint in both cases; flags alone leave vLLM at 1.0.
+dtype: a recipe of one quantized format and model-dtype layers is exactly that, at unit
+per-layer scales (0.32 loads KV scales only with a quantized-weights ModelOpt config, and
+refuses a KV-only one: tests/runtime_loader/vllm/test_recipe_exports.py). A recipe that mixes
+quantized formats, or wants its calibrated scales, needs vLLM's ModelOpt KV map reader (vLLM
+#56155 / #56116, not in 0.32): ``--kv-cache-dtype auto`` and the checkpoint
+``kvtuner export-hf --recipe`` writes.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """vLLM serving SmolLM2 with a vLLM profile agrees with the HF cache emulating the same profile,
-teacher-forced (the SGLang KIVI server test's protocol).
+teacher-forced (the SGLang KIVI server test's protocol); and the fp8 engine recipe of the same
+layers, whose vLLM flags are the profile's, agrees with its own emulation (calibrated per-layer
+scales, which vLLM reads from a checkpoint; served here with flags, at 1.0) on the same tokens.
 
 vLLM's fp8 KV attention needs a CPU with AVX-512 or AMX (or a GPU): skipped, reason shown, on
 other CPUs. The thresholds are the SGLang test's; measured on an AVX-512 EPYC, where vLLM's CPU
@@ -36,7 +38,6 @@ def test_served_tokens_agree_with_hf_emulation(tmp_path):
     import transformers
 
     from kvtuner.profile import load_vllm_profile
-    from kvtuner.runtime_loader.hf.vllm_cache import make_vllm_cache
 
     model_dir = smollm2_dir()
     tok = transformers.AutoTokenizer.from_pretrained(model_dir)
@@ -46,7 +47,34 @@ def test_served_tokens_agree_with_hf_emulation(tmp_path):
     ids_path.write_text(json.dumps(prompts))
     served = run_engine(str(model_dir), str(PROFILE), str(ids_path), timeout=900)
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
-    plan, deficits = load_vllm_profile(PROFILE).plan, []
+    plan = load_vllm_profile(PROFILE).plan
+    for emulated in (plan, _fp8_recipe(model, plan, prompts)):
+        deficits = _deficits(model, emulated, prompts, served)
+        assert max(deficits) <= CLOSE_LOGIT
+        assert sum(d == 0 for d in deficits) >= SAME_CHOICE * len(deficits)
+
+
+def _fp8_recipe(model, plan, prompts):
+    """The engine recipe whose vLLM flags are ``plan``'s: fp8 except the skipped layers."""
+    from kvtuner.calibration.kv_amax import kv_amax
+    from kvtuner.quant.engine_recipe import EngineRecipe
+    from kvtuner.runtime_loader.engines import recipe_vllm_args
+
+    layers = tuple("auto" if i in plan.skip_layers else "fp8" for i in range(plan.num_layers))
+    k_amax, v_amax = kv_amax(model, torch.tensor([prompts[0]]))
+    recipe = EngineRecipe(layers, k_amax, v_amax)
+    flags, needs_map = recipe_vllm_args(layers)
+    plan_flags = plan.cli_args()
+    plan_flags[1] = "fp8_e4m3" if plan_flags[1] == "fp8" else plan_flags[1]
+    assert (flags, needs_map) == (plan_flags, False)
+    return recipe
+
+
+def _deficits(model, plan, prompts, served) -> list[float]:
+    """Per served token: HF's top logit minus its logit of that token, with ``plan``'s cache."""
+    from kvtuner.runtime_loader.hf.vllm_cache import make_vllm_cache
+
+    deficits = []
     for ids, out in zip(prompts, served, strict=True):
         cache, x = make_vllm_cache(model, plan), torch.tensor([ids])
         with torch.no_grad():
@@ -54,5 +82,4 @@ def test_served_tokens_agree_with_hf_emulation(tmp_path):
                 logits = model(input_ids=x, **cache_kwargs(cache), use_cache=True).logits[0, -1]
                 deficits.append(float(logits.max() - logits[token]))
                 x = torch.tensor([[token]])
-    assert max(deficits) <= CLOSE_LOGIT
-    assert sum(d == 0 for d in deficits) >= SAME_CHOICE * len(deficits)
+    return deficits
