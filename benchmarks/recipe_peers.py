@@ -32,7 +32,7 @@ import torch
 
 from kvtuner.calibration import load_model
 from kvtuner.evaluation import hardware, load_eval_windows
-from kvtuner.evaluation.divergence import window_scores
+from kvtuner.evaluation.divergence import mean_se, window_scores
 from kvtuner.profile import ModelFingerprint, write_json_atomic
 from kvtuner.quant.engine_recipe import EngineRecipe
 from kvtuner.runtime_loader.hf.vllm_cache import make_vllm_cache
@@ -104,15 +104,31 @@ def _row(name, plan, scores, fp, facts) -> dict:
     return row
 
 
+def _paired(rows: list[dict]) -> list[dict]:
+    """Each kvtuner row against ModelOpt's pick at its budget, window by window: mean KL
+    difference (negative: kvtuner closer to fp) ± its standard error, and windows won."""
+    by_name = {r["name"]: r for r in rows}
+    out = []
+    for r in rows:
+        if not r["name"].startswith("kvtuner"):
+            continue
+        peer = by_name[f"modelopt additive @{r['name'].rsplit('@', 1)[1]}"]
+        diff = [a - b for a, b in zip(r["window_kl"], peer["window_kl"], strict=True)]
+        mean, se = mean_se(diff)
+        out.append({"row": r["name"], "vs": peer["name"], "kl_diff": mean, "kl_diff_se": se,
+                    "windows_better": sum(d < 0 for d in diff), "windows": len(diff)})  # fmt: skip
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--budgets", nargs="+", default=["5.4bit", "4.75bit"])
     p.add_argument("--turboquant", nargs="*", default=["turboquant_4bit_nc", "turboquant_k3v4_nc"])
     p.add_argument("--n-trials", type=int, default=16)
-    p.add_argument("--num-samples", type=int, default=2)
+    p.add_argument("--num-samples", type=int, default=8)
     p.add_argument("--calib-len", type=int, default=256)
-    p.add_argument("--confirm-samples", type=int, default=2)
+    p.add_argument("--confirm-samples", type=int, default=4)
     p.add_argument("--num-windows", type=int, default=16)
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--export", type=Path, help="copy each searched profile into this folder")
@@ -133,10 +149,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['name']:<34} {r['effective_bits']:6.3f} {r['ppl']:9.4f} "
               f"{r['delta_pct']:+7.3f} ± {r['delta_se_pct']:.3f} {r['kl']:.5f} ± {r['kl_se']:.5f} "
               f"{100 * r['top1_agree']:10.2f}%")  # fmt: skip
+    paired = _paired(rows)
+    for c in paired:
+        print(f"{c['row']} vs {c['vs']}: KL {c['kl_diff']:+.5f} ± {c['kl_diff_se']:.5f}, "
+              f"closer to fp on {c['windows_better']}/{c['windows']} windows")  # fmt: skip
     out = RESULTS / f"recipe_peers-{args.model}.json"
     write_json_atomic(out, {"command": command, "hardware": hardware(), "model": args.model,
                             "windows": windows.describe(), "fp_ppl": scores["fp"].result.ppl,
-                            "rows": rows})  # fmt: skip
+                            "rows": rows, "paired": paired})  # fmt: skip
     print(f"fp ppl {scores['fp'].result.ppl:.4f}; wrote {out}")
     return 0
 

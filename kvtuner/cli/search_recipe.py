@@ -7,7 +7,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from .output import Verbosity
-from .placement_args import placement_from_args
+from .search_vllm import engine_run_kwargs
 
 if TYPE_CHECKING:
     from ..tuner.recipe_settings import RecipeSettings
@@ -37,26 +37,12 @@ def recipe_settings_from_args(args: argparse.Namespace) -> RecipeSettings:
     from ..errors import KVTunerError
     from ..tuner.budget import Budget
     from ..tuner.recipe_settings import RecipeSettings, RecipeTarget
-    from ..tuner.study import StudySettings
 
     if not args.budget:
         raise KVTunerError("--target recipe needs --budget in effective bits, e.g. 5.4bit")
     formats = tuple(f.strip() for f in args.formats.split(",")) if args.formats else None
     target = RecipeTarget(args.engine, Budget.parse(args.budget), formats)
-    where = placement_from_args(args)
-    study = StudySettings(n_trials=args.n_trials, storage=args.storage, study_name=args.study_name)
-    return RecipeSettings(
-        model=args.model,
-        target=target,
-        output=args.output,
-        study=study,
-        dataset=args.dataset,
-        num_samples=args.num_samples,
-        seq_len=args.seq_len,
-        confirm_samples=args.confirm_samples,
-        device=where.device,
-        dtype=where.dtype,
-    )
+    return RecipeSettings(target=target, **engine_run_kwargs(args))
 
 
 def run_recipe(args: argparse.Namespace) -> int:

@@ -39,11 +39,23 @@ def add_vllm_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def engine_run_kwargs(args: argparse.Namespace) -> dict:
+    """The keywords every engine target's settings take from the flags: model, output, study,
+    text and placement."""
+    from ..tuner.study import StudySettings
+
+    where = placement_from_args(args)
+    study = StudySettings(n_trials=args.n_trials, storage=args.storage, study_name=args.study_name)
+    return dict(model=args.model, output=args.output, study=study, dataset=args.dataset,
+                num_samples=args.num_samples, seq_len=args.seq_len,
+                confirm_samples=args.confirm_samples, device=where.device,
+                dtype=where.dtype)  # fmt: skip
+
+
 def vllm_settings_from_args(args: argparse.Namespace) -> VllmSettings:
     """The flags as :class:`VllmSettings` (validated: bad input fails here)."""
     from ..errors import KVTunerError
     from ..tuner.budget import Budget
-    from ..tuner.study import StudySettings
     from ..tuner.vllm_settings import VllmSettings, VllmTarget
 
     if not args.kv_cache_dtype:
@@ -57,20 +69,7 @@ def vllm_settings_from_args(args: argparse.Namespace) -> VllmSettings:
         ppl_within=args.ppl_within,
         model_dtype=args.model_dtype,
     )
-    where = placement_from_args(args)
-    study = StudySettings(n_trials=args.n_trials, storage=args.storage, study_name=args.study_name)
-    return VllmSettings(
-        model=args.model,
-        target=target,
-        output=args.output,
-        study=study,
-        dataset=args.dataset,
-        num_samples=args.num_samples,
-        seq_len=args.seq_len,
-        confirm_samples=args.confirm_samples,
-        device=where.device,
-        dtype=where.dtype,
-    )
+    return VllmSettings(target=target, **engine_run_kwargs(args))
 
 
 def run_vllm(args: argparse.Namespace) -> int:

@@ -19,6 +19,7 @@ from typing import Any
 
 from ..errors import KVTunerError
 from ..quant.engine_recipe import ENGINE_FORMATS, EngineRecipe
+from .engine_io import check_hash, check_same_model, producer, section
 from .fingerprint import ModelFingerprint
 from .io import read_json, write_json_atomic
 
@@ -36,12 +37,6 @@ _TOP_LEVEL = {"target", "schema_version", "producer", "model", "engine", "recipe
               "calibration", "metrics", "created", "hash"}  # fmt: skip
 
 
-def _producer() -> dict[str, str]:
-    from .._version import __version__
-
-    return {"name": "kvtuner", "version": __version__}
-
-
 @dataclass(frozen=True)
 class RecipeProfile:
     model_id: str
@@ -51,7 +46,7 @@ class RecipeProfile:
     budget: dict[str, Any] = field(default_factory=dict)
     calibration: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
-    producer: dict[str, str] = field(default_factory=_producer)
+    producer: dict[str, str] = field(default_factory=producer)
     created: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
 
     def __post_init__(self) -> None:
@@ -71,13 +66,8 @@ class RecipeProfile:
 
     def check_model(self, model: ModelFingerprint) -> None:
         """One line when ``model`` is not the model this recipe was searched on."""
-        for name in ("architecture", "num_layers", "num_kv_heads", "head_dim"):
-            mine, theirs = getattr(self.fingerprint, name), getattr(model, name)
-            if mine != theirs:
-                raise KVTunerError(
-                    f"recipe was made for {self.model_id} ({name} {mine}), not for this model "
-                    f"({name} {theirs})"
-                )
+        names = ("architecture", "num_layers", "num_kv_heads", "head_dim")
+        check_same_model(self.fingerprint, model, self.model_id, names, "recipe")
 
     @property
     def effective_bits(self) -> float:
@@ -106,10 +96,7 @@ def is_recipe_profile(data: Any) -> bool:
 
 
 def _section(data: dict, key: str) -> dict:
-    value = data.get(key, {})
-    if not isinstance(value, dict):
-        raise KVTunerError(f"recipe profile field '{key}' must be an object")
-    return value
+    return section(data, key, "recipe profile")
 
 
 def _recipe(section: dict) -> EngineRecipe:
@@ -140,14 +127,10 @@ def recipe_profile_from_dict(data: Any) -> RecipeProfile:
         _section(data, "budget"),
         _section(data, "calibration"),
         _section(data, "metrics"),
-        _section(data, "producer") or _producer(),
+        _section(data, "producer") or producer(),
         str(data.get("created", "")),
     )
-    if data.get("hash") not in (None, profile.hash):
-        raise KVTunerError(
-            f"recipe profile hash {data['hash']} does not match its content ({profile.hash}); "
-            "if you edited it by hand, delete the 'hash' field"
-        )
+    check_hash(data, profile.hash, "recipe profile")
     return profile
 
 

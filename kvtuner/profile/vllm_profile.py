@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import KVTunerError
+from .engine_io import check_hash, check_same_model, producer, section
 from .fingerprint import ModelFingerprint
 from .io import read_json, write_json_atomic
 
@@ -25,12 +26,6 @@ VLLM_TESTED = "0.32.0"  # the vLLM whose source defines the formats and the page
 _TOP_LEVEL = {"target", "schema_version", "producer", "model", "vllm", "budget",
               "calibration", "metrics", "created", "hash"}  # fmt: skip
 _VLLM_FIELDS = {"version", "kv_cache_dtype", "skip_layers", "model_dtype", "k_scale", "v_scale"}
-
-
-def _producer() -> dict[str, str]:
-    from .._version import __version__
-
-    return {"name": "kvtuner", "version": __version__}
 
 
 @dataclass(frozen=True)
@@ -42,7 +37,7 @@ class VllmProfile:
     budget: dict[str, Any] = field(default_factory=dict)
     calibration: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
-    producer: dict[str, str] = field(default_factory=_producer)
+    producer: dict[str, str] = field(default_factory=producer)
     created: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
 
     def __post_init__(self) -> None:
@@ -70,13 +65,8 @@ class VllmProfile:
 
     def check_model(self, model: ModelFingerprint) -> None:
         """One line when ``model`` is not the model this profile was searched on."""
-        mine = self.fingerprint
-        for name in ("architecture", "num_layers", "num_kv_heads", "head_dim", "layout"):
-            if getattr(mine, name) != getattr(model, name):
-                raise KVTunerError(
-                    f"profile was made for {self.model_id} ({name} {getattr(mine, name)}), "
-                    f"not for this model ({name} {getattr(model, name)})"
-                )
+        names = ("architecture", "num_layers", "num_kv_heads", "head_dim", "layout")
+        check_same_model(self.fingerprint, model, self.model_id, names, "profile")
 
     def to_dict(self) -> dict[str, Any]:
         model = {"id": self.model_id, "fingerprint": self.fingerprint.to_dict()}
@@ -92,10 +82,7 @@ def is_vllm_profile(data: Any) -> bool:
 
 
 def _section(data: dict, key: str) -> dict:
-    value = data.get(key, {})
-    if not isinstance(value, dict):
-        raise KVTunerError(f"vLLM profile field '{key}' must be an object")
-    return value
+    return section(data, key, "vLLM profile")
 
 
 def vllm_profile_from_dict(data: Any) -> VllmProfile:
@@ -118,13 +105,9 @@ def vllm_profile_from_dict(data: Any) -> VllmProfile:
                     v.get("k_scale", 1.0), v.get("v_scale", 1.0))  # fmt: skip
     profile = VllmProfile(str(model.get("id", "")), fp, plan, v.get("model_dtype", "bfloat16"),
                           _section(data, "budget"), _section(data, "calibration"),
-                          _section(data, "metrics"), _section(data, "producer") or _producer(),
+                          _section(data, "metrics"), _section(data, "producer") or producer(),
                           str(data.get("created", "")))  # fmt: skip
-    if data.get("hash") not in (None, profile.hash):
-        raise KVTunerError(
-            f"vLLM profile hash {data['hash']} does not match its content ({profile.hash}); "
-            "if you edited it by hand, delete the 'hash' field"
-        )
+    check_hash(data, profile.hash, "vLLM profile")
     return profile
 
 

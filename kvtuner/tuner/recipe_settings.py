@@ -4,16 +4,14 @@ effective bits as ModelOpt counts them (:class:`RecipeTarget`), and the run arou
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 
 from ..errors import KVTunerError
-from ..placement import Placement
 from ..quant.engine_recipe import ENGINE_FORMATS, LAYER_FORMATS, format_bits
 from .budget import Budget
-from .search_settings import check_model, check_text, default_storage
+from .search_settings import check_engine_run
 from .study import StudySettings
 
 __all__ = ["RecipeSettings", "RecipeTarget"]
@@ -73,7 +71,8 @@ class RecipeTarget:
 @dataclass(frozen=True, kw_only=True)
 class RecipeSettings:
     """study: n_trials (whole recipes measured after the one-layer scores), storage (default
-    beside ``output``) and study_name (default: from the engine, formats, budget and text)."""
+    beside ``output``) and study_name (default: from the text, so searches of one model over
+    other budgets or formats reuse its measurements)."""
 
     model: str
     target: RecipeTarget
@@ -88,14 +87,4 @@ class RecipeSettings:
     dtype: str = "auto"
 
     def __post_init__(self) -> None:
-        check_model(self.model)
-        if not isinstance(self.target, RecipeTarget):
-            raise KVTunerError(f"target must be a RecipeTarget, got {type(self.target).__name__}")
-        if not isinstance(self.study, StudySettings):
-            raise KVTunerError(f"study must be StudySettings, got {type(self.study).__name__}")
-        Placement(self.device, self.dtype)  # one line for an unknown device or dtype
-        check_text(self.num_samples, self.seq_len, self.data_seed, self.confirm_samples)
-        object.__setattr__(self, "output", Path(self.output))
-        if self.study.storage is None:  # the study lives beside the profile
-            storage = default_storage(self.output)
-            object.__setattr__(self, "study", dataclasses.replace(self.study, storage=storage))
+        check_engine_run(self, RecipeTarget)

@@ -18,7 +18,7 @@ from .budget import Budget
 from .confirmation import CONFIRM_METRICS
 from .study import StudySettings
 
-__all__ = ["SearchSettings", "default_storage"]
+__all__ = ["SearchSettings", "check_engine_run", "default_storage"]
 
 
 def default_storage(output: Path) -> str:
@@ -60,6 +60,25 @@ def check_text(num_samples: int, seq_len: int, data_seed: int, confirm_samples: 
     _whole("--num-samples", num_samples)
     _whole("--seq-len", seq_len)
     _whole("--data-seed", data_seed, zero=True)
+
+
+def check_engine_run(settings: object, target_type: type) -> None:
+    """The checks an engine target's settings (vLLM skip sets, recipes) share: the model, the
+    target's type, the study, the placement and the text; ``output`` becomes a Path and the
+    study's storage defaults to :func:`default_storage` beside it (frozen: set in place)."""
+    s = settings
+    check_model(s.model)
+    if not isinstance(s.target, target_type):
+        kind = type(s.target).__name__
+        raise KVTunerError(f"target must be a {target_type.__name__}, got {kind}")
+    if not isinstance(s.study, StudySettings):
+        raise KVTunerError(f"study must be StudySettings, got {type(s.study).__name__}")
+    Placement(s.device, s.dtype)  # one line for an unknown device or dtype
+    check_text(s.num_samples, s.seq_len, s.data_seed, s.confirm_samples)
+    object.__setattr__(s, "output", Path(s.output))
+    if s.study.storage is None:  # the study lives beside the profile
+        storage = default_storage(s.output)
+        object.__setattr__(s, "study", dataclasses.replace(s.study, storage=storage))
 
 
 @dataclass(frozen=True, kw_only=True)

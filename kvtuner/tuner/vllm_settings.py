@@ -4,16 +4,14 @@ text, study, output), validated on construction."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 
 from ..errors import KVTunerError
-from ..placement import Placement
 from ..runtime_loader.vllm import VllmLayout, VllmPlan
 from .budget import Budget
-from .search_settings import check_model, check_text, default_storage
+from .search_settings import check_engine_run
 from .study import StudySettings
 
 __all__ = ["VllmSettings", "VllmTarget"]
@@ -85,14 +83,4 @@ class VllmSettings:
     dtype: str = "auto"
 
     def __post_init__(self) -> None:
-        check_model(self.model)
-        if not isinstance(self.target, VllmTarget):
-            raise KVTunerError(f"target must be a VllmTarget, got {type(self.target).__name__}")
-        if not isinstance(self.study, StudySettings):
-            raise KVTunerError(f"study must be StudySettings, got {type(self.study).__name__}")
-        Placement(self.device, self.dtype)  # one line for an unknown device or dtype
-        check_text(self.num_samples, self.seq_len, self.data_seed, self.confirm_samples)
-        object.__setattr__(self, "output", Path(self.output))
-        if self.study.storage is None:  # the study lives beside the profile
-            storage = default_storage(self.output)
-            object.__setattr__(self, "study", dataclasses.replace(self.study, storage=storage))
+        check_engine_run(self, VllmTarget)
