@@ -1,9 +1,32 @@
-"""kvtuner: per-layer mixed-precision KV cache quantization, tuned offline, served anywhere."""
+"""kvtuner: per-layer mixed-precision KV cache quantization, tuned offline, served anywhere.
+
+The verbs: :func:`apply` a profile to a transformers model, :func:`search` one, :func:`calibrate`
+a model's per-layer sensitivity, :func:`evaluate` profiles against fp. They load torch,
+transformers and Optuna on first use, so ``import kvtuner`` stays light.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
-from .errors import KVTunerError  # noqa: E402
-from .profile import LayerSpec, ModelFingerprint, Profile, load_profile, save_profile  # noqa: E402
-from .quant import QuantSpec, dequantize, fake_quantize, quantize  # noqa: E402
+from .errors import KVTunerError
+from .profile import LayerSpec, ModelFingerprint, Profile, load_profile, save_profile
+from .quant import QuantSpec, dequantize, fake_quantize, quantize
+
+if TYPE_CHECKING:
+    from .calibration import calibrate
+    from .evaluation import evaluate
+    from .runtime_loader.hf.apply import apply
+    from .tuner.search import search
+
+_LAZY = {
+    "apply": ".runtime_loader.hf.apply",
+    "calibrate": ".calibration",
+    "evaluate": ".evaluation",
+    "search": ".tuner.search",
+}
 
 __all__ = [
     "KVTunerError",
@@ -12,9 +35,25 @@ __all__ = [
     "Profile",
     "QuantSpec",
     "__version__",
+    "apply",
+    "calibrate",
     "dequantize",
+    "evaluate",
     "fake_quantize",
     "load_profile",
     "quantize",
     "save_profile",
+    "search",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'kvtuner' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    globals()[name] = value  # later reads skip this hook
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

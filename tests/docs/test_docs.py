@@ -89,7 +89,7 @@ def test_the_checker_catches_a_wrong_flag_and_a_wrong_subcommand(subcommands):
 
 def _hf_snippets() -> list[str]:
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    return [body for lang, body in FENCE.findall(text) if lang == "python" and "make_cache" in body]
+    return [body for lang, body in FENCE.findall(text) if lang == "python" and "apply(" in body]
 
 
 def test_readme_hf_snippet_runs_on_a_tiny_model(tmp_path, monkeypatch, capsys):
