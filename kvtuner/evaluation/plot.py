@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from ..errors import KVTunerError
+from ..search_spaces import pareto
 from .compare import EvalReport
 
 __all__ = ["pareto_front", "plot_report"]
@@ -31,17 +32,9 @@ def _delta(row: dict) -> float:
 
 def pareto_front(rows: list[dict]) -> list[dict]:
     """Rows no other row beats: fewer-or-equal effective bits and lower Δppl, or equal Δppl and
-    fewer bits. Sorted by effective bits."""
-    front = [
-        r
-        for r in rows
-        if not any(
-            (o["effective_bits"] <= r["effective_bits"] and _delta(o) < _delta(r))
-            or (o["effective_bits"] < r["effective_bits"] and _delta(o) <= _delta(r))
-            for o in rows
-        )
-    ]
-    return sorted(front, key=lambda r: r["effective_bits"])
+    fewer bits (rows tied on both are all kept). Sorted by effective bits."""
+    items = [(r["effective_bits"], _delta(r), i) for i, r in enumerate(rows)]
+    return [rows[i] for i in pareto.pareto_front(items, keep_ties=True)]
 
 
 def _labels(front: list[dict], rows: list[dict]) -> dict[tuple[float, float], list[str]]:

@@ -10,7 +10,7 @@ import optuna
 from optuna.trial import TrialState
 
 from ..profile import LayerSpec, Profile
-from ..search_spaces import Pair, SearchSpace, pair_label
+from ..search_spaces import Pair, SearchSpace, pair_label, pareto_front
 
 __all__ = ["Baseline", "Measured", "best_measured", "measured_trials", "pareto_set"]
 
@@ -65,13 +65,11 @@ def best_measured(measured: list[Measured]) -> Measured | None:
 
 
 def pareto_set(measured: list[Measured]) -> list[Measured]:
-    """Configurations no other one beats on both bytes per token and KL, fewest bytes first."""
-    front, best = [], float("inf")
-    for m in sorted(measured, key=lambda m: (m.bytes_per_token, m.kl, m.number)):
-        if m.kl < best:
-            front.append(m)
-            best = m.kl
-    return front
+    """Configurations no other one beats on both bytes per token and KL, fewest bytes first;
+    of exact ties, the earliest trial."""
+    ordered = sorted(measured, key=lambda m: m.number)
+    kept = pareto_front([(m.bytes_per_token, m.kl, i) for i, m in enumerate(ordered)])
+    return [ordered[i] for i in kept]
 
 
 @dataclass(frozen=True)
