@@ -183,7 +183,9 @@ def _seeds(run: _Run, isolated, in_context) -> dict[str, Recipe]:
 
 
 def _fits(run: _Run, recipe: Recipe) -> bool:
-    return recipe_bits(recipe, run.bits) <= run.capacity
+    """Within the budget, in the target's formats (the shared study holds other searches')."""
+    allowed = set(run.formats)
+    return set(recipe) <= allowed and recipe_bits(recipe, run.bits) <= run.capacity
 
 
 def _local_search(run: _Run, start: Recipe, predicted, log: Log) -> Recipe:

@@ -30,8 +30,9 @@ def tiny_dir(tmp_path, monkeypatch):
 
 def _search(tiny_dir, out, engine="vllm", budget="7bit", formats=None, n_trials=4):
     target = RecipeTarget(engine, Budget.parse(budget), formats)
+    storage = f"sqlite:///{out.parent / 'recipes.db'}"  # one study for every search here
     return search_recipe(model=str(tiny_dir), target=target, output=out, n_trials=n_trials,
-                         log=lambda _: None, **TEXT)  # fmt: skip
+                         storage=storage, log=lambda _: None, **TEXT)  # fmt: skip
 
 
 def test_recipe_fits_beats_or_ties_modelopt_and_resumes(tiny_dir, tmp_path):
@@ -49,7 +50,11 @@ def test_recipe_fits_beats_or_ties_modelopt_and_resumes(tiny_dir, tmp_path):
     assert again.profile.recipe == first.profile.recipe
     cheaper = _search(tiny_dir, tmp_path / "cheaper.json", budget="5bit")
     assert cheaper.profile.effective_bits <= 5
-    assert cheaper.trials < 2 * first.trials  # the tables are shared across budgets
+    tables = 4 * 2 + 4 * 2  # isolated fp8/nvfp4, in context fp8/auto (4 layers)
+    assert cheaper.trials - first.trials < tables  # the one-layer tables came back
+    # ModelOpt's two formats: recipes with model-dtype layers (its isolated table) never win
+    narrow = _search(tiny_dir, tmp_path / "narrow.json", budget="16bit", formats=("fp8", "nvfp4"))
+    assert set(narrow.profile.recipe.layers) <= {"fp8", "nvfp4"}
 
 
 def test_the_cli_writes_a_recipe_and_every_engine_form(tiny_dir, tmp_path, capsys):
