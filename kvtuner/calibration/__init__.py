@@ -1,8 +1,9 @@
-"""Calibration: load a model and text, measure KV-quantization damage (KL vs fp) per layer."""
+"""Calibration: load text, measure KV-quantization damage (KL vs fp) per layer (models load
+from :mod:`kvtuner.models`; ``load_model`` and ``model_fingerprint`` are re-exported here)."""
 
+from ..models import SUPPORTED_MODEL_TYPES, fingerprint_of, load_model, model_fingerprint
 from .batches import CalibrationData, load_calibration_data, load_token_batches
 from .kl import FpReference, check_batch_size, fp_reference, measure_kl, measure_with_cache
-from .models import SUPPORTED_MODEL_TYPES, fingerprint_of, load_model, model_fingerprint
 from .sensitivity import Sensitivity
 from .sweep import calibrate
 

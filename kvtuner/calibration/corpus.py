@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import KVTunerError
-from .hub import hub_unreachable_reason
+from ..models.hub import hub_unreachable_reason
 
 EMBEDDED_NAME = "embedded:wikitext-2-valid"
 EMBEDDED_FILE = Path(__file__).parent / "data" / "wikitext2_valid_head.txt"

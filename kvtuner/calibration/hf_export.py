@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import KVTunerError
-from .models import resolve_model
+from ..models import resolve_model
 
 __all__ = ["ExportResult", "export_hf"]
 

@@ -8,8 +8,6 @@ the RMS, see docs/results.md); λ = magnitude^α scaled to geometric mean 1 per 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
 from ..placement import model_device
@@ -24,7 +22,6 @@ __all__ = [
     "DEFAULT_QUANTILE",
     "calibrate_key_smoothing",
     "key_magnitudes",
-    "smoothing_digest",
 ]
 
 DEFAULT_ALPHA = 0.5
@@ -53,8 +50,8 @@ def key_magnitudes(
 ) -> list[torch.Tensor]:
     """Per layer fp32 [kv_heads, head_dim]: the ``quantile`` of |k| over the calibration tokens
     (int64 [N, T]) as the cache stores them (post-RoPE)."""
+    from ..models import fingerprint_of
     from ..runtime_loader.hf import make_cache
-    from .models import fingerprint_of
 
     layers = fingerprint_of(model).num_layers
     seen: list[list[torch.Tensor]] = [[] for _ in range(layers)]
@@ -79,12 +76,3 @@ def calibrate_key_smoothing(
     """One :class:`KeySmoothing` per layer: λ = quantile(|k|)^α, geometric mean 1 per head."""
     mags = key_magnitudes(model, tokens, quantile=quantile, batch_size=batch_size)
     return tuple(KeySmoothing.from_magnitudes(m, alpha) for m in mags)
-
-
-def smoothing_digest(smoothing: Sequence[KeySmoothing]) -> str:
-    """A short hash of every layer's λ (cache keys, sensitivity settings)."""
-    import hashlib
-    import json
-
-    canon = json.dumps([s.to_list() for s in smoothing], separators=(",", ":"))
-    return hashlib.sha256(canon.encode()).hexdigest()[:16]

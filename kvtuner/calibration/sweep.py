@@ -14,15 +14,15 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..errors import KVTunerError
+from ..models import fingerprint_of
 from ..placement import placement_of
 from ..profile import LayerSpec
 from ..quant import QUANTIZED_BITS, KeySmoothing, QuantSpec
 from ..search_spaces.losses import DEFAULT_BITS
+from ..search_spaces.preset import smoothing_digest
 from .batches import CalibrationData
-from .models import fingerprint_of
 from .runner import FpActivations, advance_to, capture_fp, run_layer_variants
 from .sensitivity import PARTS, Sensitivity, spec_template
-from .smoothing import smoothing_digest
 from .sweep_cache import SideCache, default_cache_dir, weights_digest
 
 PER_TOKEN_KEY = QuantSpec(4, 32, rotation="hadamard")  # the `per-token` search preset

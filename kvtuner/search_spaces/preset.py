@@ -29,7 +29,10 @@ A user JSON file gives ``{"name", "key", "value"}`` where key/value are QuantSpe
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -39,9 +42,15 @@ from ..profile import LayerSpec, read_json
 from ..quant.smoothing import KeySmoothing
 from ..quant.spec import QuantSpec
 
-__all__ = ["PRESETS", "SearchPreset", "load_preset"]
+__all__ = ["PRESETS", "SearchPreset", "load_preset", "smoothing_digest"]
 
 _UNQUANTIZED = QuantSpec(16)
+
+
+def smoothing_digest(smoothing: Sequence[KeySmoothing]) -> str:
+    """A short hash of every layer's λ (sweep cache keys, sensitivity and preset settings)."""
+    canon = json.dumps([s.to_list() for s in smoothing], separators=(",", ":"))
+    return hashlib.sha256(canon.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -98,8 +107,6 @@ class SearchPreset:
         drop = lambda s: {k: v for k, v in s.to_dict().items() if k != "bits"}  # noqa: E731
         out = {"key_spec": drop(self.key), "value_spec": drop(self.value)}
         if self.smoothing is not None:
-            from ..calibration.smoothing import smoothing_digest
-
             out["key_smoothing"] = {"digest": smoothing_digest(self.smoothing)}
         return out
 

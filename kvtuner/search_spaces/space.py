@@ -15,7 +15,7 @@ from itertools import product
 
 from ..errors import KVTunerError
 from ..profile import LayerSpec, ModelFingerprint
-from ..tuner.budget import Budget
+from .budget import Budget
 from .clustering import cluster_layers
 from .losses import LossTable
 from .pareto import pareto_front

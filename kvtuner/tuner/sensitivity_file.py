@@ -11,6 +11,7 @@ from typing import Any
 from ..errors import KVTunerError
 from ..profile import ModelFingerprint, read_json
 from ..search_spaces import SearchPreset
+from ..search_spaces.preset import smoothing_digest
 
 __all__ = [
     "calibrated_smoothing",
@@ -114,7 +115,7 @@ def calibrated_smoothing(lm, preset, data, log, batch_size):
 
 
 def smoothing_provenance(preset: SearchPreset) -> dict:
-    from ..calibration.smoothing import DEFAULT_QUANTILE, smoothing_digest
+    from ..calibration.smoothing import DEFAULT_QUANTILE
 
     return {"alpha": preset.smooth_alpha, "statistic": f"quantile {DEFAULT_QUANTILE} of |k|",
             "digest": smoothing_digest(preset.smoothing)}  # fmt: skip

@@ -9,7 +9,8 @@ from calib_helpers import save_tiny
 from conftest import tiny_config
 
 from kvtuner import KVTunerError
-from kvtuner.calibration import fingerprint_of, load_model, model_fingerprint, models
+from kvtuner.calibration import fingerprint_of, load_model, model_fingerprint
+from kvtuner.models import loader as models
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral"])

@@ -18,9 +18,9 @@ from kvtuner.calibration import (
     measure_kl,
     model_fingerprint,
 )
-from kvtuner.calibration import qwen25_package as pkg
 from kvtuner.calibration.smoothing import calibrate_key_smoothing
 from kvtuner.errors import KVTunerError
+from kvtuner.models import qwen25_package as pkg
 from kvtuner.runtime_loader.hf import cache_kwargs, make_cache
 
 pytestmark = pytest.mark.slow

@@ -15,7 +15,7 @@ def _profile(profile: VllmProfile | str | os.PathLike) -> VllmProfile:
 def check_model_dir(profile: VllmProfile, model: str | os.PathLike) -> None:
     """Refuse (one KVTunerError line) a profile searched on another model than ``model`` (an HF
     folder or hub id whose config transformers can read offline)."""
-    from ...calibration.models import model_fingerprint
+    from ...models import model_fingerprint
 
     profile.check_model(model_fingerprint(str(model)))
 

@@ -37,8 +37,8 @@ def smollm2_hf_dir() -> Path:
 
 def gemma3_hf_dir() -> Path:
     """Gemma 3 270M (the gemma3-270m alias's GGUF) exported once to an HF folder (bf16)."""
-    from kvtuner.calibration.gemma3_package import gemma3_gguf
     from kvtuner.calibration.hf_export import export_hf
+    from kvtuner.models.gemma3_package import gemma3_gguf
 
     return export_hf(gemma3_gguf(), CACHE / "gemma3-270m-it-hf").path
 
@@ -47,7 +47,7 @@ def qwen25_hf_dir() -> Path:
     """Qwen2.5-Coder-0.5B-Instruct (the qwen2.5-0.5b alias's GGUF) exported once to an HF
     folder (bf16)."""
     from kvtuner.calibration.hf_export import export_hf
-    from kvtuner.calibration.qwen25_package import qwen25_gguf
+    from kvtuner.models.qwen25_package import qwen25_gguf
 
     return export_hf(qwen25_gguf(), CACHE / "qwen2.5-coder-0.5b-instruct-hf").path
 
