@@ -143,8 +143,13 @@ def _create(storage: str | None, name: str, sampler=None) -> optuna.Study:
 
 def open_measured_study(storage: str | None, name: str) -> optuna.Study:
     """A study that records configurations measured in an order the caller decides (the
-    engine targets: skip sets, recipes): resumable, RUNNING trials of a killed run repaired."""
-    return _create(storage, name)
+    engine targets: skip sets, recipes): resumable; a killed run's RUNNING trials, and the
+    WAITING ones an older kvtuner (enqueue, then ask) could leave, are marked FAIL, so no
+    measurement is ever told to another configuration's trial."""
+    study = _create(storage, name)
+    for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
+    return study
 
 
 def measure_choices(
@@ -158,15 +163,16 @@ def measure_choices(
     returns every finished one, keyed by its sorted items."""
     key = lambda params: tuple(sorted(params.items()))  # noqa: E731
     done = {key(t.params): t.value for t in study.trials if t.state == TrialState.COMPLETE}
+    dist = optuna.distributions.CategoricalDistribution(list(options))
     for params in choices:
         if key(params) in done:
             continue
-        study.enqueue_trial(params)
-        trial = study.ask()
-        for name in params:  # the enqueued values come back
-            trial.suggest_categorical(name, list(options))
         value = float(measure(params))
-        study.tell(trial, value)
+        # recorded whole once measured: a kill leaves no WAITING or RUNNING trial behind
+        trial = optuna.trial.create_trial(
+            params=params, distributions=dict.fromkeys(params, dist), value=value
+        )
+        study.add_trial(trial)
         done[key(params)] = value
     return done
 
