@@ -87,7 +87,9 @@ def kv_scale(kv_cache_dtype: str, amax: float) -> float:
     return 1.0
 
 
-def effective_skip_layers(kv_cache_dtype: str, skip: tuple[int, ...], num_layers: int):
+def effective_skip_layers(
+    kv_cache_dtype: str, skip: tuple[int, ...], num_layers: int
+) -> tuple[int, ...]:
     """The layers vLLM keeps at the model dtype: ``skip``, plus TurboQuant's boundary layers
     (vLLM adds them whatever the user passes)."""
     if kv_cache_dtype in TURBOQUANT:
