@@ -13,7 +13,9 @@ searches of one model share their measurements):
    each uniform format that fits;
 4. local search from the best recipe measured: ``n_trials`` more recipes, one- and two-layer
    moves that fit, best predicted first; a move is taken when its measured KL is lower;
-5. confirmation: the best finalists and ModelOpt's pick re-measured on held-back windows.
+5. confirmation: the best finalists and ModelOpt's pick re-measured window by window on
+   held-back text; the best replaces ModelOpt's pick only when it is better by more than two
+   standard errors of the paired difference (else the search could lose to it by luck).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = ["RecipeOutcome", "RecipeSettings", "RecipeTarget", "run_recipe_search", "search_recipe"]
 CONFIRM_FINALISTS = 4
+CONFIRM_MARGIN = 2.0  # standard errors a held-back gain must clear to replace ModelOpt's pick
 Log = Callable[[str], None]
 
 
@@ -207,16 +210,35 @@ def _local_search(run: _Run, start: Recipe, predicted, log: Log) -> Recipe:
 
 
 def _confirm(run: _Run, measured: dict[Recipe, float], modelopt: Recipe, log: Log):
-    held = PlanKL.on(run.plan_kl.lm, run.held.tokens)
+    """The best finalists and ModelOpt's pick re-measured window by window on the held-back
+    text. The best there replaces ModelOpt's pick only when its paired advantage exceeds
+    ``CONFIRM_MARGIN`` standard errors: with a few windows the lowest of several measured means
+    is partly luck, and ModelOpt's pick is the method to beat, not to lose to by chance."""
+    tokens = run.held.tokens
+    windows = [PlanKL.on(run.plan_kl.lm, tokens[i : i + 1]) for i in range(tokens.shape[0])]
     finalists = sorted(measured, key=lambda r: (measured[r], r))[:CONFIRM_FINALISTS]
     finalists = list(dict.fromkeys([*finalists, modelopt]))
-    again = {r: held.kl(run.base.with_layers(r)) for r in finalists}
-    log(f"confirmation on {run.held.tokens.numel()} held-back tokens:")
+    kls = {r: [w.kl(run.base.with_layers(r)) for w in windows] for r in finalists}  # [windows]
+    mean = {r: sum(v) / len(v) for r, v in kls.items()}
+    log(f"confirmation on {tokens.numel()} held-back tokens:")
     for r in finalists:
-        log(f"  {_short(r)}: {measured[r]:.5g} -> {again[r]:.5g}")
-    best = min(again, key=lambda r: (again[r], r))
-    return best, {"confirm_kl": again[best], "confirm_modelopt_kl": again[modelopt],
-                  "confirm_tokens": run.held.tokens.numel()}  # fmt: skip
+        log(f"  {_short(r)}: {measured[r]:.5g} -> {mean[r]:.5g}")
+    lowest = min(finalists, key=lambda r: (mean[r], r))
+    gain, se = _paired_gain(kls[modelopt], kls[lowest])
+    best = lowest if gain > CONFIRM_MARGIN * se and gain > 0 else modelopt
+    return best, {"confirm_kl": mean[best], "confirm_modelopt_kl": mean[modelopt],
+                  "confirm_gain": gain, "confirm_gain_se": se,
+                  "chosen": "modelopt" if best == modelopt else "search",
+                  "confirm_tokens": tokens.numel()}  # fmt: skip
+
+
+def _paired_gain(base: list[float], other: list[float]) -> tuple[float, float]:
+    """Mean of ``base - other`` over windows and its standard error (0 for one window)."""
+    d = [a - b for a, b in zip(base, other, strict=True)]
+    m = sum(d) / len(d)
+    if len(d) < 2:
+        return m, 0.0
+    return m, (sum((x - m) ** 2 for x in d) / (len(d) - 1) / len(d)) ** 0.5
 
 
 def _short(recipe: Recipe) -> str:

@@ -19,7 +19,7 @@ from kvtuner.tuner.recipe_search import RecipeTarget, search_recipe
 sys.path.insert(0, str(Path(__file__).parent.parent / "calibration"))
 from calib_helpers import save_tiny  # noqa: E402
 
-TEXT = dict(num_samples=2, seq_len=32, confirm_samples=1)
+TEXT = dict(num_samples=2, seq_len=32, confirm_samples=3)
 
 
 @pytest.fixture
@@ -43,6 +43,10 @@ def test_recipe_fits_beats_or_ties_modelopt_and_resumes(tiny_dir, tmp_path):
     assert set(profile.recipe.layers) <= {"auto", "fp8", "nvfp4"}
     m = profile.metrics
     assert m["confirm_kl"] <= m["confirm_modelopt_kl"]  # ModelOpt's pick is a finalist
+    if m["chosen"] == "search":  # a held-back gain past the margin, else ModelOpt's pick stays
+        assert m["confirm_gain"] > 2 * m["confirm_gain_se"]
+    else:
+        assert list(profile.recipe.layers) == m["modelopt_layers"]
     assert set(m["modelopt_layers"]) <= {"fp8", "nvfp4"}  # it never picks the model dtype
     assert first.trials > 2 * 4 * 2  # both one-layer tables and whole recipes
     again = _search(tiny_dir, out)
