@@ -40,6 +40,8 @@ def recipe_settings_from_args(args: argparse.Namespace) -> RecipeSettings:
 
     if not args.budget:
         raise KVTunerError("--target recipe needs --budget in effective bits, e.g. 5.4bit")
+    if args.confirm_metric != "kl" or args.confirm_seq_len is not None:
+        raise KVTunerError("--confirm-metric and --confirm-seq-len are for --target kvtuner")
     formats = tuple(f.strip() for f in args.formats.split(",")) if args.formats else None
     target = RecipeTarget(args.engine, Budget.parse(args.budget), formats)
     return RecipeSettings(target=target, **engine_run_kwargs(args))
