@@ -1,17 +1,4 @@
 """Re-export: model loading lives in :mod:`kvtuner.models`, below the runtimes that use it."""
 
-from ..models.loader import (
-    SUPPORTED_MODEL_TYPES,
-    fingerprint_of,
-    load_model,
-    model_fingerprint,
-    resolve_model,
-)
-
-__all__ = [
-    "SUPPORTED_MODEL_TYPES",
-    "fingerprint_of",
-    "load_model",
-    "model_fingerprint",
-    "resolve_model",
-]
+from ..models import *  # noqa: F403  (one list of names: kvtuner.models.__all__)
+from ..models import __all__  # noqa: F401
