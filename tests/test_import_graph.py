@@ -26,9 +26,6 @@ FLOORS = (
     {"tuner"},
     {"cli", "__main__", ""},
 )
-# Issue 45: VllmPlan is a pure schema type that profile/vllm_profile.py reads from the vLLM
-# runtime; it is to move down to profile/ (another change): then drop this line.
-KNOWN_UPWARD = {("kvtuner.profile.vllm_profile", "kvtuner.runtime_loader.vllm.plan")}
 # Never reached from the core: SGLang's and vLLM's packages, and kvtuner's SGLang runtime.
 FOREIGN_RUNTIMES = ("sglang", "vllm")
 
@@ -162,11 +159,8 @@ def test_the_rule_sees_an_import_that_runs_up():
 
 
 def test_no_import_runs_up_a_floor():
-    upward = upward_imports(import_graph())
-    unknown = [f"{a} -> {b}" for a, b in sorted(upward - KNOWN_UPWARD)]
-    assert not unknown, f"imports that run up a floor: {unknown}"
-    gone = sorted(KNOWN_UPWARD - upward)
-    assert not gone, f"no longer run up, drop them from KNOWN_UPWARD: {gone}"
+    upward = [f"{a} -> {b}" for a, b in sorted(upward_imports(import_graph()))]
+    assert not upward, f"imports that run up a floor: {upward}"
 
 
 def test_the_core_never_reaches_sglang_or_vllm():

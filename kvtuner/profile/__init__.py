@@ -1,9 +1,11 @@
-"""Profile schema v1/v2/v3 (JSON): per-layer K/V specs (v3: key smoothing), provenance, canonical
-hash."""
+"""Profile schemas (JSON), each with provenance and a canonical hash: kvtuner's packed per-layer
+K/V specs (v1/v2/v3, v3: key smoothing), vLLM plans (``"target": "vllm"``: one
+``--kv-cache-dtype`` and its skip layers) and engine recipes (``"target": "recipe"``)."""
 
 from .fingerprint import ModelFingerprint
 from .io import load_profile, profile_from_dict, read_json, save_profile, write_json_atomic
 from .profile import SCHEMA_VERSION, LayerSpec, Profile
+from .vllm_plan import VllmPlan
 from .vllm_profile import (
     VllmProfile,
     is_vllm_profile,
@@ -17,6 +19,7 @@ __all__ = [
     "LayerSpec",
     "ModelFingerprint",
     "Profile",
+    "VllmPlan",
     "VllmProfile",
     "is_vllm_profile",
     "load_vllm_profile",

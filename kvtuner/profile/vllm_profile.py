@@ -20,6 +20,7 @@ from ..errors import KVTunerError
 from .engine_io import check_hash, check_same_model, producer, section
 from .fingerprint import ModelFingerprint
 from .io import read_json, write_json_atomic
+from .vllm_plan import VllmPlan
 
 VLLM_SCHEMA_VERSION = 1
 VLLM_TESTED = "0.32.0"  # the vLLM whose source defines the formats and the page sizes
@@ -32,7 +33,7 @@ _VLLM_FIELDS = {"version", "kv_cache_dtype", "skip_layers", "model_dtype", "k_sc
 class VllmProfile:
     model_id: str
     fingerprint: ModelFingerprint
-    plan: Any  # kvtuner.runtime_loader.vllm.VllmPlan (imported lazily: no torch at load)
+    plan: VllmPlan
     model_dtype: str = "bfloat16"
     budget: dict[str, Any] = field(default_factory=dict)
     calibration: dict[str, Any] = field(default_factory=dict)
@@ -86,8 +87,6 @@ def _section(data: dict, key: str) -> dict:
 
 
 def vllm_profile_from_dict(data: Any) -> VllmProfile:
-    from ..runtime_loader.vllm.plan import VllmPlan
-
     if not is_vllm_profile(data):
         raise KVTunerError('not a vLLM profile (needs "target": "vllm"; see docs/engines.md)')
     if data.get("schema_version") != VLLM_SCHEMA_VERSION:

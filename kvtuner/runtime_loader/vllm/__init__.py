@@ -6,8 +6,8 @@ bytes and token capacity vLLM allocates for it; :func:`engine_kwargs` / :func:`v
 vLLM profile into ``vllm.LLM(...)`` keywords or ``vllm serve`` flags.
 """
 
+from ...profile import VllmPlan
 from .capacity import VllmLayout
 from .engine import engine_kwargs, serve_argv, vllm_args
-from .plan import VllmPlan
 
 __all__ = ["VllmLayout", "VllmPlan", "engine_kwargs", "serve_argv", "vllm_args"]

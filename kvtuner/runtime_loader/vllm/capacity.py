@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 from ...errors import KVTunerError
 from ...profile import ModelFingerprint
+from ...profile.vllm_plan import VllmPlan
 from ...quant.vllm_format import model_dtype_bytes
-from .plan import VllmPlan
 
 CPU_BLOCK_SIZE = 128  # vLLM's CPU platform default block size
 CPU_SMALLEST_KERNEL_BLOCK = 32  # CPU attention backend: MultipleOf(32)

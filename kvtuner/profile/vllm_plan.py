@@ -1,13 +1,14 @@
 """VllmPlan: what vLLM is told about its KV cache: one ``--kv-cache-dtype`` and the layers
-``--kv-cache-dtype-skip-layers`` keeps at the model's dtype."""
+``--kv-cache-dtype-skip-layers`` keeps at the model's dtype. Part of a vLLM profile's schema
+(:mod:`.vllm_profile`); the vLLM runtime reads it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from ...errors import KVTunerError
-from ...quant.vllm_format import VllmKVFormat, effective_skip_layers
+from ..errors import KVTunerError
+from ..quant.vllm_format import VllmKVFormat, effective_skip_layers
 
 
 @dataclass(frozen=True)
