@@ -1,4 +1,8 @@
-"""The packed KV quantizer shared by calibration, the HF cache and the SGLang pool."""
+"""KV formats: kvtuner's packed quantizer (specs, torch reference, Triton pack/unpack kernels,
+key smoothing) shared by calibration, the HF cache and the SGLang pool; and the engines' own
+formats, emulated bit-exact for measurement: vLLM's fp8/int8/int4 per token-head, NVFP4 and
+TurboQuant caches (``vllm_*``) and the per-layer engine recipes built from them
+(:mod:`.engine_recipe`)."""
 
 from .reference import dequantize, fake_quantize, hadamard, quantize
 from .slot_ops import gather_dequantized, quantize_rows, scatter_quantized

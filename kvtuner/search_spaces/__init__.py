@@ -1,4 +1,5 @@
-"""Search spaces: candidate (k_bits, v_bits) pairs, Pareto pruning, layer clustering, presets."""
+"""Search spaces: the memory budget, candidate (k_bits, v_bits) pairs, Pareto pruning, layer
+clustering, presets."""
 
 from .clustering import cluster_layers
 from .losses import BITS, DEFAULT_BITS, LossTable
