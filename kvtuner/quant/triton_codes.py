@@ -17,8 +17,10 @@ __all__ = [
     "load_code_ints",
     "load_codes",
     "load_fp16",
+    "load_group_meta",
     "store_codes",
     "store_fp16",
+    "store_group_meta",
 ]
 
 NAN_FP16 = tl.constexpr(0x7E00)  # the format's NaN: what torch stores for float("nan").half()
@@ -106,6 +108,48 @@ def load_fp16(ptr, mask):
     hi = tl.load(ptr + 1, mask=mask, other=0).to(tl.int32)
     bits = (hi << 8) | lo
     return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _meta_bytes(src, row_ok, NB: tl.constexpr, NG: tl.constexpr, SIDES: tl.constexpr):
+    """Pointers and mask [BLOCK, SIDES * NG * 2] of a row's metadata bytes (scales, then zeros
+    when SIDES = 2): contiguous, masked by row alone, so they move as one vector a row."""
+    j = tl.arange(0, SIDES * NG * 2)
+    return src[:, None] + NB + j[None, :], row_ok[:, None] & (j >= 0)[None, :]
+
+
+@triton.jit
+def load_group_meta(src, row_ok, NB: tl.constexpr, NG: tl.constexpr, SYMMETRIC: tl.constexpr):
+    """A row's fp16 scales and zeros (zero = scale when symmetric) -> fp32 [BLOCK, NG] each, in
+    one vector load a row (NG a power of two; :func:`load_fp16` reads two bytes at a time)."""
+    BLOCK: tl.constexpr = row_ok.shape[0]
+    SIDES: tl.constexpr = 1 if SYMMETRIC else 2
+    at, ok = _meta_bytes(src, row_ok, NB, NG, SIDES)
+    b = tl.load(at, mask=ok, other=0).to(tl.int32)
+    lo, hi = tl.split(tl.reshape(b, [BLOCK, SIDES * NG, 2]))
+    v = ((hi << 8) | lo).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    if SYMMETRIC:  # (an early return here failed to compile for sm_80)
+        scale, zero = v, v
+    else:
+        scale, zero = tl.split(tl.permute(tl.reshape(v, [BLOCK, 2, NG]), (0, 2, 1)))
+    return scale, zero
+
+
+@triton.jit
+def store_group_meta(dst, scale, zero, ok, row_ok, NB: tl.constexpr, SYMMETRIC: tl.constexpr):
+    """Inverse of :func:`load_group_meta`: fp32 ``scale``/``zero`` [BLOCK, NG] (fp16-exact;
+    NaN where not ``ok``) as one vector store a row."""
+    BLOCK: tl.constexpr = scale.shape[0]
+    NG: tl.constexpr = scale.shape[1]
+    SIDES: tl.constexpr = 1 if SYMMETRIC else 2
+    bits = tl.where(ok, scale.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32), NAN_FP16)
+    if not SYMMETRIC:
+        zbits = zero.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
+        zbits = tl.where(ok, zbits, NAN_FP16)
+        bits = tl.reshape(tl.permute(tl.join(bits, zbits), (0, 2, 1)), [BLOCK, 2 * NG])
+    b = tl.reshape(tl.join(bits & 0xFF, (bits >> 8) & 0xFF), [BLOCK, SIDES * NG * 2])
+    at, mask = _meta_bytes(dst, row_ok, NB, NG, SIDES)
+    tl.store(at, b.to(tl.uint8), mask=mask)
 
 
 @triton.jit

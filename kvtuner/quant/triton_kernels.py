@@ -32,8 +32,10 @@ from .triton_codes import (
     hadamard_tile,
     load_codes,
     load_fp16,
+    load_group_meta,
     store_codes,
     store_fp16,
+    store_group_meta,
 )
 
 __all__ = ["interpreted", "triton_gather_dequantized", "triton_scatter_quantized"]
@@ -93,12 +95,15 @@ def _scatter_kernel(
         x = hadamard_tile(x, D)
     x = tl.reshape(x, [BLOCK, NG_PAD, G])  # the same elements, one group per middle index
     q, scale, zero, ok = grid_codes(x, 2, BITS, SYMMETRIC)  # scale, zero, ok: [BLOCK, NG_PAD]
-    g = tl.arange(0, NG_PAD)
-    meta = dst[:, None] + NB + 2 * g[None, :]  # [BLOCK, NG_PAD] fp16 scale slots
-    meta_ok = row_ok[:, None] & (g < NG)[None, :]
-    if not SYMMETRIC:
-        store_fp16(meta + 2 * NG, zero, ok, meta_ok)
-    store_fp16(meta, scale, ok, meta_ok)
+    if NG == NG_PAD:  # the row's scales and zeros as one vector
+        store_group_meta(dst, scale, zero, ok, row_ok, NB, SYMMETRIC)
+    else:
+        g = tl.arange(0, NG_PAD)
+        meta = dst[:, None] + NB + 2 * g[None, :]  # [BLOCK, NG_PAD] fp16 scale slots
+        meta_ok = row_ok[:, None] & (g < NG)[None, :]
+        if not SYMMETRIC:
+            store_fp16(meta + 2 * NG, zero, ok, meta_ok)
+        store_fp16(meta, scale, ok, meta_ok)
     q = q.to(tl.int32)
     store_codes(dst, tl.reshape(q, [BLOCK, NW_PAD, 8]), row_ok, NB, BITS)
 
@@ -121,14 +126,19 @@ def _gather_kernel(
     e = w[:, None] * 8 + tl.arange(0, 8)[None, :]  # [NW_PAD, 8]
     q = load_codes(src, row_ok, NB, NW_PAD, BITS)  # [BLOCK, NW_PAD, 8]
     q = tl.reshape(q, [BLOCK, NG_PAD, G])
-    g = tl.arange(0, NG_PAD)
-    meta = src[:, None] + NB + 2 * g[None, :]  # [BLOCK, NG_PAD]: one load per group and row
-    meta_ok = row_ok[:, None] & (g < NG)[None, :]
-    scale = load_fp16(meta, meta_ok)[:, :, None]
+    if NG == NG_PAD:  # the row's scales and zeros in one vector load
+        scale, zero = load_group_meta(src, row_ok, NB, NG, SYMMETRIC)
+    else:
+        g = tl.arange(0, NG_PAD)
+        meta = src[:, None] + NB + 2 * g[None, :]  # [BLOCK, NG_PAD]: one load per group and row
+        meta_ok = row_ok[:, None] & (g < NG)[None, :]
+        scale = load_fp16(meta, meta_ok)
+        zero = scale if SYMMETRIC else load_fp16(meta + 2 * NG, meta_ok)
+    scale = scale[:, :, None]
     if SYMMETRIC:  # noqa: SIM108 (constexpr branch: only one side is compiled)
         out = tl.math.div_rn((q - HALF) * scale, HALF * 1.0)
     else:
-        out = load_fp16(meta + 2 * NG, meta_ok)[:, :, None] + q * scale
+        out = zero[:, :, None] + q * scale
     out = tl.reshape(out, [BLOCK, NW_PAD, 8])
     if ROTATE:  # undo the rotation: H is its own inverse
         out = hadamard_tile(out, D)
