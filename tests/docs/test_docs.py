@@ -1,4 +1,5 @@
-"""The docs stay honest: their `kvtuner ...` command lines parse, and the README's HF snippet runs.
+"""The docs stay honest: their `kvtuner ...` command lines parse, their relative links resolve, and
+the README's HF snippet runs.
 
 Commands are read from fenced code blocks (backslash continuations joined, `&&`/`;`/`|` chains
 and `#` comments split off) and from inline code spans. Each must name a real subcommand, and
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "calibration"))
 from calib_helpers import save_tiny  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md"))]
 PASS_THROUGH = {"serve"}  # flags belong to `python -m sglang.launch_server`
 
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
@@ -27,6 +29,13 @@ SPAN = re.compile(r"`([^`]+)`")  # inline code may wrap over lines
 # as `kvtuner pool: ...` have no subcommand word and are not commands
 COMMAND = re.compile(r"(?:^|[\s/])kvtuner ([a-z][a-z-]*)(?=\s|$)(.*)", re.S)
 FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)(?:\s[^)]*)?\)")  # [text](target "title"), images too
+HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$", re.M)
+URL = re.compile(r"^[a-z][a-z0-9+.-]*:", re.I)  # https:, mailto: ... are not checked
+
+
+def _page_id(page: Path) -> str:
+    return page.relative_to(ROOT).as_posix()
 
 
 def _code_texts(text: str) -> list[str]:
@@ -50,7 +59,7 @@ def _commands(text: str) -> list[str]:
 
 
 def _all_commands() -> list[tuple[str, str]]:
-    return [(p.name, c) for p in PAGES for c in _commands(p.read_text(encoding="utf-8"))]
+    return [(_page_id(p), c) for p in PAGES for c in _commands(p.read_text(encoding="utf-8"))]
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +94,62 @@ def test_the_checker_catches_a_wrong_flag_and_a_wrong_subcommand(subcommands):
     (typo,) = _commands("run `kvtuner serch --model m` first")
     assert typo.split()[1] not in subcommands
     assert _commands("`kvtuner pool: profile <hash>` and `kvtuner.calibration`") == []
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: a link keeps its text; lowercase; only letters, digits,
+    spaces, hyphens and underscores survive; spaces become hyphens."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)
+    text = re.sub(r"[^\w\- ]", "", text.strip().lower())
+    return text.replace(" ", "-")
+
+
+def _anchors(page: Path) -> set[str]:
+    """Every heading's anchor; a repeated slug gets -1, -2, ... as on GitHub."""
+    seen: Counter[str] = Counter()
+    anchors = set()
+    for heading in HEADING.findall(FENCE.sub("", page.read_text(encoding="utf-8"))):
+        slug = _slug(heading)
+        anchors.add(f"{slug}-{seen[slug]}" if seen[slug] else slug)
+        seen[slug] += 1
+    return anchors
+
+
+def _broken_links(page: Path) -> list[str]:
+    """Relative link targets of a Markdown page (code left out) that name no file or no heading."""
+    prose = SPAN.sub("", FENCE.sub("", page.read_text(encoding="utf-8")))
+    broken = []
+    for target in LINK.findall(prose):
+        if URL.match(target):
+            continue
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        if not linked.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
+            broken.append(f"{target}: no heading #{anchor} in {linked.name}")
+    return broken
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_page_id)
+def test_relative_links_name_a_file_and_a_heading(page):
+    assert _broken_links(page) == []
+
+
+def test_the_link_checker_catches_a_missing_file_and_a_missing_heading(tmp_path):
+    (tmp_path / "a.md").write_text("# Top\n\n## Same\n\n## Same\n\n```bash\n# not a heading\n```\n")
+    (tmp_path / "b.md").write_text(
+        "[ok](a.md#same-1) [self](#local) [web](https://x.org/y.md)\n"
+        "[file](c.md) [dup](a.md#same-2) [fenced](a.md#not-a-heading)\n`[code](d.md)`\n\n# Local\n"
+    )
+    assert _broken_links(tmp_path / "b.md") == [
+        "c.md: no such file",
+        "a.md#same-2: no heading #same-2 in a.md",
+        "a.md#not-a-heading: no heading #not-a-heading in a.md",
+    ]
+    assert _slug("One scale a token-head (`per-token-head`): quality") == (
+        "one-scale-a-token-head-per-token-head-quality"
+    )
 
 
 def _hf_snippets() -> list[str]:
