@@ -12,7 +12,7 @@ runtime serves it (residual window 128, pack chunk 32; see docs/long_context.md)
 
 Writes benchmarks/results/long_context-{model}-{task}-{haystack}.{jsonl,json,md}; the .md table
 (accuracy per config x length with 95 % Wilson intervals, KV bytes, the targets) goes in
-docs/results.md.
+docs/results/long-context.md.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import torch
 from ..errors import KVTunerError
 from .corpus import read_corpus
 
-DEFAULT_NUM_SAMPLES = 1  # 1 x 256: see docs/results.md 'Calibration' for the measured trade-off
+DEFAULT_NUM_SAMPLES = 1  # 1 x 256: docs/results/calibration.md has the measured trade-off
 DEFAULT_SEQ_LEN = 256
 DEFAULT_SEED = 0
 

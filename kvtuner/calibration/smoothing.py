@@ -3,7 +3,7 @@
 Keys are read as the cache stores them (post-RoPE): a 16-bit kvtuner cache records every key
 written during fp forwards of the calibration tokens. The magnitude of a channel is a high
 quantile of |k| over all calibration tokens (the 0.99 quantile: on SmolLM2 it beat max|k| and
-the RMS, see docs/results.md); λ = magnitude^α scaled to geometric mean 1 per head.
+the RMS, see docs/results/key-smoothing.md); λ = magnitude^α scaled to geometric mean 1 per head.
 """
 
 from __future__ import annotations

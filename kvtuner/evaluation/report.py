@@ -90,7 +90,7 @@ def format_table(report: EvalReport) -> str:
 
 
 def format_markdown(report: EvalReport) -> str:
-    """The same rows as a Markdown table (for docs/results.md)."""
+    """The same rows as a Markdown table (for the docs/results/ pages)."""
     columns = _columns(report.rows)
     head = "| " + " | ".join(name for name, _ in columns) + " |"
     rule = "|" + "|".join("---" if fmt.startswith("<") else "---:" for _, fmt in columns) + "|"

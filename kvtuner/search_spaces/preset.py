@@ -6,7 +6,7 @@ scale/zero bytes: 4.5 instead of 5 effective bits at 4 bits, for serving capacit
 ``kivi``: channel-axis keys (groups of 32 tokens), token-axis values group 32 (SGLang serves it
 with ``--page-size 32``).
 ``kivi-hadv``: ``kivi`` with Hadamard-rotated values (on SmolLM2 its searched profiles beat
-``kivi``'s on held-out KL at 3 and 2.5 bits, not at 4: see docs/results.md, Search).
+``kivi``'s on held-out KL at 3 and 2.5 bits, not at 4: see docs/results/search.md).
 ``per-token-smooth``: token axis for both, group 32, keys divided by calibrated per-channel
 smoothing factors λ (schema v3 profiles; servable by a write-time pool).
 ``kivi-prerope`` / ``kivi-prerope-hadv``: ``kivi`` / ``kivi-hadv`` with keys stored before
@@ -16,7 +16,7 @@ K3/K4 channel keys lose 18–23 % less KL.
 value scale; SGLang with ``--page-size 64``): half the scale/zero bytes, spent on wider codes
 when the budget is given in bytes (``0.25x``): on Qwen2.5-0.5B uniform K4V3 in groups of 64
 measures +1.44 % perplexity on the 32 test windows against +2.68 % for K3V3 in groups of 32, at
-the same 3072 bytes per token (docs/results.md).
+the same 3072 bytes per token (docs/results/qwen25.md).
 ``per-token-head`` / ``per-token-head-had``: token axis for both, one fp16 scale and zero per
 token-head (the group is the model's head_dim, resolved by :meth:`SearchPreset.for_head_dim`),
 without and with Hadamard-rotated keys and values (vLLM's ``int4_per_token_head`` and

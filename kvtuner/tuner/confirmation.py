@@ -8,7 +8,7 @@ uniform one, so a noise-level win over uniform is caught.
 
 The metric: ``kl`` (the study's own) or ``nll``, the text's next-token NLL, which is what
 perplexity tables score. The two can disagree: a config may stay closer to fp (less KL) yet lose
-perplexity where fp's own top-1 is wrong (docs/results.md, "When KL and perplexity disagree").
+perplexity where fp's top-1 is wrong (docs/results/qwen25.md, "When KL and perplexity disagree").
 NLL margins between finalists are ~0.005 nats/token, so ``nll`` wants thousands of tokens (e.g.
 16 windows of 1024); the log gives each finalist's paired difference to the best one ± its
 standard error over the windows.

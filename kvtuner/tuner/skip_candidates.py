@@ -6,7 +6,7 @@ up; it need not (errors compound through later layers), and two cheap rules from
 vLLM's boundary layers and the largest keys, cost a trial each. So four rules propose sets, and
 the study measures them all (on SmolLM2's int4_per_token_head greedy found a set of lower
 calibration KL that the additive rule missed, which confirmation did not keep; on Qwen2.5 all
-four agree; docs/results.md):
+four agree; docs/results/vllm.md):
 
 - ``additive``: the k most sensitive layers, k = cap..0, and swaps of its least sensitive member;
 - ``greedy``: forward selection from D on every layer, each step adding the layer whose skip

@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 pytest.importorskip("sglang")  # the sglang tier: collected only where sglang is installed
 
 EXPORTED = Path(__file__).resolve().parents[3] / "exported_configs/qwen2.5-0.5b"
-# The best SGLang-servable profile at each budget (docs/results.md › Qwen2.5-0.5B), and the
+# The best SGLang-servable profile at each budget (docs/results/qwen25.md), and the
 # server flags it needs (channel-axis keys: pages of the group size, a staging bound).
 SERVED = {
     "kivi-prerope-g64-0.3125x": ("--page-size", "64", "--max-running-requests", "4"),
