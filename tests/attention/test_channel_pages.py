@@ -19,6 +19,7 @@ from kvtuner.attention import (
 )
 from kvtuner.quant import QuantSpec, dequantize, quantize
 from kvtuner.runtime_loader.sglang.pool.channel_pages import ChannelPages
+from kvtuner.runtime_loader.sglang.pool.geometry import PoolGeometry
 
 pytestmark = pytest.mark.usefixtures("attention_variant")  # both kernel variants
 
@@ -30,8 +31,8 @@ PAGE_OF = [[3, 7, 1], [5], [9, 0], [2, 11, 4]]  # each request's pages, in order
 def pool(k_spec, v_spec, seed=0):
     """(key pages, V rows [slots, Hkv, R], slot table): each request written in two chunks."""
     g = gen(seed)
-    keys = ChannelPages(k_spec, pages=PAGES, heads=HEADS, head_dim=D, stage_pages=8,
-                        dtype=torch.float32, device="cpu")  # fmt: skip
+    geometry = PoolGeometry(PAGES * G, G, HEADS, D, torch.float32, "cpu", stage_pages=8)
+    keys = ChannelPages(k_spec, geometry)
     slots = PAGES * G
     v_rows = quantize(torch.randn(slots, HEADS, D, generator=g), v_spec)
     table = torch.zeros(len(LENGTHS), max(LENGTHS), dtype=torch.int32)

@@ -78,7 +78,8 @@ def test_page_filling_over_many_writes_reads_like_the_reference_at_every_step():
     for t in range(5, 40):  # decode steps; page 5 fills across 16 writes, page 3 stays filling
         write_request(pool, slots[t:], {k: (v[0][t:], v[1][t:]) for k, v in data.items()}, [1])
         assert_reads(pool, slots, data, t + 1)
-    assert pool._parts.channels[0][0].staged_pages == 1  # only page 3 (8 of 16 tokens) still staged
+    # only page 3 (8 of 16 tokens) still staged
+    assert pool._parts.stored.channels[0][0].staged_pages == 1
 
 
 def test_packed_pages_are_the_hf_caches_channel_blocks_byte_for_byte():
@@ -107,11 +108,11 @@ def test_prefix_sharing_is_page_granular_and_freed_pages_release_their_staging()
     b_data = {i: tuple(torch.cat([a[i][s][:32], b[i][s]]) for s in (0, 1)) for i in a}
     assert_reads(pool, b_slots, b_data, 35)
     assert_reads(pool, torch.cat([shared, a_tail]), a, 39)  # A's filling page untouched
-    assert pool._parts.channels[0][0].staged_pages == 2
+    assert pool._parts.stored.channels[0][0].staged_pages == 2
     pool.release_pages(torch.tensor([5]))  # A finished: SGLang frees its pages
     assert (
-        pool._parts.channels[0][0].staged_pages == 1
-        and pool._parts.channels[2][1].staged_pages == 1
+        pool._parts.stored.channels[0][0].staged_pages == 1
+        and pool._parts.stored.channels[2][1].staged_pages == 1
     )
     assert_reads(pool, b_slots, b_data, 35)
 

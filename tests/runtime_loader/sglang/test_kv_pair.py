@@ -33,7 +33,7 @@ def written(request):
     dtype = request.param
     g = torch.Generator().manual_seed(4)
     pool = make_pool(tiny_profile(PAIRED, heads=HEADS, head_dim=D), dtype=dtype, read_mode="lazy")
-    assert all(p is not None for p in pool._parts.pairs)
+    assert all(p is not None for p in pool._parts.stored.pairs)
     loc = torch.randperm(SIZE, generator=g)[:16] + 1
     data = {}
     for layer in range(len(PAIRED)):

@@ -88,7 +88,7 @@ def test_reads_turn_the_keys_forward_to_their_positions(written):
     want = turn(packed.transpose(1, 2).reshape(32, HEADS, D), torch.arange(100, 132), True)
     torch.testing.assert_close(k_hat[:32], want, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(k_hat[32:], keys[32:], atol=1e-5, rtol=1e-5)  # staged page
-    assert pool._parts.channels[0][0].staged_pages == 1
+    assert pool._parts.stored.channels[0][0].staged_pages == 1
 
 
 def test_a_request_sharing_the_prefix_reads_it_at_the_prefix_positions():

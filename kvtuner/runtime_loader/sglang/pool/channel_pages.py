@@ -35,6 +35,7 @@ import torch
 from ....errors import KVTunerError
 from ....quant import QuantSpec, dequantize
 from ....quant.slot_ops import pack_channel_pages
+from .geometry import PoolGeometry
 from .slot_rope import SlotRope
 
 __all__ = ["ChannelPages", "page_runs"]
@@ -55,36 +56,38 @@ def page_runs(loc: torch.Tensor, page: int) -> list[tuple[int, int, int, int]]:
 
 
 class ChannelPages:
-    """Channel-axis blocks of ``pages`` pages and the fp staging of filling pages (one layer
-    side). ``spec``: quantized, ``axis="channel"``; its group size is the page size."""
+    """Channel-axis blocks of ``geometry.pages`` pages and the fp staging of its
+    ``stage_pages`` filling pages (one layer side). ``spec``: quantized, ``axis="channel"``;
+    its group size is the page size. ``rope``: the slot positions of pre-RoPE keys."""
 
     def __init__(
         self,
         spec: QuantSpec,
+        geometry: PoolGeometry,
         *,
-        pages: int,
-        heads: int,
-        head_dim: int,
-        stage_pages: int,
-        dtype: torch.dtype,
-        device: torch.device | str,
         rope: SlotRope | None = None,
         packer: Callable[..., None] = pack_channel_pages,
     ) -> None:
         if spec.axis != "channel" or not spec.is_quantized:
             raise KVTunerError(f"ChannelPages stores quantized channel-axis specs, got {spec}")
+        if spec.group_size != geometry.page:
+            raise KVTunerError(f"ChannelPages: {spec} needs pages of {spec.group_size} slots")
         if spec.pre_rope != (rope is not None):
             raise KVTunerError(f"ChannelPages: a pre_rope spec needs slot positions, got {spec}")
-        self.rope, self.packer = rope, packer  # packer(blocks, pages, x [P, G, heads, D], spec)
-        self.spec, self.page, self.head_dim, self.dtype = spec, spec.group_size, head_dim, dtype
-        block = spec.block_bytes(head_dim)
-        self.blocks = torch.zeros(pages, heads, block, dtype=torch.uint8, device=device)
-        self.stage = torch.zeros(
-            stage_pages, self.page, heads, head_dim, dtype=dtype, device=device
-        )
-        self.stage_rows = torch.full((pages,), -1, dtype=torch.int32, device=device)
+        g = geometry
+        self.rope = rope
+        self.packer = packer  # packer(blocks, pages, x [P, G, heads, D], spec)
+        self.spec = spec
+        self.page = g.page  # = spec.group_size
+        self.head_dim = g.head_dim
+        self.dtype = g.dtype
+        block = spec.block_bytes(g.head_dim)
+        self.blocks = torch.zeros(g.pages, g.heads, block, dtype=torch.uint8, device=g.device)
+        stage = (g.stage_pages, g.page, g.heads, g.head_dim)  # [stage_pages, G, heads, D]
+        self.stage = torch.zeros(stage, dtype=g.dtype, device=g.device)
+        self.stage_rows = torch.full((g.pages,), -1, dtype=torch.int32, device=g.device)
         self._rows: dict[int, int] = {}  # filling page -> its stage row
-        self._free = list(range(stage_pages - 1, -1, -1))
+        self._free = list(range(g.stage_pages - 1, -1, -1))
         self._keys: tuple[torch.Tensor, torch.Tensor] | None = None  # sorted pages, their rows
 
     @property

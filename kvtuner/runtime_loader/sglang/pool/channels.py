@@ -5,7 +5,6 @@ buffers and told by SGLang's allocator hooks when pages are freed."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
 from sglang.srt.mem_cache.memory_pool import KvBufferDesc
@@ -13,28 +12,12 @@ from sglang.srt.mem_cache.memory_pool import KvBufferDesc
 from ....profile import LayerSpec
 from ....quant import QuantSpec
 from .channel_pages import ChannelPages
+from .geometry import PoolGeometry
 from .slot_rope import SlotRope
 
-__all__ = ["ChannelSides", "PoolGeometry", "buffer_descs"]
+__all__ = ["ChannelSides", "buffer_descs"]
 
 SidePair = tuple[ChannelPages | None, ChannelPages | None]
-
-
-@dataclass(frozen=True)
-class PoolGeometry:
-    """What every packed buffer of the pool shares: ``rows`` slots (size + page), ``page``
-    slots per page, ``heads`` KV heads of ``head_dim``, the model ``dtype``, the ``device``."""
-
-    rows: int
-    page: int
-    heads: int
-    head_dim: int
-    dtype: torch.dtype
-    device: torch.device | str
-
-    def __post_init__(self) -> None:
-        if min(self.rows, self.page, self.heads, self.head_dim) <= 0:
-            raise ValueError(f"invalid pool geometry {self}")
 
 
 class ChannelSides:
@@ -49,28 +32,20 @@ class ChannelSides:
         specs: Sequence[LayerSpec],
         geometry: PoolGeometry,
         *,
-        stage_pages: int,
         rope: SlotRope | None,
         packer: Callable[..., None],
     ) -> tuple[list[torch.Tensor], list[torch.Tensor], ChannelSides]:
         """Packed K and V buffers of every layer (uint8 ``[rows, heads, row_bytes]``, or a
-        channel-axis side's page blocks) and the page stores of the channel-axis sides.
-        ``rope``: the slot positions of pre-RoPE keys; ``packer``: the page packer."""
+        channel-axis side's page blocks) and the page stores of the channel-axis sides (each
+        staging ``geometry.stage_pages`` filling pages). ``rope``: the slot positions of
+        pre-RoPE keys; ``packer``: the page packer."""
 
         def side(spec: QuantSpec) -> tuple[torch.Tensor, ChannelPages | None]:
             if spec.axis == "token" or not spec.is_quantized:
                 shape = (geometry.rows, geometry.heads, spec.row_bytes(geometry.head_dim))
                 return torch.zeros(shape, dtype=torch.uint8, device=geometry.device), None
             pages = ChannelPages(
-                spec,
-                pages=geometry.rows // geometry.page,
-                heads=geometry.heads,
-                head_dim=geometry.head_dim,
-                stage_pages=stage_pages,
-                dtype=geometry.dtype,
-                device=geometry.device,
-                rope=rope if spec.pre_rope else None,
-                packer=packer,
+                spec, geometry, rope=rope if spec.pre_rope else None, packer=packer
             )
             return pages.blocks, pages
 

@@ -5,47 +5,35 @@ A token-axis layer whose K and V share a grid dequantizes both in one call (:mod
 pair codec, CPU torch path); otherwise each side through the pool's ``gather`` op (the torch
 reference, or the Triton kernel on CUDA). A channel-axis side reads through its
 :class:`ChannelPages` (packed pages dequantized, the filling pages' staged fp values). Smoothed
-keys come out in fp32, are multiplied by λ and only then rounded (:class:`KeySmoothing`).
+keys come out in fp32, are multiplied by λ and only then rounded (:class:`LayerLambdas`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-
 import torch
 
-from ....profile import LayerSpec
-from ....quant import QuantSpec
-from .channels import ChannelSides
 from .cpu_writes.kv_pair import dequantize_pair
-from .smoothing import KeySmoothing
+from .geometry import PoolGeometry
+from .ops import PoolOps
+from .stored_layers import StoredLayers
 
 __all__ = ["PackedReads"]
 
-Gather = Callable[[torch.Tensor, torch.Tensor, QuantSpec, int, torch.dtype], torch.Tensor]
-
 
 class PackedReads:
-    """Reads of the pool's local layers. ``k_buffer``/``v_buffer``: the packed buffers per
-    local layer (the pool's lists); ``specs``: their LayerSpecs; ``pairs``: the grid K and V
-    share per local layer (None: read each side); ``gather``: the token-axis dequantizer."""
+    """Reads of the pool's local layers from their ``stored`` packed buffers: ``head_dim`` and
+    the model dtype from ``geometry``, the token-axis dequantizer ``ops.gather``."""
 
-    def __init__(
-        self,
-        k_buffer: Sequence[torch.Tensor],
-        v_buffer: Sequence[torch.Tensor],
-        *,
-        specs: Sequence[LayerSpec],
-        pairs: Sequence[QuantSpec | None],
-        channels: ChannelSides,
-        smoothing: KeySmoothing,
-        gather: Gather,
-        head_dim: int,
-        dtype: torch.dtype,
-    ) -> None:
-        self._k, self._v, self._specs, self._pairs = k_buffer, v_buffer, specs, pairs
-        self._channels, self._smoothing, self._gather = channels, smoothing, gather
-        self._head_dim, self._dtype = head_dim, dtype
+    def __init__(self, stored: StoredLayers, geometry: PoolGeometry, ops: PoolOps) -> None:
+        self._k = stored.k_buffer
+        self._v = stored.v_buffer
+        self._specs = stored.specs
+        self._pairs = stored.pairs
+        self._channels = stored.channels
+        self._lambdas = stored.lambdas
+        self._gather = ops.gather
+        self._head_dim = geometry.head_dim
+        self._dtype = geometry.dtype
 
     def read_kv(self, local: int, loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Dequantized K, V [len(loc), heads, head_dim] (model dtype) of slots ``loc``."""
@@ -54,9 +42,9 @@ class PackedReads:
             return self.read_one(local, "k", loc), self.read_one(local, "v", loc)
         spec, idx = self._specs[local], loc.long()
         rows = (self._k[local][idx], self._v[local][idx])
-        dtype = self._smoothing.values_dtype(local)  # fp32 for smoothed keys
+        dtype = self._lambdas.values_dtype(local)  # fp32 for smoothed keys
         kv = dequantize_pair(*rows, spec.k, spec.v, shared, self._head_dim, dtype)
-        return self._smoothing.read_back(local, *kv)
+        return self._lambdas.read_back(local, *kv)
 
     def read_one(self, local: int, which: str, loc: torch.Tensor) -> torch.Tensor:
         """Dequantized K (``which="k"``) or V [len(loc), heads, head_dim] of slots ``loc``."""
@@ -66,6 +54,6 @@ class PackedReads:
         spec = self._specs[local]
         if which == "v":
             return self._gather(self._v[local], loc, spec.v, self._head_dim, self._dtype)
-        dtype = self._smoothing.values_dtype(local)
+        dtype = self._lambdas.values_dtype(local)
         k = self._gather(self._k[local], loc, spec.k, self._head_dim, dtype)
-        return self._smoothing.read_back(local, k, None)[0]
+        return self._lambdas.read_back(local, k, None)[0]

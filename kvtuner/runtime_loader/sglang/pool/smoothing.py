@@ -1,5 +1,6 @@
-"""KeySmoothing: the pool's key smoothing (profile schema v3): keys are stored as ``k / λ``,
-read as rows × λ.
+"""LayerLambdas: the pool's key smoothing (profile schema v3), the λ of each layer as device
+tensors: keys are stored as ``k / λ``, read as rows × λ. (The profile's λ values themselves are
+:class:`kvtuner.quant.smoothing.KeySmoothing`, one per smoothed LayerSpec.)
 
 Writes divide the new keys by their layer's λ (fp32) before any quantizer runs (numpy writer,
 torch reference or Triton kernel: all quantize the same fp32 input, so their bytes stay equal);
@@ -14,41 +15,39 @@ from collections.abc import Sequence
 import torch
 
 from ....errors import KVTunerError
-from ....profile import LayerSpec
 from ....quant.smoothing import smooth, unsmooth
+from .geometry import PoolGeometry
+from .layers import PoolLayers
 
-__all__ = ["KeySmoothing"]
+__all__ = ["LayerLambdas"]
 
 
-class KeySmoothing:
+class LayerLambdas:
     """Per local layer λ (fp32 [heads, D], or None: not smoothed) and the model ``dtype``
     reads round to."""
 
     def __init__(self, lams: Sequence[torch.Tensor | None], dtype: torch.dtype) -> None:
-        self._lams, self._dtype = list(lams), dtype
+        self._lams = list(lams)
+        self._dtype = dtype
 
     @classmethod
-    def for_layers(
-        cls,
-        specs: Sequence[LayerSpec],
-        *,
-        heads: int,
-        model_heads: int,
-        dtype: torch.dtype,
-        device: torch.device | str,
-    ) -> KeySmoothing:
-        """The λ of the pool's layers ``specs``; ``heads`` of the model's ``model_heads`` KV
-        heads are on this rank (smoothing needs all of them)."""
+    def for_layers(cls, layers: PoolLayers, geometry: PoolGeometry) -> LayerLambdas:
+        """The λ of the pool's ``layers`` on ``geometry.device``; ``geometry.heads`` of the
+        model's ``layers.model_heads`` KV heads are on this rank (smoothing needs all of them)."""
+        specs, dtype = layers.specs, geometry.dtype
         if all(s.k_smooth is None for s in specs):
             return cls([None] * len(specs), dtype)
-        if heads != model_heads:
+        if geometry.heads != layers.model_heads:
             raise KVTunerError(
-                f"key smoothing needs every KV head on one rank ({heads} of {model_heads} "
-                "here): tensor parallelism with a smoothed profile is not supported yet"
+                f"key smoothing needs every KV head on one rank ({geometry.heads} of "
+                f"{layers.model_heads} here): tensor parallelism with a smoothed profile is not "
+                "supported yet"
             )
-        return cls(
-            [None if s.k_smooth is None else s.k_smooth.tensor(device) for s in specs], dtype
-        )
+        lams = [None if s.k_smooth is None else s.k_smooth.tensor(geometry.device) for s in specs]
+        return cls(lams, dtype)
+
+    def __len__(self) -> int:
+        return len(self._lams)
 
     def factor(self, local: int) -> torch.Tensor | None:
         """fp32 λ [heads, D] of local layer ``local`` (its packed keys hold k / λ), or None."""

@@ -11,8 +11,8 @@ packed rows of ``kvtuner.quant`` (slot 0's page stays SGLang's padding page); a 
 
 The class holds only the methods SGLang (and the plugin's hooks and backend) call; each
 delegates to a part that owns its state, built in :meth:`_create_buffers` and handed what it
-needs explicitly: :class:`ChannelSides` (channel-axis page stores), :class:`KeySmoothing` (λ per
-layer), :class:`SlotRope` (pre-RoPE slot positions), :class:`PackedReads` (dequantization),
+needs explicitly: :class:`StoredLayers` (packed buffers, channel-axis page stores, key smoothing's
+λ per layer), :class:`SlotRope` (pre-RoPE slot positions), :class:`PackedReads` (dequantization),
 :class:`ReadState` (views, scratch, batch and decode caches) and :class:`PoolWriter` (writes).
 """
 
@@ -31,12 +31,16 @@ from ....profile import Profile
 from ....quant import gather_dequantized, scatter_quantized
 from ....quant.slot_ops import pack_channel_pages
 from .cell_size import READ_MODES, allocation_line
-from .channels import PoolGeometry, buffer_descs
+from .channels import buffer_descs
+from .geometry import PoolGeometry
 from .layer_ids import pool_layer_ids
+from .layers import PoolLayers
 from .lazy_reads.decode_cache import DEFAULT_DECODE_CACHE_TOKENS
+from .lazy_reads.read_plan import ReadPlan
 from .lazy_reads.read_state import SlotMap
 from .lazy_reads.view import DequantizedView
-from .parts import PoolOps, build_parts
+from .ops import PoolOps
+from .parts import build_parts
 from .refusals import check_profile_servable, check_same_profile, pool_refusal, sglang_rank_group
 
 logger = logging.getLogger(__name__)
@@ -136,32 +140,46 @@ class KVTunerMHATokenToKVPool(MHATokenToKVPool):
         return self.profile.layers[self.layer_ids[layer_id - self.start_layer]]
 
     def _create_buffers(self) -> None:
-        specs = [self.layer_spec(self.start_layer + i) for i in range(self.layer_num)]
-        rows = self.size + self.page_size
-        shape = dict(rows=rows, page=self.page_size, heads=self.head_num, head_dim=self.head_dim)
-        torch_path = self.scatter is scatter_quantized and self.gather is gather_dequantized
-        cpu = torch_path and torch.device(self.device).type == "cpu"
         with self.memory_saver_adapter.region(GPU_MEMORY_TYPE_KV_CACHE):
             self._parts = build_parts(
-                specs,
-                PoolGeometry(**shape, dtype=self.dtype, device=self.device),
-                read_mode=self.read_mode,
-                start_layer=self.start_layer,
-                model_heads=self.profile.fingerprint.num_kv_heads,
-                stage_pages=self.stage_pages,
-                decode_cache_tokens=self.decode_cache_tokens,
-                rope_freq=self.bound_rope_freq,
-                ops=PoolOps(self.scatter, self.gather, self.pack_pages, torch_cpu=cpu),
-                views=self._views() if self.read_mode == "lazy" else {},
-                read_kv=self.read_kv,
-                read_one=self.read_one,
+                self._pool_layers(), self._pool_geometry(), self._pool_ops(), self._read_plan()
             )
-        self.k_buffer, self.v_buffer = self._parts.k_buffer, self._parts.v_buffer
+        self.k_buffer = self._parts.stored.k_buffer
+        self.v_buffer = self._parts.stored.v_buffer
         self.store_dtype = torch.uint8
         for name in _UNUSED_BUFFERS:
             setattr(self, name, None)
+        rows = self.size + self.page_size
         self._kv_buffer_descs = buffer_descs(self.k_buffer, self.v_buffer, rows)
         self._init_data_ptrs_and_strides()
+
+    def _pool_layers(self) -> PoolLayers:
+        specs = tuple(self.layer_spec(self.start_layer + i) for i in range(self.layer_num))
+        heads = self.profile.fingerprint.num_kv_heads
+        return PoolLayers(specs, self.start_layer, heads, rope_freq=self.bound_rope_freq)
+
+    def _pool_geometry(self) -> PoolGeometry:
+        return PoolGeometry(
+            rows=self.size + self.page_size,
+            page=self.page_size,
+            heads=self.head_num,
+            head_dim=self.head_dim,
+            dtype=self.dtype,
+            device=self.device,
+            stage_pages=self.stage_pages,
+        )
+
+    def _pool_ops(self) -> PoolOps:
+        """The class's quantizer ops; ``torch_cpu`` when they are the torch reference on CPU."""
+        torch_path = self.scatter is scatter_quantized and self.gather is gather_dequantized
+        cpu = torch_path and torch.device(self.device).type == "cpu"
+        return PoolOps(self.scatter, self.gather, self.pack_pages, torch_cpu=cpu)
+
+    def _read_plan(self) -> ReadPlan:
+        views = self._views() if self.read_mode == "lazy" else {}
+        return ReadPlan(
+            self.read_mode, self.decode_cache_tokens, self.read_kv, self.read_one, views=views
+        )
 
     def _views(self) -> dict[int, tuple[DequantizedView, DequantizedView]]:
         layers = range(self.start_layer, self.start_layer + self.layer_num)
@@ -177,7 +195,7 @@ class KVTunerMHATokenToKVPool(MHATokenToKVPool):
 
     def staging_bytes(self) -> int:
         """Bytes of the fp staging of channel-axis sides (0 without them)."""
-        return self._parts.channels.staging_bytes()
+        return self._parts.stored.channels.staging_bytes()
 
     def decode_cache_bound_bytes(self) -> int:
         """Most bytes the lazy mode's decode cache can hold (0 when off)."""
@@ -219,11 +237,11 @@ class KVTunerMHATokenToKVPool(MHATokenToKVPool):
     def channel_keys(self, layer_id: int):
         """Layer ``layer_id``'s channel-axis key pages (:class:`ChannelPages`: blocks, staged
         filling pages and their device ``stage_rows``), or None for token-axis keys."""
-        return self._parts.channels.side(layer_id - self.start_layer, "k")
+        return self._parts.stored.channels.side(layer_id - self.start_layer, "k")
 
     def key_smoothing(self, layer_id: int) -> torch.Tensor | None:
         """fp32 λ [heads, D] of global layer ``layer_id`` (its packed keys hold k / λ), or None."""
-        return self._parts.smoothing.factor(layer_id - self.start_layer)
+        return self._parts.stored.lambdas.factor(layer_id - self.start_layer)
 
     def rope_freq(self, layer_id: int) -> torch.Tensor | None:
         """fp32 [R/2] for a layer whose keys are stored pre-RoPE (the kernels' ``rope_freq``)."""
@@ -278,15 +296,15 @@ class KVTunerMHATokenToKVPool(MHATokenToKVPool):
 
     def release_pages(self, *page_ids: torch.Tensor) -> None:
         """SGLang's allocator freed these pages: drop their staged (filling) values."""
-        self._parts.channels.release(*page_ids)
+        self._parts.stored.channels.release(*page_ids)
 
     def clear_staging(self) -> None:
         """SGLang's allocator was cleared: no page is filling."""
-        self._parts.channels.clear()
+        self._parts.stored.channels.clear()
 
     def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
         """Slot-to-slot copy of the packed rows (SGLang's); the decode cache is dropped."""
-        if self._parts.channels.any():
+        if self._parts.stored.channels.any():
             raise KVTunerError("the kvtuner pool cannot move single slots of channel-axis pages")
         self._parts.reads.drop()
         super().move_kv_cache(tgt_loc, src_loc)

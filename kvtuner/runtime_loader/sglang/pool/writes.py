@@ -16,7 +16,7 @@ new K/V rows through it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -24,12 +24,12 @@ import torch
 from ....profile import LayerSpec
 from ....quant import QuantSpec, quantize
 from ....quant.reference import quantize_dequantize
-from .channels import ChannelSides
 from .cpu_writes.cpu_codec import PairCodec
 from .cpu_writes.kv_pair import pair_spec, quantize_pair, quantize_pair_values
-from .lazy_reads.batch_reads import ReadKV
+from .geometry import PoolGeometry
 from .lazy_reads.read_state import ReadState
-from .smoothing import KeySmoothing
+from .ops import PoolOps
+from .stored_layers import StoredLayers
 
 __all__ = ["PoolWriter", "SMALL_WRITE_TOKENS", "shared_grids"]
 
@@ -39,9 +39,6 @@ __all__ = ["PoolWriter", "SMALL_WRITE_TOKENS", "shared_grids"]
 SMALL_WRITE_TOKENS = 64
 
 
-Scatter = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, QuantSpec], None]
-
-
 def shared_grids(specs: Sequence[LayerSpec], torch_cpu: bool) -> list[QuantSpec | None]:
     """Per local layer: the grid K and V share (one quantizer call for both), or None.
     CPU torch path only (the Triton kernels take one tensor per launch)."""
@@ -49,51 +46,36 @@ def shared_grids(specs: Sequence[LayerSpec], torch_cpu: bool) -> list[QuantSpec 
 
 
 class PoolWriter:
-    """Writes into the packed buffers ``k_buffer``/``v_buffer`` (the pool's lists, per local
-    layer) of layers ``start_layer ..``; ``specs``/``pairs``: each local layer's LayerSpec and
-    shared grid; ``torch_cpu``: the CPU torch path (numpy writer and reference; else
-    ``scatter`` per side); ``reads``: told which rows change (the decode cache gets the values
-    written); ``read_kv``: the pool's read (a channel-axis layer's values for the cache)."""
+    """Writes into the ``stored`` layers' packed buffers (the pool's lists, per local layer).
+    ``ops.torch_cpu``: the CPU torch path (numpy writer and reference; else ``ops.scatter`` per
+    side); ``reads``: told which rows change (the decode cache gets the values written; a
+    channel-axis layer's through the plan's ``read_kv``, the pool's read)."""
 
     def __init__(
-        self,
-        k_buffer: Sequence[torch.Tensor],
-        v_buffer: Sequence[torch.Tensor],
-        *,
-        start_layer: int,
-        specs: Sequence[LayerSpec],
-        pairs: Sequence[QuantSpec | None],
-        channels: ChannelSides,
-        smoothing: KeySmoothing,
-        reads: ReadState,
-        read_kv: ReadKV,
-        scatter: Scatter,
-        torch_cpu: bool,
-        page_size: int,
-        heads: int,
-        head_dim: int,
+        self, stored: StoredLayers, geometry: PoolGeometry, ops: PoolOps, reads: ReadState
     ) -> None:
-        self._k, self._v, self._start, self._specs, self._pairs = (
-            k_buffer,
-            v_buffer,
-            start_layer,
-            specs,
-            pairs,
-        )
-        self._channels, self._smoothing, self._reads, self._read_kv = (
-            channels,
-            smoothing,
-            reads,
-            read_kv,
-        )
-        self._scatter, self._torch_cpu, self._page = scatter, torch_cpu, page_size
-        self._shape = (heads, head_dim)
+        self._k = stored.k_buffer
+        self._v = stored.v_buffer
+        self._start = stored.start_layer
+        self._specs = stored.specs
+        self._pairs = stored.pairs
+        self._channels = stored.channels
+        self._lambdas = stored.lambdas
+        self._reads = reads
+        self._read_kv = reads.plan.read_kv
+        self._scatter = ops.scatter
+        self._torch_cpu = ops.torch_cpu
+        self._page = geometry.page
+        self._shape = (geometry.heads, geometry.head_dim)
         # per local layer: the numpy writer, or None (torch path; see the module doc)
         self._codecs = [
-            PairCodec(s.k, s.v, heads) if torch_cpu and PairCodec.supports(s.k, s.v) else None
-            for s in specs
+            PairCodec(s.k, s.v, geometry.heads) if self._codec_fits(s) else None
+            for s in self._specs
         ]
         self._host: dict[int, tuple] = {}  # local layer -> numpy views of its packed buffers
+
+    def _codec_fits(self, spec: LayerSpec) -> bool:
+        return self._torch_cpu and PairCodec.supports(spec.k, spec.v)
 
     def write(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Quantize, pack and store K/V [N, heads, head_dim] (or any shape of that many
@@ -105,7 +87,7 @@ class PoolWriter:
         shape = (n, *self._shape)
         k = k if k.shape == shape else k.reshape(shape)
         v = v if v.shape == shape else v.reshape(shape)
-        k = self._smoothing.smoothed_keys(local, k)  # key smoothing: fp32 k / λ
+        k = self._lambdas.smoothed_keys(local, k)  # key smoothing: fp32 k / λ
         cache = self._reads.cache
         if self._channels[local] is not None:
             self._write_channel_layer(layer_id, loc, k, v)
@@ -125,7 +107,7 @@ class PoolWriter:
             idx = loc.long()
             self._k[local][idx], self._v[local][idx] = k_rows, v_rows
         if cache.enabled:
-            cache.remember(layer_id, slots, *self._smoothing.read_back(local, k_hat, v_hat))
+            cache.remember(layer_id, slots, *self._lambdas.read_back(local, k_hat, v_hat))
 
     def _write_channel_layer(self, layer_id: int, loc, k: torch.Tensor, v: torch.Tensor):
         """A layer with a channel-axis side: stage/pack that side, quantize the other."""
@@ -149,7 +131,7 @@ class PoolWriter:
 
     def _write_numpy(self, local: int, slots: list[int], k: torch.Tensor, v: torch.Tensor):
         """PairCodec rows into the packed buffers' numpy views; returns the values (or None)."""
-        dtype = self._smoothing.values_dtype(local) if self._reads.cache.enabled else None
+        dtype = self._lambdas.values_dtype(local) if self._reads.cache.enabled else None
         k_rows, v_rows, k_hat, v_hat = self._codecs[local].encode(k, v, dtype)
         k_host, v_host = self._host_buffers(local)
         if len(slots) == 1:  # basic indexing: the cheapest numpy store
@@ -176,7 +158,7 @@ class PoolWriter:
             if shared is not None:
                 return (*quantize_pair(k, v, spec.k, spec.v, shared), None, None)
             return quantize(k, spec.k), quantize(v, spec.v), None, None
-        dtype = self._smoothing.values_dtype(local)  # fp32 for smoothed keys
+        dtype = self._lambdas.values_dtype(local)  # fp32 for smoothed keys
         if shared is not None:
             return quantize_pair_values(k, v, spec.k, spec.v, shared, dtype)
         (k_rows, k_hat), (v_rows, v_hat) = (

@@ -12,18 +12,17 @@ HiCache load drops what it holds of them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 from typing import Protocol
 
 import torch
 
-from .batch_reads import BatchReads, ReadKV
+from ..geometry import PoolGeometry
+from .batch_reads import BatchReads
 from .decode_cache import DecodeCache
+from .read_plan import ReadPlan
 from .view import DequantizedView
 
 __all__ = ["ReadState", "SlotMap"]
-
-ReadOne = Callable[[int, str, torch.Tensor], torch.Tensor]
 
 
 class SlotMap(Protocol):
@@ -35,32 +34,31 @@ class SlotMap(Protocol):
 
 
 class ReadState:
-    """``views``: per layer id, its (K, V) :class:`DequantizedView` (lazy mode); ``scratch``:
-    the (K, V) scratch ``[rows, heads, head_dim]`` (scratch mode, else None); ``cache``: the
-    decode cache (off: ``max_tokens`` 0); ``read_kv``/``read_one``: the pool's reads by layer
-    id (every read ends in them)."""
+    """What reads are served from, built from the pool's ``plan`` and ``geometry``: the views
+    (lazy mode), the scratch (scratch mode: K and V ``[rows, heads, head_dim]`` in the model
+    dtype, as backends expect; else None), the batch reads and the decode cache (off:
+    ``max_tokens`` 0). Every read ends in the plan's ``read_kv``/``read_one``."""
 
-    def __init__(
-        self,
-        mode: str,
-        *,
-        views: Mapping[int, tuple[DequantizedView, DequantizedView]],
-        scratch: tuple[torch.Tensor, torch.Tensor] | None,
-        cache: DecodeCache,
-        read_kv: ReadKV,
-        read_one: ReadOne,
-    ) -> None:
-        self.mode, self.cache, self.batch = mode, cache, BatchReads()
+    def __init__(self, plan: ReadPlan, geometry: PoolGeometry) -> None:
+        g = geometry
+        self.plan = plan
+        self.cache = DecodeCache(plan.decode_cache_tokens, g.rows, g.device)
+        self.batch = BatchReads()
+        self.scratch: tuple[torch.Tensor, torch.Tensor] | None = None
+        if plan.mode == "scratch":
+            shape = (g.rows, g.heads, g.head_dim)
+            self.scratch = tuple(torch.zeros(shape, dtype=g.dtype, device=g.device) for _ in "kv")
         self.slot_map: SlotMap | None = None  # full-pool -> own slots (SWAKVPool's window pool)
-        self._views, self.scratch = views, scratch
-        self._read_kv, self._read_one = read_kv, read_one
+        self._views = plan.views
+        self._read_kv = plan.read_kv
+        self._read_one = plan.read_one
         self._slots: torch.Tensor | None = None  # the announced slots
         self._materialized: int | None = None  # the layer the scratch holds
         self._last: tuple | None = None  # (index tensor, layer, (K, V)) of the last cached read
 
     def buffer(self, layer_id: int, which: str) -> torch.Tensor | DequantizedView:
         """What ``get_key_buffer`` (``which="k"``) or ``get_value_buffer`` hands a backend."""
-        if self.mode == "lazy":
+        if self.plan.mode == "lazy":
             return self._views[layer_id][which == "v"]
         self._materialize(layer_id)
         return self.scratch[which == "v"]
@@ -97,9 +95,10 @@ class ReadState:
         if self.slot_map is not None and slots is not None:
             self.slot_map.forget()
             slots = self.slot_map(slots)
-        self._slots, self._materialized, self._last = slots, None, None
+        self._slots = slots
+        self._materialized = self._last = None
         self.cache.new_step()
-        self.batch.announce(slots if self.mode == "lazy" else None)
+        self.batch.announce(slots if self.plan.mode == "lazy" else None)
 
     def forget(self, layer_id: int) -> None:
         """Rows of ``layer_id`` change: no read of the batch or of the scratch is current."""

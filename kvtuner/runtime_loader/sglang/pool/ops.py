@@ -1,0 +1,28 @@
+"""PoolOps: the quantizer ops the pool's parts write and read its packed rows with."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ....quant import QuantSpec
+
+__all__ = ["Gather", "PoolOps", "Scatter"]
+
+# scatter(rows, loc, x [N, heads, D], spec): quantize x into packed ``rows`` at slots ``loc``
+Scatter = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, QuantSpec], None]
+# gather(rows, loc, spec, head_dim, dtype) -> values [N, heads, head_dim] of slots ``loc``
+Gather = Callable[[torch.Tensor, torch.Tensor, QuantSpec, int, torch.dtype], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class PoolOps:
+    """The quantizer ops: token-axis ``scatter``/``gather`` and the channel-axis page
+    ``packer``; ``torch_cpu``: they are the torch reference on CPU (numpy writer, pair codec)."""
+
+    scatter: Scatter
+    gather: Gather
+    packer: Callable[..., None]
+    torch_cpu: bool
