@@ -4,10 +4,12 @@
 causally to one layer's packed K and V rows and an optional unpacked tail. Codes, scales and
 zeros are read and dequantized in registers (never written back), scores and the softmax run in
 fp32. Three kernels, each beside its launcher, chosen per call: :mod:`.decode_kernel` (one query
-token a request over token-axis rows), :mod:`.extend_kernel` (new tokens over a paged pool of
-such rows: SGLang's extend), both with fp16 dots (:mod:`.packed_rows`); :mod:`.kernel`, the
-general one, for the rest (KIVI keys, pre-RoPE keys, the HF cache's extend), with dots in q's
-dtype (what dequantize-then-SDPA does). The inputs are checked once by
+token a request over token-axis rows, pre-RoPE keys included where their rotary halves are at
+least 16 channels of whole words: :mod:`.rope_rows`), :mod:`.extend_kernel` (new tokens over a
+paged pool of such rows: SGLang's extend), both with fp16 dots (:mod:`.packed_rows`);
+:mod:`.kernel`, the general one, for the rest (KIVI keys, pre-RoPE keys at extend or of
+narrower rotary halves, the HF cache's extend), with dots in q's dtype (what
+dequantize-then-SDPA does). The inputs are checked once by
 :class:`.layout.AttentionBatch`.
 
 Hadamard-rotated keys are attended by rotating q, rotated values by un-rotating the output.
@@ -107,7 +109,8 @@ def extend_attention(
     - pre-RoPE keys (``QuantSpec.pre_rope``, rows and tail): ``rope_freq`` fp32 [R/2] (the
       model's ``inv_freq``, R <= D a power of two) and ``rope_offset`` (int, or int32 [B]):
       stored key t is rotated forward to position ``rope_offset + t`` (``rotate_half``
-      layout, :mod:`.rope`) before its dot; such keys always run element-wise.
+      layout, :mod:`.rope`) before its dot; such keys always run element-wise (at decode
+      the decode kernel where :func:`.rope_rows.rope_decodable` says, else the general one).
     num_splits (default: from the device, batch and length), block_tokens (default: the decode
     and extend kernels' plans, the general kernel's 64), and Triton's num_warps and num_stages
     tune the launch; one query token per request over token-axis rows runs the decode kernel

@@ -1,6 +1,9 @@
 """The decode kernel: one query token per request over token-axis packed K/V rows (2 to 8
 bits, or 16), and its launcher. Specialised for the serving hot path; everything else runs the
-general kernel (:mod:`.kernel`), which :func:`serves` tells apart.
+general kernel (:mod:`.kernel`), which :func:`serves` tells apart. Pre-RoPE keys are a
+constexpr specialisation (``ROPE_HALF`` = R/2 > 0; 0 builds the kernel without a trace of
+them): q and each K tile are read as the two rotary halves and a pass-through span, the halves
+rotated forward element-wise before their dots (:mod:`.rope_rows`).
 
 Grid ``(B, Hkv, splits + tail)``: a program owns one KV head of one request and one slice of
 its packed tokens (flash decoding); the ``Hq / Hkv`` query heads of that KV head are the rows of
@@ -23,7 +26,17 @@ import triton
 import triton.language as tl
 
 from .layout import AttentionBatch, choose_splits
-from .packed_rows import FP16_MAX, decodable, packed_part, row_vec, rows_args, table_rows
+from .packed_rows import (
+    FP16_MAX,
+    decodable,
+    packed_part,
+    rope_scores,
+    row_vec,
+    rows_args,
+    table_rows,
+)
+from .rope import kernel_rope
+from .rope_rows import rope_decodable, rope_query, spans
 from .splits import merge_splits, softmax_args, split_chunk, store_partial
 from .tiles import _dot, _softmax_step
 
@@ -32,10 +45,12 @@ __all__ = ["DecodePlan", "launch_decode", "plan_decode", "serves"]
 
 @triton.jit
 def _tail_part(q, kt_base, vt_base, kt_st, vt_st, tail_len, packed, start, qpos, window,
-               score_scale, cap_log2, D: tl.constexpr, BT: tl.constexpr,
+               score_scale, cap_log2, rope, D: tl.constexpr, BT: tl.constexpr,
                HAS_START: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-               IEEE: tl.constexpr):  # fmt: skip
-    """Online softmax over the unpacked tail ([Tt, D] rows after ``packed`` positions)."""
+               IEEE: tl.constexpr, ROPE_HALF: tl.constexpr,
+               K_BITS: tl.constexpr):  # fmt: skip
+    """Online softmax over the unpacked tail ([Tt, D] rows after ``packed`` positions);
+    pre-RoPE keys read in spans and rotated as the packed ones (:mod:`.rope_rows`)."""
     QP: tl.constexpr = q.shape[0]
     m = tl.full([QP], -float("inf"), tl.float32)
     denom = tl.zeros([QP], tl.float32)
@@ -51,7 +66,11 @@ def _tail_part(q, kt_base, vt_base, kt_st, vt_st, tail_len, packed, start, qpos,
             ok = ok & (t >= start)
         if WINDOW:
             ok = ok & (t > qpos - window)
-        s = _dot(q, tl.trans(k.to(q.dtype)), IEEE)
+        if ROPE_HALF:  # keys rotated to their positions, read in the packed keys' spans
+            k_spans = spans(k.to(q.dtype), ROPE_HALF, K_BITS)
+            s = rope_scores(rope, k_spans, t, D, ROPE_HALF, IEEE)
+        else:
+            s = _dot(q, tl.trans(k.to(q.dtype)), IEEE)
         m, denom, alpha, p = _softmax_step(s, ok[None, :], m, denom, score_scale, cap_log2,
                                            SOFTCAP)  # fmt: skip
         acc = acc * alpha[:, None] + _dot(p.to(q.dtype), v.to(q.dtype), IEEE)
@@ -61,22 +80,28 @@ def _tail_part(q, kt_base, vt_base, kt_st, vt_st, tail_len, packed, start, qpos,
 @triton.jit
 def _decode_kernel(
     q_ptr, k_words, k_half, v_words, v_half, kt_ptr, vt_ptr, table_ptr, rows_ptr, len_ptr,
-    start_ptr, o_ptr, lse_ptr, stride_qb, stride_qh, k_sb, k_st, k_sh, v_sb, v_st, v_sh, kt_sb,
-    kt_sh, kt_st, vt_sb, vt_sh, vt_st, stride_table, tail_len, chunk, num_splits, window,
-    score_scale, cap_log2, D: tl.constexpr, GROUP: tl.constexpr, QP: tl.constexpr,
-    BT: tl.constexpr, K_BITS: tl.constexpr, K_G: tl.constexpr, K_SYM: tl.constexpr,
-    K_VEC: tl.constexpr, V_BITS: tl.constexpr, V_G: tl.constexpr, V_SYM: tl.constexpr,
-    V_VEC: tl.constexpr, PAGED: tl.constexpr, HAS_START: tl.constexpr, WINDOW: tl.constexpr,
-    SOFTCAP: tl.constexpr, DOT_IEEE: tl.constexpr, HAS_TAIL: tl.constexpr,
+    start_ptr, o_ptr, lse_ptr, freq_ptr, roff_ptr, stride_qb, stride_qh, k_sb, k_st, k_sh, v_sb,
+    v_st, v_sh, kt_sb, kt_sh, kt_st, vt_sb, vt_sh, vt_st, stride_table, tail_len, chunk,
+    num_splits, window, score_scale, cap_log2, D: tl.constexpr, GROUP: tl.constexpr,
+    QP: tl.constexpr, BT: tl.constexpr, K_BITS: tl.constexpr, K_G: tl.constexpr,
+    K_SYM: tl.constexpr, K_VEC: tl.constexpr, V_BITS: tl.constexpr, V_G: tl.constexpr,
+    V_SYM: tl.constexpr, V_VEC: tl.constexpr, PAGED: tl.constexpr, HAS_START: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, DOT_IEEE: tl.constexpr,
+    HAS_TAIL: tl.constexpr, ROPE_HALF: tl.constexpr,
 ):  # fmt: skip
     b, h, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b64, h64 = b.to(tl.int64), h.to(tl.int64)
     DT: tl.constexpr = tl.float32 if DOT_IEEE else tl.float16
     r, d = tl.arange(0, QP), tl.arange(0, D)
     q_ok = r < GROUP
-    q_at = q_ptr + b64 * stride_qb + (h64 * GROUP + r)[:, None] * stride_qh + d[None, :]
-    q = tl.load(q_at, mask=q_ok[:, None], other=0.0).to(tl.float32)
+    q_row = q_ptr + b64 * stride_qb + (h64 * GROUP + r)[:, None] * stride_qh  # [QP, 1]
+    q = tl.load(q_row + d[None, :], mask=q_ok[:, None], other=0.0).to(tl.float32)
     q = tl.minimum(tl.maximum(q, -FP16_MAX), FP16_MAX).to(DT)  # [QP, D]
+    if ROPE_HALF:  # pre-RoPE keys: q's spans, the frequencies, stored key 0's position
+        pos0 = tl.load(roff_ptr + b)
+        rope = rope_query(q, freq_ptr, pos0, ROPE_HALF, K_BITS)
+    else:
+        rope = 0
     packed = tl.load(len_ptr + b)
     start = tl.load(start_ptr + b) if HAS_START else 0
     qpos = packed + tail_len - 1  # the query is the newest position
@@ -89,16 +114,17 @@ def _decode_kernel(
         v_at0 = (b64 * v_sb + h64 * v_sh) * V_VEC
         m, denom, acc = packed_part(
             q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at0, k_st, v_st,
-            stride_table, lo, hi, start, qpos, window, score_scale, cap_log2, D, BT, K_BITS, K_G,
-            K_SYM, K_VEC, V_BITS, V_G, V_SYM, V_VEC, PAGED, HAS_START, WINDOW, SOFTCAP, False,
-            DOT_IEEE,
+            stride_table, lo, hi, start, qpos, window, score_scale, cap_log2, rope, D, BT,
+            K_BITS, K_G, K_SYM, K_VEC, V_BITS, V_G, V_SYM, V_VEC, PAGED, HAS_START, WINDOW,
+            SOFTCAP, False, DOT_IEEE, ROPE_HALF,
         )  # fmt: skip
     else:  # the tail's own program
         kt_base = kt_ptr + b64 * kt_sb + h64 * kt_sh
         vt_base = vt_ptr + b64 * vt_sb + h64 * vt_sh
         m, denom, acc = _tail_part(
             q, kt_base, vt_base, kt_st, vt_st, tail_len, packed, start, qpos, window,
-            score_scale, cap_log2, D, BT, HAS_START, WINDOW, SOFTCAP, DOT_IEEE,
+            score_scale, cap_log2, rope, D, BT, HAS_START, WINDOW, SOFTCAP, DOT_IEEE, ROPE_HALF,
+            K_BITS,
         )  # fmt: skip
     at = ((b64 * tl.num_programs(1) + h64) * GROUP + r) * tl.num_programs(2) + split
     store_partial(o_ptr, lse_ptr, at, m, denom, acc, q_ok)  # [B, Hq, parts] partials
@@ -137,13 +163,14 @@ def plan_decode(batch: AttentionBatch, *, sms: int | None = None) -> DecodePlan:
 def serves(batch: AttentionBatch) -> bool:
     """Whether :func:`launch_decode` runs this batch: one query token per request (not
     ragged), token-axis (or 16-bit) K and V as :func:`.packed_rows.decodable` says, rows
-    aligned to 4 bytes, no pre-RoPE keys. The rest (extend, KIVI keys, 2/4/8 bits in groups
-    smaller than a word's codes, 3/5/6 bits at a head_dim not a multiple of 32, pre-RoPE keys)
-    runs :mod:`.kernel`."""
+    aligned to 4 bytes, pre-RoPE keys only as :func:`.rope_rows.rope_decodable` says (R/2 >=
+    16, halves of whole words or chunks, keys neither smoothed nor Hadamard-rotated). The rest
+    (extend, KIVI keys, 2/4/8 bits in groups smaller than a word's codes, 3/5/6 bits at a
+    head_dim not a multiple of 32, narrower rotary halves) runs :mod:`.kernel`."""
     return (
         batch.q_tokens == 1
         and batch.qo_indptr is None
-        and batch.rope_freq is None
+        and rope_decodable(batch)
         and batch.k_delta == 0
         and decodable(batch.k_spec, batch.head_dim)
         and decodable(batch.v_spec, batch.head_dim)
@@ -180,16 +207,18 @@ def launch_decode(
     starts = batch.starts if batch.starts is not None else batch.lengths
     k, v = batch.k_spec, batch.v_spec
     tuning = {"num_stages": plan.num_stages} if plan.num_stages else {}
+    freq, k_pos0, rope_half = kernel_rope(batch)
     _decode_kernel[(bsz, hkv, parts)](
         q, k_args[0], k_args[1], v_args[0], v_args[1], k_tail, v_tail, table, rows,
-        batch.lengths, starts, partial, lse, q.stride(0), q.stride(2), *k_args[2:], *v_args[2:],
-        *k_tail.stride()[:3], *v_tail.stride()[:3], table.stride(0) if paged else 0, tail_len,
-        chunk, splits, **softmax_args(batch), D=dim, GROUP=group,
+        batch.lengths, starts, partial, lse, freq, k_pos0, q.stride(0), q.stride(2),
+        *k_args[2:], *v_args[2:], *k_tail.stride()[:3], *v_tail.stride()[:3],
+        table.stride(0) if paged else 0, tail_len, chunk, splits, **softmax_args(batch), D=dim,
+        GROUP=group,
         QP=max(16, triton.next_power_of_2(group)), BT=plan.block_tokens, K_BITS=k.bits,
         K_G=k.group_size, K_SYM=k.symmetric and k.is_quantized, K_VEC=k_vec, V_BITS=v.bits,
         V_G=v.group_size, V_SYM=v.symmetric and v.is_quantized, V_VEC=v_vec, PAGED=paged,
         HAS_START=batch.starts is not None, DOT_IEEE=q.dtype == torch.float32,
-        HAS_TAIL=tail_len > 0,
+        HAS_TAIL=tail_len > 0, ROPE_HALF=rope_half,
         num_warps=plan.num_warps, **tuning,
     )  # fmt: skip
     return merge_splits(partial, lse, batch.sinks).view(bsz, 1, hq, dim)

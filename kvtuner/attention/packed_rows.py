@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from ..quant.spec import QuantSpec
 from .tiles import _dot, _softmax_step
@@ -124,37 +125,43 @@ def channel_order(x, BITS: tl.constexpr):
 
 
 @triton.jit
-def row_meta(half_ptr, at, ok, D: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr,
-             SYM: tl.constexpr, DT: tl.constexpr):  # fmt: skip
-    """Scales and zeros of the rows at word ``at`` [BT] -> ``DT`` [BT, NG] each, such that
+def row_meta(half_ptr, at, ok, C0: tl.constexpr, W: tl.constexpr, D: tl.constexpr,
+             BITS: tl.constexpr, G: tl.constexpr, SYM: tl.constexpr,
+             DT: tl.constexpr):  # fmt: skip
+    """Scales and zeros of channels [C0, C0 + W) of the rows at word ``at`` [BT] -> ``DT``
+    [BT, NG] each (NG the span's groups; 1 where the span lies inside one group), such that
     x = zero + scale·code (symmetric rows: scale/HALF and -scale); a row's scales are one load,
     its zeros another; rows not ``ok`` read as 0."""
-    NG: tl.constexpr = D // G
-    first = 2 * (at + D * BITS // 32)  # fp16 index of the row's first scale
+    NG: tl.constexpr = (W + G - 1) // G
+    first = 2 * (at + D * BITS // 32) + C0 // G  # fp16 index of the span's first scale
     at_g = first[:, None] + tl.arange(0, NG)[None, :]
     scale = tl.where(ok[:, None], tl.load(half_ptr + at_g), 0.0)  # not attended: 0, NaN-free
     if SYM:  # (code - HALF)·scale/HALF
         zero = (-scale).to(DT)
         scale = (scale.to(tl.float32) / ((1 << (BITS - 1)) - 1)).to(DT)
     else:
-        zero = tl.where(ok[:, None], tl.load(half_ptr + at_g + NG), 0.0).to(DT)
+        zero = tl.where(ok[:, None], tl.load(half_ptr + at_g + D // G), 0.0).to(DT)
         scale = scale.to(DT)
     return scale, zero
 
 
 @triton.jit
-def dequantized(words_ptr, half_ptr, at, ok, D: tl.constexpr, BITS: tl.constexpr,
-                G: tl.constexpr, SYM: tl.constexpr, DT: tl.constexpr):  # fmt: skip
-    """Rows at word ``at`` [BT] -> ``DT`` [BT, D]: one fma an element (16-bit rows: loaded)."""
+def dequantized(words_ptr, half_ptr, at, ok, C0: tl.constexpr, W: tl.constexpr,
+                D: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr, SYM: tl.constexpr,
+                DT: tl.constexpr):  # fmt: skip
+    """Channels [C0, C0 + W) of the rows at word ``at`` [BT] -> ``DT`` [BT, W], in the codes'
+    order: one fma an element (16-bit rows: loaded). A span starts at a word of codes (2/4/8
+    bits) or a chunk of 32 channels (3/5/6 bits), and covers whole groups or lies in one."""
     BT: tl.constexpr = at.shape[0]
     if BITS == 16:
-        x = tl.load(half_ptr + 2 * at[:, None] + tl.arange(0, D)[None, :])
+        x = tl.load(half_ptr + 2 * at[:, None] + C0 + tl.arange(0, W)[None, :])
         x = tl.where(ok[:, None], x, 0.0).to(DT)
     else:
-        NG: tl.constexpr = D // G
-        codes = tl.reshape(row_codes(words_ptr, at, D, BITS, DT), [BT, NG, G])
-        scale, zero = row_meta(half_ptr, at, ok, D, BITS, G, SYM, DT)
-        x = tl.reshape(tl.fma(codes, scale[:, :, None], zero[:, :, None]), [BT, D])
+        NG: tl.constexpr = (W + G - 1) // G
+        codes = row_codes(words_ptr, at + C0 * BITS // 32, W, BITS, DT)
+        codes = tl.reshape(codes, [BT, NG, W // NG])
+        scale, zero = row_meta(half_ptr, at, ok, C0, W, D, BITS, G, SYM, DT)
+        x = tl.reshape(tl.fma(codes, scale[:, :, None], zero[:, :, None]), [BT, W])
     return x
 
 
@@ -166,11 +173,11 @@ def scores(q, q_sum, k_words, k_half, at, ok, D: tl.constexpr, BITS: tl.constexp
     BT: tl.constexpr = at.shape[0]
     if BITS < 16 and G == D:
         codes = row_codes(k_words, at, D, BITS, q.dtype)
-        scale, zero = row_meta(k_half, at, ok, D, BITS, G, SYM, tl.float32)  # [BT, 1]
+        scale, zero = row_meta(k_half, at, ok, 0, D, D, BITS, G, SYM, tl.float32)  # [BT, 1]
         s = _dot(q, tl.trans(codes), IEEE)
         s = s * tl.reshape(scale, [1, BT]) + q_sum[:, None] * tl.reshape(zero, [1, BT])
     else:
-        k = dequantized(k_words, k_half, at, ok, D, BITS, G, SYM, q.dtype)
+        k = dequantized(k_words, k_half, at, ok, 0, D, D, BITS, G, SYM, q.dtype)
         s = _dot(q, tl.trans(k), IEEE)
     return s
 
@@ -183,11 +190,11 @@ def values(p, v_words, v_half, at, ok, D: tl.constexpr, BITS: tl.constexpr, G: t
     BT: tl.constexpr = at.shape[0]
     if BITS < 16 and G == D:
         codes = row_codes(v_words, at, D, BITS, DT)
-        scale, zero = row_meta(v_half, at, ok, D, BITS, G, SYM, tl.float32)  # [BT, 1]
+        scale, zero = row_meta(v_half, at, ok, 0, D, D, BITS, G, SYM, tl.float32)  # [BT, 1]
         pv = _dot((p * tl.reshape(scale, [1, BT])).to(DT), codes, IEEE)
         pz = tl.sum(p * tl.reshape(zero, [1, BT]), 1)
     else:
-        v = dequantized(v_words, v_half, at, ok, D, BITS, G, SYM, DT)
+        v = dequantized(v_words, v_half, at, ok, 0, D, D, BITS, G, SYM, DT)
         pv = _dot(p.to(DT), v, IEEE)
         pz = tl.zeros([p.shape[0]], tl.float32)
     return pv, pz
@@ -195,22 +202,25 @@ def values(p, v_words, v_half, at, ok, D: tl.constexpr, BITS: tl.constexpr, G: t
 
 @triton.jit
 def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at0, k_st, v_st,
-                stride_table, lo, hi, start, qpos, window, score_scale, cap_log2,
+                stride_table, lo, hi, start, qpos, window, score_scale, cap_log2, rope,
                 D: tl.constexpr, BT: tl.constexpr, K_BITS: tl.constexpr, K_G: tl.constexpr,
                 K_SYM: tl.constexpr, K_VEC: tl.constexpr, V_BITS: tl.constexpr,
                 V_G: tl.constexpr, V_SYM: tl.constexpr, V_VEC: tl.constexpr,
                 PAGED: tl.constexpr, HAS_START: tl.constexpr, WINDOW: tl.constexpr,
-                SOFTCAP: tl.constexpr, CAUSAL: tl.constexpr,
-                IEEE: tl.constexpr):  # fmt: skip
+                SOFTCAP: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr,
+                ROPE_HALF: tl.constexpr):  # fmt: skip
     """Online softmax of q [QP, D] (channel order) over packed positions [lo, hi) -> (m, denom,
     acc [QP, D] in channel order) fp32. Decode: ``qpos`` is the one query's position (every
     row sees every position in range); ``CAUSAL`` (extend): ``qpos`` [QP], row r sees positions
     <= qpos[r] (and with a window the last ``window`` of them). ``lo`` is never before the
-    first row's window, so no row's window needs a row read."""
+    first row's window, so no row's window needs a row read. Pre-RoPE keys (``ROPE_HALF`` =
+    R/2 > 0): the scores are :func:`.rope_rows.rope_scores` of ``rope`` (q's spans, from
+    :func:`.rope_rows.rope_query`), q gives only its shape and dtype."""
     QP: tl.constexpr = q.shape[0]
-    q_sum = tl.sum(q.to(tl.float32), 1)
-    if K_BITS < 16 and 32 % K_BITS == 0:
-        q = pair_order(q, K_BITS)  # the keys' code order
+    if not ROPE_HALF:
+        q_sum = tl.sum(q.to(tl.float32), 1)
+        if K_BITS < 16 and 32 % K_BITS == 0:
+            q = pair_order(q, K_BITS)  # the keys' code order
     m = tl.full([QP], -float("inf"), tl.float32)
     denom = tl.zeros([QP], tl.float32)
     acc = tl.zeros([QP, D], tl.float32)
@@ -226,7 +236,12 @@ def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at
             ok = ok & (t >= start)
         seen = _seen(t, ok, qpos, window, WINDOW, CAUSAL)
         k_at, v_at = k_at0 + tok * k_st * K_VEC, v_at0 + tok * v_st * V_VEC
-        s = scores(q, q_sum, k_words, k_half, k_at, ok, D, K_BITS, K_G, K_SYM, IEEE)
+        if ROPE_HALF:  # each key rotated forward to its position: element-wise tiles
+            spans = key_spans(k_words, k_half, k_at, ok, D, ROPE_HALF, K_BITS, K_G, K_SYM,
+                              q.dtype)  # fmt: skip
+            s = rope_scores(rope, spans, t, D, ROPE_HALF, IEEE)
+        else:
+            s = scores(q, q_sum, k_words, k_half, k_at, ok, D, K_BITS, K_G, K_SYM, IEEE)
         m, denom, alpha, p = _softmax_step(s, seen, m, denom, score_scale, cap_log2, SOFTCAP)
         pv, pz = values(p, v_words, v_half, v_at, ok, D, V_BITS, V_G, V_SYM,
                         q.dtype, IEEE)  # fmt: skip
@@ -248,6 +263,62 @@ def _seen(t, ok, qpos, window, WINDOW: tl.constexpr, CAUSAL: tl.constexpr):
     else:
         seen = ok[None, :]
     return seen
+
+
+@triton.jit
+def key_spans(k_words, k_half, at, ok, D: tl.constexpr, HALF: tl.constexpr, BITS: tl.constexpr,
+              G: tl.constexpr, SYM: tl.constexpr, DT: tl.constexpr):  # fmt: skip
+    """Packed keys at word ``at`` [BT] -> their spans ``DT`` (low half [BT, HALF], high half,
+    pass-through [BT, D - PASS0]; the last the low half again where there is none)."""
+    lo = dequantized(k_words, k_half, at, ok, 0, HALF, D, BITS, G, SYM, DT)
+    hi = dequantized(k_words, k_half, at, ok, HALF, HALF, D, BITS, G, SYM, DT)
+    PASS0: tl.constexpr = pass_start(D, HALF)
+    if PASS0 < D:
+        rest = dequantized(k_words, k_half, at, ok, PASS0, D - PASS0, D, BITS, G, SYM, DT)
+    else:
+        rest = lo
+    return lo, hi, rest
+
+
+@triton.jit
+def rope_scores(rope, spans, t, D: tl.constexpr, HALF: tl.constexpr, IEEE: tl.constexpr):
+    """Raw scores fp32 [QP, BT] of q (``rope``: :func:`rope_query`'s tuple) against keys
+    stored at position 0 (``spans``: :func:`key_spans`) of token indices t [BT], each rotated
+    forward to ``pos0 + t``: channel pair (j, j + HALF) turns by that position times f_j."""
+    q_lo, q_hi, q_pass, freq, pos0 = rope
+    lo, hi, rest = spans
+    DT: tl.constexpr = q_lo.dtype
+    angle = (pos0 + t).to(tl.float32)[:, None] * freq[None, :]  # [BT, HALF]
+    cos, sin = cos_sin(angle, IEEE)
+    cos, sin = cos.to(DT), sin.to(DT)
+    lo, hi = lo * cos - hi * sin, hi * cos + lo * sin
+    s = _dot(q_lo, tl.trans(lo), IEEE) + _dot(q_hi, tl.trans(hi), IEEE)
+    if pass_start(D, HALF) < D:
+        s += _dot(q_pass, tl.trans(rest), IEEE)
+    return s
+
+
+@triton.jit
+def cos_sin(angle, IEEE: tl.constexpr):
+    """cos and sin of fp32 angles (radians, any size). ``IEEE`` (fp32 q, the interpreter):
+    exact; else the hardware's approximations after reducing to [-π, π] (2^-21 off there, where
+    the exact ones keep a slow path for large angles in local memory and ~40 instructions)."""
+    if IEEE:
+        cos, sin = tl.cos(angle), tl.sin(angle)
+    else:
+        turns = libdevice.rint(angle * 0.15915494309189535)  # angle / 2π
+        r = tl.fma(turns, -6.28125, angle)  # 2π in two parts, the first exact in 8 bits
+        r = tl.fma(turns, -1.9353071795864769e-3, r)
+        cos, sin = libdevice.fast_cosf(r), libdevice.fast_sinf(r)
+    return cos, sin
+
+
+@triton.constexpr_function
+def pass_start(head_dim: int, half: int) -> int:
+    """The pass-through span's first channel: R = 2·half (span [R, D), a power of two wide or
+    empty), else 0 (the whole row); for the kernels and the host check alike."""
+    rest = head_dim - 2 * half
+    return 2 * half if not rest & (rest - 1) else 0
 
 
 def row_vec(rows: torch.Tensor) -> int:

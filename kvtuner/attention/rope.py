@@ -5,8 +5,9 @@ attention call passes the model's rotary frequencies ``rope_freq`` (fp32 [R/2], 
 and ``rope_offset`` (an int, or int32 [B]: the position of each request's stored key 0), and
 the key at token index t (packed or tail) is rotated forward to position ``offset + t`` in
 transformers' ``rotate_half`` layout: channel pair (j, j + R/2) turns by that position times
-f_j, channels >= R pass. The kernel does it per dequantized K tile (``.tiles._rope_tile``); the
-torch reference with :func:`rope_forward`. Kept free of triton: :mod:`.layout` and
+f_j, channels >= R pass. The general kernel does it per dequantized K tile
+(``.tiles._rope_tile``), the decode kernel per span of a tile (:mod:`.rope_rows`); the torch
+reference with :func:`rope_forward`. Kept free of triton: :mod:`.layout` and
 :mod:`.reference` import it.
 """
 

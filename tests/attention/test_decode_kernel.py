@@ -109,8 +109,9 @@ def test_what_the_decode_kernel_leaves_to_the_general_one():
     assert not decodable(QuantSpec(3, group_size=16), 16)  # half a chunk of 32 codes
     assert not decodable(QuantSpec(4, axis="channel"), 64)  # KIVI keys
     assert not serves(batch(QuantSpec(8, group_size=64, symmetric=True)))  # 66-byte rows
-    freq = torch.ones(D // 2)
-    assert not serves(batch(QuantSpec(4, pre_rope=True), rope_freq=freq))
+    rope = QuantSpec(4, pre_rope=True)
+    assert serves(batch(rope, rope_freq=torch.ones(D // 2)))  # rotated a span at a time
+    assert not serves(batch(rope, rope_freq=torch.ones(4)))  # R = 8: halves under a dot's 16
     args, index = pool(QuantSpec(4), QuantSpec(4))
     two = AttentionBatch(q=torch.randn(3, 2, 4, D), k_rows=args[0], v_rows=args[1],
                          k_spec=args[2], v_spec=args[3], **index)  # fmt: skip

@@ -1,6 +1,8 @@
-"""Pre-RoPE keys (rope_freq, rope_offset): the fused kernel rotates each dequantized K tile
+"""Pre-RoPE keys (rope_freq, rope_offset): the fused kernels rotate each dequantized K tile
 (packed rows, channel blocks, tail) forward to its positions, as the torch reference does with
-the HF cache's KeyRope semantics; under TRITON_INTERPRET, both kernel variants."""
+the HF cache's KeyRope semantics; under TRITON_INTERPRET, both kernel variants. The decode
+kernel takes token-axis rows whose rotary halves are whole words or chunks (:mod:`kvtuner.
+attention.rope_rows`), the general kernel the rest."""
 
 from __future__ import annotations
 
@@ -8,10 +10,13 @@ import pytest
 import torch
 from test_channel_pages import LENGTHS, G, args, pool
 from test_decode import D, both, gen, pool_args, stored_rows
+from test_decode_kernel import check
+from test_decode_kernel import pool as token_pool
 
-from kvtuner.attention import decode_attention, decode_attention_reference
+from kvtuner.attention import AttentionBatch, decode_attention, decode_attention_reference
+from kvtuner.attention.decode_kernel import serves
 from kvtuner.attention.rope import rope_forward
-from kvtuner.quant import QuantSpec
+from kvtuner.quant import QuantSpec, quantize
 from kvtuner.runtime_loader.hf.rope import KeyRope
 
 pytestmark = pytest.mark.usefixtures("attention_variant")  # K tiles element-wise in both
@@ -100,3 +105,82 @@ def test_paged_channel_pages_full_and_staged():
     q = torch.randn(len(LENGTHS), 4, D, generator=gen(26))
     offsets = torch.tensor([2, 0, 7, 300], dtype=torch.int32)
     both(q, *rows, **index, rope_freq=PARTIAL, rope_offset=offsets, block_tokens=16)
+
+
+def llama_freq(half: int) -> torch.Tensor:
+    """Llama's ``inv_freq`` for ``2 * half`` rotary channels (base 10000)."""
+    return 1.0 / 10000 ** (torch.arange(half, dtype=torch.float32) / half)
+
+
+OFFSETS = torch.tensor([0, 1000, 45], dtype=torch.int32)  # per request: pool tokens dropped
+
+
+@pytest.mark.parametrize(
+    "k_spec,v_spec,rotary,dim",
+    [
+        (QuantSpec(4, pre_rope=True), QuantSpec(4), 64, 64),  # KV4 g32: halves of 4 words
+        (QuantSpec(8, 64, pre_rope=True), QuantSpec(8, 64), 64, 64),  # one group a row
+        (QuantSpec(8, 64, pre_rope=True), QuantSpec(4), 32, 64),  # K8V4, R = D/2
+        (QuantSpec(2, 16, symmetric=True, pre_rope=True), QuantSpec(2, 16), 32, 64),
+        (QuantSpec(3, pre_rope=True), QuantSpec(3, symmetric=True), 64, 64),  # chunks of 32
+        (QuantSpec(16), QuantSpec(4), 32, 64),
+        (QuantSpec(4, pre_rope=True), QuantSpec(4), 32, 128),  # R = D/4: the whole row passes
+    ],
+    ids=lambda x: x.short() if isinstance(x, QuantSpec) else str(x),
+)
+@pytest.mark.parametrize("ratio", [1, 4])  # query heads a KV head
+def test_the_decode_kernel_rotates_pool_keys_per_request(k_spec, v_spec, rotary, dim, ratio):
+    args, kw = token_pool(k_spec, v_spec, dim=dim)
+    q = torch.randn(3, 2 * ratio, dim, generator=gen(30)) * 2
+    rope = dict(rope_freq=llama_freq(rotary // 2), rope_offset=OFFSETS)
+    got = check(q, args, {**kw, **rope}, block_tokens=16, num_splits=3)
+    plain = decode_attention_reference(q, *args, **kw)
+    assert not torch.allclose(got, plain, atol=1e-2)  # the rotation matters
+    check(q, args, {**kw, **rope})  # the launcher's own plan
+
+
+def test_the_decode_kernel_rotates_with_a_window_a_cap_and_sinks():
+    spec = QuantSpec(4, pre_rope=True)
+    args, kw = token_pool(spec, QuantSpec(4))
+    q = torch.randn(3, 8, 64, generator=gen(31))
+    extra = dict(window=40, logit_cap=3.0, sinks=torch.randn(8, generator=gen(32)))
+    rope = dict(rope_freq=llama_freq(32), rope_offset=7)
+    check(q, args, {**kw, **extra, **rope}, block_tokens=16, num_splits=2)
+
+
+@pytest.mark.parametrize("rotary", [64, 32])
+def test_the_decode_kernel_rotates_hf_rows_and_their_tail(rotary):
+    """The HF cache: contiguous rows, an unpacked tail (rotated in the tail's program), left
+    padding, one offset for the batch."""
+    k_spec, v_spec = QuantSpec(4, pre_rope=True), QuantSpec(8, 64)
+    g = gen(33)
+    k, v = (torch.randn(2, 2, 90, 64, generator=g) for _ in range(2))
+    args = (quantize(k[:, :, :70], k_spec), quantize(v[:, :, :70], v_spec), k_spec, v_spec)
+    kw = dict(k_tail=k[:, :, 70:], v_tail=v[:, :, 70:], starts=torch.tensor([0, 75]).int())
+    q = torch.randn(2, 8, 64, generator=g)
+    rope = dict(rope_freq=llama_freq(rotary // 2), rope_offset=13)
+    check(q, args, {**kw, **rope}, block_tokens=16, num_splits=2)
+
+
+def test_what_the_decode_kernel_leaves_to_the_general_one_with_pre_rope_keys():
+    """Rotary halves narrower than a dot (R < 32) or than a chunk of 3-bit codes, and keys
+    the rotation cannot act on (smoothed): the general kernel, with the same result."""
+
+    def batch(k_spec, rotary, **kw):
+        args, index = token_pool(k_spec, QuantSpec(4))
+        q = torch.randn(3, 4, 64, generator=gen(34))
+        fields = dict(rope_freq=llama_freq(rotary // 2), rope_offset=OFFSETS, **index, **kw)
+        full = AttentionBatch(q=q.unsqueeze(1), k_rows=args[0], v_rows=args[1], k_spec=k_spec,
+                              v_spec=args[3], **fields)  # fmt: skip
+        return full, q, args, fields
+
+    assert serves(batch(QuantSpec(4, pre_rope=True), 64)[0])
+    assert serves(batch(QuantSpec(3, pre_rope=True), 64)[0])
+    for spec, rotary in ((QuantSpec(4, pre_rope=True), 16), (QuantSpec(3, pre_rope=True), 32)):
+        full, q, args, fields = batch(spec, rotary)
+        assert not serves(full)
+        got = decode_attention(q, *args, **fields, block_tokens=16)
+        want = decode_attention_reference(q, *args, **fields)
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+    lam = torch.rand(2, 64, generator=gen(35)) + 0.5
+    assert not serves(batch(QuantSpec(4, pre_rope=True), 64, k_smooth=lam)[0])

@@ -1,0 +1,98 @@
+"""Pre-RoPE keys (:mod:`.rope`) in the decode kernel (:mod:`.decode_kernel`): q and the
+unpacked tail read in spans (Triton device functions), and the host check of which batches the
+kernel rotates. The packed rows' spans and the rotated scores are :mod:`.packed_rows`'
+(``key_spans``, ``rope_scores``), inside its loop over tiles.
+
+A K tile is read as its two rotary halves, channels ``[0, R/2)`` and ``[R/2, R)``, each
+[BT, R/2], plus a pass-through span, each span dequantized on its own (:func:`.packed_rows.
+dequantized`). Channel j of the low half and channel j of the high half are a ``rotate_half``
+pair, so they sit at the same place of their two tensors and turn by ``pos·f_j`` element-wise:
+no lane exchanges a value (no reshape, permute or join of the tile). The scores are one dot a
+span, ``s = q_lo·k_lo' + q_hi·k_hi' + q_pass·k_pass``, with q loaded once a program in the same
+spans. A span is in the codes' order (2/4/8 bits: pair order, :func:`.packed_rows.word_codes`,
+which keeps a word's codes in the word): q's spans, the frequencies and the unpacked tail's
+spans are put in that order too (:func:`spans`).
+
+The pass-through span is channels ``[R, D)`` where ``D - R`` is a power of two (R = D: none,
+R = D/2), else the whole row with q's rotary channels zeroed (the R rotary channels read twice,
+their pass-through product zero). The host check (:func:`rope_decodable`): R/2 >= 16 (the
+smallest ``tl.dot``), halves starting at a word of codes (2/4/8 bits) or a chunk of 32 channels
+(3/5/6 bits), and the kernel's own limits (:func:`.rope.rope_in_kernel`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import triton
+import triton.language as tl
+
+from .packed_rows import pair_order, pass_start
+from .rope import rope_in_kernel
+
+__all__ = ["rope_decodable"]
+
+
+@triton.jit
+def rope_query(q, freq_ptr, pos0, HALF: tl.constexpr, BITS: tl.constexpr):
+    """q [QP, D] (channel order) -> the tuple the scores take: q's spans (:func:`spans`), the
+    frequencies fp32 [HALF] in the codes' order, and ``pos0`` (the position of stored key 0)."""
+    lo, hi, rest = spans(q, HALF, BITS)
+    freq = tl.load(freq_ptr + tl.arange(0, HALF))[None, :]
+    if BITS < 16 and 32 % BITS == 0:
+        freq = pair_order(freq, BITS)
+    return lo, hi, rest, tl.reshape(freq, [HALF]), pos0
+
+
+@triton.jit
+def spans(x, HALF: tl.constexpr, BITS: tl.constexpr):
+    """Rows x [N, D] in channel order -> their spans in the codes' order, as
+    :func:`.packed_rows.key_spans` reads packed keys: the low and high rotary halves [N, HALF]
+    and the pass-through [N, D - PASS0] (its rotary channels zero where it is the whole row;
+    the low half again where there is none). Shuffles: for q once a program, the tail's tiles."""
+    D: tl.constexpr = x.shape[1]
+    if BITS < 16 and 32 % BITS == 0:
+        x = pair_order(x, BITS)  # a word's codes stay in its word: spans keep their channels
+    lo = _take(x, 0, HALF)
+    hi = _take(x, HALF, HALF)
+    PASS0: tl.constexpr = pass_start(D, HALF)
+    if PASS0 == 0:
+        rest = tl.where(tl.arange(0, D)[None, :] >= 2 * HALF, x, 0.0).to(x.dtype)
+    elif PASS0 < D:
+        rest = _take(x, PASS0, D - PASS0)
+    else:
+        rest = lo
+    return lo, hi, rest
+
+
+@triton.jit
+def _take(x, C0: tl.constexpr, W: tl.constexpr):
+    """Columns [C0, C0 + W) of x [N, D] (C0 a multiple of W) -> [N, W]."""
+    N: tl.constexpr = x.shape[0]
+    D: tl.constexpr = x.shape[1]
+    chunks = tl.reshape(x, [N, D // W, W])
+    pick = (tl.arange(0, D // W) == C0 // W)[None, :, None]
+    return tl.sum(tl.where(pick, chunks, 0.0), 1).to(x.dtype)
+
+
+def _span_fits(spec: Any, start: int, width: int) -> bool:
+    """A span of ``width`` channels at ``start`` reads as whole words or chunks, and covers
+    whole groups or lies inside one."""
+    if not spec.is_quantized:
+        return True
+    unit = 32 // spec.bits if 32 % spec.bits == 0 else 32
+    g = spec.group_size
+    in_groups = width % g == 0 if width >= g else start % g + width <= g
+    return start % unit == 0 and width % unit == 0 and in_groups
+
+
+def rope_decodable(batch: Any) -> bool:
+    """Whether the decode kernel rotates this batch's pre-RoPE keys (true without them)."""
+    if batch.rope_freq is None:
+        return True
+    half, dim, spec = batch.rope_freq.shape[0], batch.head_dim, batch.k_spec
+    if half < 16 or not rope_in_kernel(half, spec, smoothed=batch.k_smooth is not None):
+        return False
+    start = pass_start(dim, half)
+    spans = [(0, half), (half, half)] + ([(start, dim - start)] if start < dim else [])
+    return all(_span_fits(spec, c0, w) for c0, w in spans)
