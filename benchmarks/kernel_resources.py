@@ -105,8 +105,9 @@ def hf_batch(label: str, tail: int = 64):
 
 
 def decode_cases() -> dict:
-    """label -> a zero-argument launch: the decode kernel for every spec and the HF path, and
-    the general kernel at the same decode point for comparison."""
+    """label -> a zero-argument launch: the decode kernel for every spec, the HF path and
+    pre-RoPE keys; the general kernel at the same decode point for comparison, and where it
+    serves alone at decode: KIVI keys (pre-RoPE or not)."""
     from kvtuner.attention.decode_kernel import launch_decode, plan_decode
     from kvtuner.attention.kernel import launch
 
@@ -117,16 +118,67 @@ def decode_cases() -> dict:
     cases = {f"decode {label}": decode(paged_batch(label)) for label in SPECS}
     cases["decode KV4 g32 window+cap"] = decode(paged_batch("KV4 g32", window=4096, logit_cap=50.0))
     cases["decode KV4 g32 HF (tail)"] = decode(hf_batch("KV4 g32"))
+    for label, batch in rope_batches().items():
+        cases[label] = decode(batch)
     general = paged_batch("KV4 g32")
     splits = plan_decode(general, sms=SMS).splits
     cases["decode KV4 g32 general kernel"] = lambda: launch(general, general.q, None, None,
                                                             splits, 64)  # fmt: skip
+    kivi, kivi_rope = kivi_batch(), pre_rope(kivi_batch(), D)
+    cases["decode KIVI K4 g32 V4 g32 (general kernel)"] = lambda: launch(
+        kivi, kivi.q, None, None, splits, 64
+    )
+    cases["decode KIVI K4 g32 V4 g32 pre-RoPE (general kernel)"] = lambda: launch(
+        kivi_rope, kivi_rope.q, None, None, splits, 64
+    )
     return cases
 
 
+def kivi_batch():
+    """SGLang's pool with KIVI keys: channel-axis blocks a page of 32 slots ([pages, Hkv,
+    block]), each request's filling page staged in bf16; token-axis KV4 g32 values."""
+    import torch
+
+    from kvtuner.attention import AttentionBatch
+    from kvtuner.quant import QuantSpec
+
+    k_spec, v_spec = QuantSpec(4, axis="channel"), QuantSpec(4)
+    slots, page = BATCH * CONTEXT, k_spec.group_size
+    return AttentionBatch(
+        q=torch.empty(BATCH, 1, HQ, D, dtype=torch.bfloat16),
+        k_rows=torch.empty(slots // page, HKV, k_spec.block_bytes(D), dtype=torch.uint8),
+        v_rows=torch.empty(slots, HKV, v_spec.row_bytes(D), dtype=torch.uint8),
+        k_spec=k_spec, v_spec=v_spec,
+        slot_table=torch.arange(slots, dtype=torch.int32).view(BATCH, CONTEXT),
+        lengths=torch.full((BATCH,), CONTEXT, dtype=torch.int32),
+        k_stage=torch.empty(BATCH, page, HKV, D, dtype=torch.bfloat16),
+        k_stage_rows=torch.empty(slots // page, dtype=torch.int32),
+    )  # fmt: skip
+
+
+def pre_rope(batch, rotary: int):
+    """``batch`` with its keys stored pre-RoPE, ``rotary`` channels of each head rotated."""
+    import torch
+
+    from kvtuner.quant import QuantSpec
+
+    spec = QuantSpec(**{**dataclasses.asdict(batch.k_spec), "pre_rope": True})
+    freq = torch.empty(rotary // 2, dtype=torch.float32)
+    return dataclasses.replace(batch, k_spec=spec, rope_freq=freq)
+
+
+def rope_batches() -> dict:
+    """The decode kernel's pre-RoPE keys: full rotary (Llama), a quarter (GPT-NeoX-style
+    partial rotary: the pass-through span is the whole row), and KV8 g64."""
+    return {
+        "decode KV4 g32 pre-RoPE": pre_rope(paged_batch("KV4 g32"), D),
+        "decode KV4 g32 pre-RoPE R=D/4": pre_rope(paged_batch("KV4 g32"), D // 4),
+        "decode KV8 g64 pre-RoPE": pre_rope(paged_batch("KV8 g64"), D),
+    }
+
+
 def extend_cases() -> dict:
-    """SGLang's extend (the extend kernel, and the general one for comparison) and the general
-    kernel where it serves alone: pre-RoPE keys."""
+    """SGLang's extend: the extend kernel, and the general one for comparison."""
     import torch
 
     from kvtuner.attention import AttentionBatch
@@ -145,9 +197,6 @@ def extend_cases() -> dict:
         q=torch.empty(n_q, HQ, D, dtype=torch.bfloat16), k_rows=rows, v_rows=rows, k_spec=spec,
         v_spec=spec, slot_table=table, lengths=lengths, qo_indptr=indptr, max_q_len=512,
     )  # fmt: skip
-    rope = paged_batch("KV4 g32")  # keys stored pre-RoPE: rotated per tile
-    freq = torch.empty(D // 2, dtype=torch.float32)
-    rope = dataclasses.replace(rope, k_spec=QuantSpec(4, pre_rope=True), rope_freq=freq)
     eight = QuantSpec(8, 64)
     ragged8 = dataclasses.replace(ragged, k_spec=eight, v_spec=eight, k_rows=rows8, v_rows=rows8)
     return {
@@ -158,7 +207,6 @@ def extend_cases() -> dict:
             ragged8, ragged8.q, plan_extend(ragged8, 1)
         ),
         "extend KV4 g32, the general kernel": lambda: launch(ragged, ragged.q, None, None, 1, 64),
-        "decode KV4 g32 pre-RoPE (general)": lambda: launch(rope, rope.q, None, None, 8, 64),
     }
 
 

@@ -1,7 +1,8 @@
 """The GPU-free loop (``benchmarks/kernel_resources.py``): every decode and extend kernel
-compiles for an H100 (sm_90a, Triton's ptxas) and holds what a fast kernel shows there, read off
-its build without a GPU: no spill, at most 168 registers a thread, no code loaded a byte at a
-time. A regression in either fails here, in CI, before any GPU is lent.
+(pre-RoPE keys' decode included) compiles for an H100 (sm_90a, Triton's ptxas) and holds what a
+fast kernel shows there, read off its build without a GPU: no spill, at most 168 registers a
+thread, no code loaded a byte at a time. A regression in either fails here, in CI, before any
+GPU is lent.
 
 Needs the shared ``sm90_report.py`` beside the checkout (``../shared/tools``), as CI has it."""
 
@@ -42,6 +43,18 @@ def test_decode_and_extend_kernels_fit_the_registers_without_spill_or_byte_loads
         assert row["spill_bytes"] == 0 and row["reg"] <= MAX_REGISTERS, where
         widths = {**row["ldg_widths"], **row["ldgsts_widths"]}
         assert "U8" not in widths, f"{row['label']} loads bytes one at a time: {widths}"
+
+
+def test_pre_rope_keys_decode_on_the_decode_kernel_within_the_same_limits(decode_rows):
+    """Full and partial rotary widths, 16- and 8-byte code loads: the specialised kernel, not
+    the general one, and the limits above (the loop there covers them; this pins the rows)."""
+    labels = {"decode KV4 g32 pre-RoPE", "decode KV4 g32 pre-RoPE R=D/4", "decode KV8 g64 pre-RoPE"}
+    rows = [r for r in decode_rows if r["label"] in labels and r["kernel"] != "_reduce_kernel"]
+    assert {r["label"] for r in rows} == labels
+    for row in rows:
+        assert row["kernel"] == "_decode_kernel", row["label"]
+        assert row["spill_bytes"] == 0 and row["reg"] <= MAX_REGISTERS, row["label"]
+        assert "U8" not in {**row["ldg_widths"], **row["ldgsts_widths"]}, row["label"]
 
 
 def test_rows_of_16_byte_multiples_load_codes_16_bytes_at_a_time(decode_rows):
