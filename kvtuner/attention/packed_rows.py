@@ -15,7 +15,10 @@ at word offsets; every row offset is a multiple of ``VEC`` words (the launcher p
   dequantization: ``q·x_t = scale_t·(q·c_t) + zero_t·Σq`` and ``Σ_t p_t·x_t = Σ_t (p_t·scale_t)·
   c_t + Σ_t p_t·zero_t`` (one dot each, two multiply-adds a token);
 - rows no query attends read as zero (their scale and zero masked), so a NaN row outside a
-  window never reaches a result, and loads need no mask (a token past the end re-reads a row).
+  window never reaches a result, and loads need no mask (a token past the end re-reads a row);
+- pre-RoPE keys (decode) are read in spans of channels (:func:`key_spans`: the two rotary
+  halves and a pass-through), each dequantized on its own and turned element-wise to its
+  token's position before one dot a span (:func:`rope_scores`; :mod:`.rope_rows` says why).
 """
 
 from __future__ import annotations
@@ -214,8 +217,8 @@ def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at
     row sees every position in range); ``CAUSAL`` (extend): ``qpos`` [QP], row r sees positions
     <= qpos[r] (and with a window the last ``window`` of them). ``lo`` is never before the
     first row's window, so no row's window needs a row read. Pre-RoPE keys (``ROPE_HALF`` =
-    R/2 > 0): the scores are :func:`.rope_rows.rope_scores` of ``rope`` (q's spans, from
-    :func:`.rope_rows.rope_query`), q gives only its shape and dtype."""
+    R/2 > 0): the scores are :func:`rope_scores` of ``rope`` (q's spans, from
+    :func:`.rope_rows.rope_query`); q gives only its shape and dtype."""
     QP: tl.constexpr = q.shape[0]
     if not ROPE_HALF:
         q_sum = tl.sum(q.to(tl.float32), 1)
@@ -282,7 +285,7 @@ def key_spans(k_words, k_half, at, ok, D: tl.constexpr, HALF: tl.constexpr, BITS
 
 @triton.jit
 def rope_scores(rope, spans, t, D: tl.constexpr, HALF: tl.constexpr, IEEE: tl.constexpr):
-    """Raw scores fp32 [QP, BT] of q (``rope``: :func:`rope_query`'s tuple) against keys
+    """Raw scores fp32 [QP, BT] of q (``rope``: :func:`.rope_rows.rope_query`'s tuple) against keys
     stored at position 0 (``spans``: :func:`key_spans`) of token indices t [BT], each rotated
     forward to ``pos0 + t``: channel pair (j, j + HALF) turns by that position times f_j."""
     q_lo, q_hi, q_pass, freq, pos0 = rope
