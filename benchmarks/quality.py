@@ -34,7 +34,7 @@ from kvtuner.evaluation import (
     DecodeSettings,
     EvalReport,
     PerplexityResult,
-    evaluate,
+    evaluate_configs,
     format_markdown,
     format_table,
     hardware,
@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     fp_result = None
     if fp_row is not None:  # same windows: reuse its per-window NLL instead of re-running fp
         fp_result = PerplexityResult(tuple(fp_row["window_nll"]), windows.seq_len - 1)
-    evaluate(
+    evaluate_configs(
         model,
         windows,
         configs,

@@ -17,14 +17,14 @@ from .quant import QuantSpec, dequantize, fake_quantize, quantize
 
 if TYPE_CHECKING:
     from .calibration import calibrate
-    from .evaluation import evaluate
+    from .evaluation.run import evaluate
     from .runtime_loader.hf.apply import apply
     from .tuner.search import search
 
 _LAZY = {
     "apply": ".runtime_loader.hf.apply",
     "calibrate": ".calibration",
-    "evaluate": ".evaluation",
+    "evaluate": ".evaluation.run",
     "search": ".tuner.search",
 }
 

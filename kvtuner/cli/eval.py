@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from ..errors import KVTunerError
-from .eval_long import add_long_context_arguments, check_long_context_args, run_retrieval
+from .eval_long import add_long_context_arguments, long_context_fields
 from .output import Verbosity, add_verbosity_arguments
-from .placement_args import add_placement_arguments, placement_from_args
+from .placement_args import add_placement_arguments
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     from ..evaluation.data import DEFAULT_NUM_WINDOWS, DEFAULT_SEQ_LEN
+    from ..evaluation.settings import QUANTO_MODES
     from ..evaluation.speed import DecodeSettings
 
     d = DecodeSettings()
@@ -46,7 +46,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seq-len", type=int, default=DEFAULT_SEQ_LEN, help="tokens per window")
     p.add_argument(
         "--hf-quanto",
-        choices=("auto", "on", "off"),
+        choices=QUANTO_MODES,
         default="auto",
         help="add transformers' QuantizedCache (quanto, 4 and 2 bits) as a peer",
     )
@@ -87,97 +87,44 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _quanto_rows(mode: str, fingerprint):
-    from ..evaluation.configs import QUANTO_BITS, EvalConfig
-    from ..evaluation.quanto import quanto_missing
+def settings_from_args(args: argparse.Namespace):
+    """The flags as :class:`~kvtuner.evaluation.settings.EvalSettings` (validated: bad input
+    fails here, before the model loads)."""
+    from ..evaluation.settings import EvalSettings
 
-    if mode == "off":
-        return []
-    missing = quanto_missing()
-    if fingerprint.layer_types is not None:
-        missing = "transformers' QuantizedCache refuses sliding-window layers"
-    if missing:
-        if mode == "on":
-            raise KVTunerError(f"--hf-quanto on: {missing}")
-        return []
-    return [EvalConfig(f"hf-quanto{b}", "hf-quanto", quanto_bits=b) for b in QUANTO_BITS]
-
-
-def build_configs(args: argparse.Namespace, fingerprint) -> list:
-    """Every requested row, validated against the model's fingerprint (before loading weights)."""
-    from ..evaluation.configs import parse_uniform, profile_config
-
-    configs = [profile_config(p, fingerprint) for p in args.profile]
-    configs += parse_uniform(args.uniform, fingerprint) if args.uniform else []
-    configs += _quanto_rows(args.hf_quanto, fingerprint)
-    names = [c.name for c in configs]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise KVTunerError(f"two configs share the name {dupes[0]!r}; rename a profile file")
-    return configs
+    return EvalSettings(
+        model=args.model,
+        profiles=args.profile,
+        uniform=args.uniform,
+        hf_quanto=args.hf_quanto,
+        dataset=args.dataset,
+        num_windows=args.num_windows,
+        seq_len=args.seq_len,
+        kl=args.kl,
+        decode_speed=not args.no_decode,
+        decode_prompt_tokens=args.decode_prompt_tokens,
+        decode_steps=args.decode_steps,
+        decode_repeats=args.decode_repeats,
+        residual_length=args.residual_length,
+        pack_chunk=args.pack_chunk,
+        device=args.device,
+        dtype=args.dtype,
+        threads=args.threads,
+        output=args.output,
+        plot=args.plot,
+        **long_context_fields(args),
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
+    from ..evaluation.run import run_eval
 
-    from ..calibration import load_model, model_fingerprint
-    from ..evaluation import (
-        DecodeSettings,
-        evaluate,
-        format_table,
-        load_eval_windows,
-        plot_report,
-        write_report,
-    )
-
-    retrieval = args.task != "perplexity"
-    if not args.profile and not args.uniform and not retrieval:
-        raise KVTunerError("nothing to evaluate: give --profile PATH and/or --uniform NAMES")
-    check_long_context_args(args)
-    if args.kl and (retrieval or args.context_length):
-        raise KVTunerError(
-            "--kl scores whole windows: use it with --task perplexity and no --context-length"
-        )
-    if args.threads is not None:
-        torch.set_num_threads(max(1, args.threads))
-    decode = (
-        None
-        if args.no_decode
-        else DecodeSettings(
-            args.decode_prompt_tokens,
-            args.decode_steps,
-            args.decode_repeats,
-            args.residual_length,
-            args.pack_chunk,
-        )
-    )
-    where = placement_from_args(args)
-    configs = build_configs(args, model_fingerprint(args.model))
+    settings = settings_from_args(args)
     verbosity = Verbosity.from_args(args)
     verbosity.apply()
-    model, tokenizer = load_model(args.model, device=where.device, dtype=where.dtype)
-    if retrieval:
-        run_retrieval(args, model, tokenizer, configs)
-        return 0
-    if args.context_length:
-        from .eval_long import run_perplexity_lengths
-
-        kw = dict(tokenizer=tokenizer, decode=decode, log=verbosity.info)
-        run_perplexity_lengths(args, model, configs, kw)
-        return 0
-    windows = load_eval_windows(
-        tokenizer, dataset=args.dataset, num_windows=args.num_windows, seq_len=args.seq_len
-    )
-    report = evaluate(
-        model, windows, configs, model_name=args.model, decode=decode, log=verbosity.info
-    )
-    if args.kl:
-        from ..evaluation.divergence import add_divergence
-
-        add_divergence(report, model, windows, configs)
-    print(format_table(report))
-    if args.output:
-        print(f"wrote {write_report(report, args.output)}")
-    if args.plot:
-        print(f"wrote {plot_report(report, args.plot)}")
+    outcome = run_eval(settings, log=verbosity.info, progress=verbosity.progress)
+    for result in outcome.results:
+        print(result.table)
+        for path in result.written:
+            print(f"wrote {path}")
     return 0

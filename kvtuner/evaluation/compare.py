@@ -1,4 +1,4 @@
-"""evaluate(): fp and every requested config on the same windows, in one run, one table."""
+"""evaluate_configs(): fp and every requested config on the same windows, in one run, one table."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from .data import EvalWindows
 from .perplexity import PerplexityResult, perplexity
 from .speed import DecodeSettings, measure_decode
 
-__all__ = ["EvalReport", "evaluate", "hardware"]
+__all__ = ["EvalReport", "evaluate_configs", "hardware"]
 
 
 def hardware() -> dict[str, Any]:
@@ -112,7 +112,8 @@ def _row(
     }
 
 
-def _log(msg: str) -> None:
+def stderr_line(msg: str) -> None:
+    """The default ``log``: one flushed line on stderr (results go to stdout)."""
     print(msg, file=sys.stderr, flush=True)
 
 
@@ -142,7 +143,7 @@ def _ppl_row(
     return row, res
 
 
-def evaluate(
+def evaluate_configs(
     model: Any,
     windows: EvalWindows,
     configs: list[EvalConfig],
@@ -151,7 +152,7 @@ def evaluate(
     decode: DecodeSettings | None = None,
     on_row: Callable[[EvalReport], None] | None = None,
     fp_result: PerplexityResult | None = None,
-    log: Callable[[str], None] = _log,
+    log: Callable[[str], None] = stderr_line,
     score_last: int | None = None,
 ) -> EvalReport:
     """fp first, then each config: perplexity (+ bytes stored), then its decode speed (paired

@@ -13,11 +13,11 @@ pays the same metadata: 8 bytes of fp16 scale+zero per 32 elements = +1 bit per 
 - ``prerope-`` (after ``kivi-``, before a rotation prefix) stores the keys before RoPE
   (``QuantSpec.pre_rope``): ``kivi-prerope-kv4``, ``kivi-prerope-hadv-kv3`` (the ``kivi-prerope``
   and ``kivi-prerope-hadv`` presets' formats).
-Group 32 (not DESIGN.md's first table's 64) because the search presets and the SGLang pool use 32;
-a ``-gN`` suffix sets another group for K and V: ``kivi-prerope-k4v3-g64`` (the
-``kivi-prerope-g64`` preset's format; 64 tokens per key scale, 64 values per value scale);
-``-gh`` a group of the model's head_dim, one scale and zero per token-head (``k5v4-gh``,
-``had-kv4-gh``: the ``per-token-head`` and ``per-token-head-had`` presets' formats).
+Group 32 because the search presets and the SGLang pool use 32; a ``-gN`` suffix sets another
+group for K and V: ``kivi-prerope-k4v3-g64`` (the ``kivi-prerope-g64`` preset's format; 64
+tokens per key scale, 64 values per value scale); ``-gh`` a group of the model's head_dim, one
+scale and zero per token-head (``k5v4-gh``, ``had-kv4-gh``: the ``per-token-head`` and
+``per-token-head-had`` presets' formats).
 """
 
 from __future__ import annotations
@@ -39,7 +39,14 @@ _NAME = re.compile(
 )
 _ROTATED = {None: (), "had": ("k", "v"), "hadk": ("k",), "hadv": ("v",)}  # prefix -> tensors
 
-__all__ = ["DEFAULT_UNIFORM", "EvalConfig", "parse_uniform", "profile_config", "uniform_specs"]
+__all__ = [
+    "DEFAULT_UNIFORM",
+    "EvalConfig",
+    "parse_uniform",
+    "profile_config",
+    "requested_configs",
+    "uniform_specs",
+]
 
 
 @dataclass(frozen=True)
@@ -84,7 +91,7 @@ class EvalConfig:
         if self.kind == "fp":
             return {"nominal_bits": 16.0, "effective_bits": 16.0, "bytes_per_token": float(fp16)}
         # quanto (fp32 model): codes + an fp32 scale and an fp32 shift per GROUP_SIZE elements;
-        # evaluate() replaces this with the bytes it measures on quanto's stored tensors
+        # evaluate_configs() replaces this with the bytes it measures on quanto's stored tensors
         bits = self.quanto_bits + 2 * 32 / GROUP_SIZE
         return {
             "nominal_bits": float(self.quanto_bits),
@@ -147,3 +154,37 @@ def profile_config(path: str, model_config: Any) -> EvalConfig:
 
     profile = load_profile(path, model_config)
     return EvalConfig(Path(path).stem, "profile", profile.layers, source=str(path))
+
+
+def _quanto_rows(mode: str, fingerprint: ModelFingerprint) -> list[EvalConfig]:
+    """HF quanto peers: ``off`` none; ``auto`` where transformers runs them; ``on`` or fail."""
+    from .quanto import quanto_missing
+
+    if mode == "off":
+        return []
+    missing = quanto_missing()
+    if fingerprint.layer_types is not None:
+        missing = "transformers' QuantizedCache refuses sliding-window layers"
+    if missing:
+        if mode == "on":
+            raise KVTunerError(f"--hf-quanto on: {missing}")
+        return []
+    return [EvalConfig(f"hf-quanto{b}", "hf-quanto", quanto_bits=b) for b in QUANTO_BITS]
+
+
+def requested_configs(
+    profiles: tuple[str, ...],
+    uniform: tuple[str, ...],
+    hf_quanto: str,
+    fingerprint: ModelFingerprint,
+) -> list[EvalConfig]:
+    """Every requested row, validated against the model's fingerprint (before loading weights):
+    the profiles, the uniform baselines, then the HF quanto peers (``auto``/``on``/``off``)."""
+    configs = [profile_config(p, fingerprint) for p in profiles]
+    configs += parse_uniform(list(uniform), fingerprint) if uniform else []
+    configs += _quanto_rows(hf_quanto, fingerprint)
+    names = [c.name for c in configs]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise KVTunerError(f"two configs share the name {dupes[0]!r}; rename a profile file")
+    return configs

@@ -13,7 +13,7 @@ from ..errors import KVTunerError
 
 DEFAULT_NUM_WINDOWS = 32
 DEFAULT_SEQ_LEN = 1024
-# DESIGN.md: evaluate on WikiText-2 test. The whole test split ships inside the package (gzip,
+# The evaluation text is WikiText-2 test. The whole test split ships inside the package (gzip,
 # 0.4 MB, CC BY-SA 3.0, see data/ATTRIBUTION.md), so an installed wheel evaluates offline.
 EMBEDDED_TEST_NAME = "embedded:wikitext-2-test"
 EMBEDDED_TEST_FILE = Path(__file__).parent / "data" / "wikitext2_test.txt.gz"

@@ -1,4 +1,4 @@
-"""Perplexity by DESIGN.md's protocol: each window one forward, K/V quantized before any query
+"""Perplexity, the evaluation protocol: each window one forward, K/V quantized before any query
 reads them (prefill included: kvtuner's cache with ``residual_length=0``)."""
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from ..errors import KVTunerError
 from ..search_spaces import pareto
 from .compare import EvalReport
 
-__all__ = ["pareto_front", "plot_report"]
+__all__ = ["front_rows", "plot_report"]
 
 STYLES = {  # kind -> (marker, colour)
     "uniform": ("o", "tab:blue"),
@@ -30,7 +30,7 @@ def _delta(row: dict) -> float:
     return max(row["delta_ppl_pct"], FLOOR)
 
 
-def pareto_front(rows: list[dict]) -> list[dict]:
+def front_rows(rows: list[dict]) -> list[dict]:
     """Rows no other row beats: fewer-or-equal effective bits and lower Δppl, or equal Δppl and
     fewer bits (rows tied on both are all kept). Sorted by effective bits."""
     items = [(r["effective_bits"], _delta(r), i) for i, r in enumerate(rows)]
@@ -55,7 +55,7 @@ def _scatter_panel(ax, rows: list[dict]) -> None:
             ax.scatter(
                 xs, ys, marker=marker, color=color, s=80 if kind == "profile" else 40, label=kind
             )
-    front = pareto_front(rows)
+    front = front_rows(rows)
     ax.plot(
         [r["effective_bits"] for r in front],
         [_delta(r) for r in front],

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from kvtuner.evaluation import EvalReport
-from kvtuner.evaluation.plot import _labels, pareto_front, plot_report
+from kvtuner.evaluation.plot import _labels, front_rows, plot_report
 from kvtuner.profile import ModelFingerprint
 
 
@@ -29,12 +29,12 @@ ROWS = [
 
 
 def test_front_keeps_only_undominated_rows_and_ties():
-    front = [r["name"] for r in pareto_front(ROWS)]
+    front = [r["name"] for r in front_rows(ROWS)]
     assert front == ["kivi2", "p3", "kivi4", "p4", "kv8"]
 
 
 def test_labels_are_the_front_plus_named_peers_with_ties_merged():
-    labels = _labels(pareto_front(ROWS), ROWS)
+    labels = _labels(front_rows(ROWS), ROWS)
     assert labels[(5, 1.2)] == ["kivi4", "p4"]  # one label, not two printed over each other
     assert labels[(6, 4.8)] == ["quanto4"]  # a named peer, off the front
     assert all(n not in sum(labels.values(), []) for n in ("kv2", "kv3", "kv4"))

@@ -1,4 +1,5 @@
-"""evaluate()/perplexity()/report on a tiny in-process model: protocol, bytes, table, JSON, plot."""
+"""evaluate_configs(), perplexity() and the report on a tiny in-process model: protocol, bytes,
+table, JSON, plot."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from kvtuner.evaluation import (
     DecodeSettings,
     EvalConfig,
     EvalWindows,
-    evaluate,
+    evaluate_configs,
     format_markdown,
     format_table,
     parse_uniform,
@@ -56,7 +57,7 @@ def test_16bit_rows_equal_fp_and_fewer_bits_hurt_more(tiny_llama):
 def test_evaluate_reports_measured_bytes_and_decode_speed(tiny_llama, tmp_path):
     rows = configs(tiny_llama, "kv8,k4v2,kivi2")
     decode = DecodeSettings(prompt_tokens=40, steps=4, repeats=1, residual_length=8)
-    report = evaluate(tiny_llama, windows(), rows, model_name="tiny", decode=decode)
+    report = evaluate_configs(tiny_llama, windows(), rows, model_name="tiny", decode=decode)
     by_name = {r["name"]: r for r in report.rows}
     assert list(by_name) == ["fp", "kv8", "k4v2", "kivi2"]
     fingerprint = ModelFingerprint.from_config(tiny_llama.config)
@@ -78,7 +79,7 @@ def test_evaluate_reports_measured_bytes_and_decode_speed(tiny_llama, tmp_path):
 @pytest.mark.skipif(quanto_missing() is not None, reason="optimum-quanto not importable")
 def test_hf_quanto_peer_quantizes_the_prefill_and_stores_fewer_bytes(tiny_llama):
     rows = [EvalConfig("hf-quanto4", "hf-quanto", quanto_bits=4)]
-    report = evaluate(
+    report = evaluate_configs(
         tiny_llama, windows(), rows, decode=DecodeSettings(prompt_tokens=40, steps=3, repeats=1)
     )
     fp, q = report.rows
