@@ -42,6 +42,7 @@ _ROTATED = {None: (), "had": ("k", "v"), "hadk": ("k",), "hadv": ("v",)}  # pref
 __all__ = [
     "DEFAULT_UNIFORM",
     "EvalConfig",
+    "check_uniform_name",
     "parse_uniform",
     "profile_config",
     "requested_configs",
@@ -116,8 +117,8 @@ def _spec(
         raise KVTunerError(f"unknown uniform config {name!r}: {exc}") from None
 
 
-def uniform_specs(name: str, fingerprint: ModelFingerprint) -> tuple[LayerSpec, ...]:
-    """Layer specs of a uniform baseline name (see the module docstring)."""
+def _uniform_formats(name: str, head_dim: int) -> tuple[QuantSpec, QuantSpec]:
+    """(K, V) formats of a uniform baseline name; ``head_dim`` is the group of a ``-gh`` name."""
     key = name.strip().lower()
     key = re.sub(r"^kivi(\d+)$", r"kivi-kv\1", key)
     m = _NAME.match(key)
@@ -129,10 +130,21 @@ def uniform_specs(name: str, fingerprint: ModelFingerprint) -> tuple[LayerSpec, 
         )
     kivi, prerope, rotation, both, kb, vb, group = m.groups()
     k_bits, v_bits = (int(both), int(both)) if both else (int(kb), int(vb))
-    g = fingerprint.head_dim if group == "h" else int(group) if group else GROUP_SIZE
+    g = head_dim if group == "h" else int(group) if group else GROUP_SIZE
     rot = {t: "hadamard" if t in _ROTATED[rotation] else "none" for t in ("k", "v")}
     k = _spec(name, k_bits, "channel" if kivi else "token", rot["k"], bool(prerope), g)
-    v = _spec(name, v_bits, "token", rot["v"], group=g)
+    return k, _spec(name, v_bits, "token", rot["v"], group=g)
+
+
+def check_uniform_name(name: str) -> None:
+    """One line for a name that names no uniform baseline, before any model is known (whether
+    its group fits the model's head_dim is checked by :func:`uniform_specs`)."""
+    _uniform_formats(name, GROUP_SIZE)
+
+
+def uniform_specs(name: str, fingerprint: ModelFingerprint) -> tuple[LayerSpec, ...]:
+    """Layer specs of a uniform baseline name (see the module docstring)."""
+    k, v = _uniform_formats(name, fingerprint.head_dim)
     return tuple(LayerSpec(i, k, v) for i in range(fingerprint.num_layers))
 
 

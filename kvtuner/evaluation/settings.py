@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..errors import KVTunerError
 from ..placement import Placement
+from .configs import check_uniform_name
 from .data import DEFAULT_NUM_WINDOWS, DEFAULT_SEQ_LEN
 from .retrieval.run import DEFAULT_DEPTHS, RetrievalSettings
 from .retrieval.tasks import TASKS as RETRIEVAL_TASKS
@@ -33,11 +34,15 @@ __all__ = ["QUANTO_MODES", "TASK_CHOICES", "EvalSettings"]
 
 
 def _names(value: str | Sequence[str]) -> tuple[str, ...]:
-    """``"kv8,kv4"`` or ``["kv8", "k4v2,kivi4"]`` -> ``("kv8", "kv4", ...)`` (order kept)."""
+    """``"kv8,kv4"`` or ``["kv8", "k4v2,kivi4"]`` -> ``("kv8", "kv4", ...)`` (order kept), each
+    a uniform baseline name."""
     items = [value] if isinstance(value, str) else list(value)
     if not all(isinstance(item, str) for item in items):
         raise KVTunerError(f"--uniform takes names such as 'kv8,kv4', got {value!r}")
-    return tuple(n.strip() for item in items for n in item.split(",") if n.strip())
+    names = tuple(n.strip() for item in items for n in item.split(",") if n.strip())
+    for name in names:
+        check_uniform_name(name)
+    return names
 
 
 def _paths(value: str | Path | Sequence[str | Path]) -> tuple[str, ...]:

@@ -52,6 +52,9 @@ MODEL = "no-such-model"  # never loaded: every rejection comes first
         ({"uniform": "kv4", "device": "tpu"}, "device must be one of auto, cpu, cuda"),
         ({"uniform": "kv4", "dtype": "int8"}, "dtype must be one of auto, float32"),
         ({"uniform": [4]}, "--uniform takes names such as 'kv8,kv4'"),
+        ({"uniform": "kv8,kv7"}, "unknown uniform config 'kv7': bits must be one of"),
+        ({"uniform": "kv-4"}, "unknown uniform config 'kv-4' (use kvB, kBvC"),
+        ({"uniform": "kv4-g48"}, "unknown uniform config 'kv4-g48': group_size must be a power"),
     ],
 )
 def test_each_bad_input_is_one_clear_line(kwargs, message):
@@ -69,11 +72,11 @@ def test_inputs_are_normalised_and_the_derived_settings_built():
     s = EvalSettings(
         model=MODEL,
         profiles="p.json",
-        uniform=["kv8,kv4", " k8v4 "],
+        uniform=["kv8,kv4", " k8v4 ", "had-kv4-gh"],
         output="out/r.json",
         decode_steps=8,
     )
-    assert s.profiles == ("p.json",) and s.uniform == ("kv8", "kv4", "k8v4")
+    assert s.profiles == ("p.json",) and s.uniform == ("kv8", "kv4", "k8v4", "had-kv4-gh")
     assert s.output == Path("out/r.json") and s.plot is None and s.context_lengths is None
     assert s.decode == DecodeSettings(steps=8) and s.retrieval is None
     assert EvalSettings(model=MODEL, uniform="kv4", context_lengths=2048).context_lengths == (2048,)
