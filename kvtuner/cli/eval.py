@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from .eval_long import add_long_context_arguments, long_context_fields
 from .output import Verbosity, add_verbosity_arguments
 from .placement_args import add_placement_arguments
+
+if TYPE_CHECKING:
+    from ..evaluation.settings import EvalSettings
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -87,7 +91,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def settings_from_args(args: argparse.Namespace):
+def settings_from_args(args: argparse.Namespace) -> EvalSettings:
     """The flags as :class:`~kvtuner.evaluation.settings.EvalSettings` (validated: bad input
     fails here, before the model loads)."""
     from ..evaluation.settings import EvalSettings
