@@ -106,7 +106,7 @@ def picture(sens: Sensitivity) -> dict:
 
 
 def run_search(args: argparse.Namespace) -> dict:
-    from kvtuner.tuner.search import search
+    from kvtuner import search
     from kvtuner.tuner.study import StudySettings
 
     torch.set_num_threads(args.threads)

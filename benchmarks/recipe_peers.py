@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from kvtuner import search
 from kvtuner.calibration import load_model
 from kvtuner.evaluation import hardware, load_eval_windows
 from kvtuner.evaluation.divergence import mean_se, window_scores
@@ -37,8 +38,6 @@ from kvtuner.profile import ModelFingerprint, write_json_atomic
 from kvtuner.quant.engine_recipe import EngineRecipe
 from kvtuner.runtime_loader.hf.vllm_cache import make_vllm_cache
 from kvtuner.runtime_loader.vllm import VllmPlan
-from kvtuner.tuner.budget import Budget
-from kvtuner.tuner.recipe_search import RecipeTarget, search_recipe
 
 RESULTS = Path(__file__).parent / "results"
 SEARCHES = {"fp8/nvfp4": ("fp8", "nvfp4"), "auto/fp8/nvfp4": ("auto", "fp8", "nvfp4")}
@@ -55,12 +54,12 @@ def _bits(plan, fp: ModelFingerprint) -> float:
 
 
 def _searched(args, loaded, budget: str, formats, out: Path, log) -> tuple[dict, EngineRecipe]:
-    target = RecipeTarget("vllm" if "auto" in formats else "modelopt", Budget.parse(budget),
-                          formats)  # fmt: skip
-    outcome = search_recipe(model=args.model, target=target, output=out, loaded=loaded,
-                            n_trials=args.n_trials, num_samples=args.num_samples,
-                            seq_len=args.calib_len, confirm_samples=args.confirm_samples,
-                            storage=f"sqlite:///{out.parent / 'study.db'}", log=log)  # fmt: skip
+    engine = "vllm" if "auto" in formats else "modelopt"
+    outcome = search(target="recipe", engine=engine, budget=budget, formats=formats,
+                     model=args.model, output=out, loaded=loaded, progress=False,
+                     n_trials=args.n_trials, num_samples=args.num_samples,
+                     seq_len=args.calib_len, confirm_samples=args.confirm_samples,
+                     storage=f"sqlite:///{out.parent / 'study.db'}", log=log)  # fmt: skip
     return outcome.profile.metrics, outcome.profile.recipe
 
 

@@ -19,13 +19,13 @@ if TYPE_CHECKING:
     from .calibration import calibrate
     from .evaluation.run import evaluate
     from .runtime_loader.hf.apply import apply
-    from .tuner.search import search
+    from .tuner.registry import search
 
 _LAZY = {
     "apply": ".runtime_loader.hf.apply",
     "calibrate": ".calibration",
     "evaluate": ".evaluation.run",
-    "search": ".tuner.search",
+    "search": ".tuner.registry",
 }
 
 __all__ = [

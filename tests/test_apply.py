@@ -105,7 +105,7 @@ def test_import_kvtuner_stays_light_and_the_verbs_load_on_use():
         "from kvtuner.runtime_loader.hf.apply import apply as a\n"
         "from kvtuner.calibration.sweep import calibrate as c\n"
         "from kvtuner.evaluation.run import evaluate as e\n"
-        "from kvtuner.tuner.search import search as s\n"
+        "from kvtuner.tuner.registry import search as s\n"
         "assert (apply, calibrate, evaluate, search) == (a, c, e, s)\n"
         "assert {'apply', 'calibrate', 'evaluate', 'search'} <= set(dir(kvtuner))\n"
     )

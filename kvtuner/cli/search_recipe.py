@@ -1,19 +1,19 @@
 """`kvtuner search --target recipe --engine E --budget 5.4bit ...`: a KV format per layer among
-the formats engine E serves (see docs/engines.md)."""
+the formats engine E serves (see docs/engines.md); its flags, their
+:class:`~kvtuner.tuner.recipe.RecipeSettings` and the printed summary."""
 
 from __future__ import annotations
 
 import argparse
 from typing import TYPE_CHECKING
 
-from .output import Verbosity
-from .search_vllm import engine_run_kwargs
+from .search_vllm import check_no_pool_flags, engine_run_kwargs
 
 if TYPE_CHECKING:
-    from ..tuner.recipe_settings import RecipeSettings
+    from ..tuner.recipe import RecipeOutcome, RecipeSettings
 
 
-def add_recipe_arguments(p: argparse.ArgumentParser) -> None:
+def add_arguments(p: argparse.ArgumentParser) -> None:
     from ..quant.engine_recipe import ENGINE_FORMATS
 
     g = p.add_argument_group("recipe target (see docs/engines.md)")
@@ -32,30 +32,24 @@ def add_recipe_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def recipe_settings_from_args(args: argparse.Namespace) -> RecipeSettings:
+def settings_from_args(args: argparse.Namespace) -> RecipeSettings:
     """The flags as :class:`RecipeSettings` (validated: bad input fails here)."""
     from ..errors import KVTunerError
     from ..tuner.budget import Budget
-    from ..tuner.recipe_settings import RecipeSettings, RecipeTarget
+    from ..tuner.recipe import RecipeSettings, RecipeTarget
 
     if not args.budget:
         raise KVTunerError("--target recipe needs --budget in effective bits, e.g. 5.4bit")
-    if args.confirm_metric != "kl" or args.confirm_seq_len is not None:
-        raise KVTunerError("--confirm-metric and --confirm-seq-len are for --target kvtuner")
+    check_no_pool_flags(args)
     formats = tuple(f.strip() for f in args.formats.split(",")) if args.formats else None
     target = RecipeTarget(args.engine, Budget.parse(args.budget), formats)
     return RecipeSettings(target=target, **engine_run_kwargs(args))
 
 
-def run_recipe(args: argparse.Namespace) -> int:
-    from ..tuner.recipe_search import run_recipe_search
-
-    verbosity = Verbosity.from_args(args)
-    verbosity.apply()
-    outcome = run_recipe_search(recipe_settings_from_args(args), log=verbosity.info)
+def report(outcome: RecipeOutcome) -> None:
+    """The summary and the `wrote ...` line with the command that prints the engine's forms."""
     print(outcome.summary)
     print(
         f"wrote {outcome.output} (hash {outcome.profile.hash}); "
         f"engine forms: kvtuner recipe-args {outcome.output} --engine {outcome.profile.engine}"
     )
-    return 0

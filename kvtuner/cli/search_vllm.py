@@ -1,27 +1,19 @@
-"""`kvtuner search --target vllm --kv-cache-dtype D ...`: the skip set for one vLLM KV dtype."""
+"""`kvtuner search --target vllm --kv-cache-dtype D ...`: the skip set for one vLLM KV dtype; its
+flags, their :class:`~kvtuner.tuner.vllm.VllmSettings` and the printed summary."""
 
 from __future__ import annotations
 
 import argparse
 from typing import TYPE_CHECKING
 
-from .output import Verbosity
 from .placement_args import placement_from_args
 
 if TYPE_CHECKING:
-    from ..tuner.vllm_settings import VllmSettings
+    from ..tuner.vllm import VllmOutcome, VllmSettings
 
 
-def add_vllm_arguments(p: argparse.ArgumentParser) -> None:
+def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("vLLM target (see docs/engines.md)")
-    g.add_argument(
-        "--target",
-        choices=("kvtuner", "vllm", "recipe"),
-        default="kvtuner",
-        help="kvtuner: per-layer packed K/V bits (default); vllm: which layers vLLM's "
-        "--kv-cache-dtype-skip-layers keeps at the model dtype, the rest in --kv-cache-dtype; "
-        "recipe: a format per layer among those --engine serves (FP8, NVFP4, ...)",
-    )
     g.add_argument("--kv-cache-dtype", help="the vLLM dtype, e.g. fp8_e4m3 (--target vllm)")
     g.add_argument("--max-skip", type=int, help="skip at most this many layers (--target vllm)")
     g.add_argument(
@@ -52,16 +44,23 @@ def engine_run_kwargs(args: argparse.Namespace) -> dict:
                 dtype=where.dtype)  # fmt: skip
 
 
-def vllm_settings_from_args(args: argparse.Namespace) -> VllmSettings:
+def check_no_pool_flags(args: argparse.Namespace) -> None:
+    """The confirmation flags only the pool target reads: refused, in one line, elsewhere."""
+    from ..errors import KVTunerError
+
+    if args.confirm_metric != "kl" or args.confirm_seq_len is not None:
+        raise KVTunerError("--confirm-metric and --confirm-seq-len are for --target pool")
+
+
+def settings_from_args(args: argparse.Namespace) -> VllmSettings:
     """The flags as :class:`VllmSettings` (validated: bad input fails here)."""
     from ..errors import KVTunerError
     from ..tuner.budget import Budget
-    from ..tuner.vllm_settings import VllmSettings, VllmTarget
+    from ..tuner.vllm import VllmSettings, VllmTarget
 
     if not args.kv_cache_dtype:
         raise KVTunerError("--target vllm needs --kv-cache-dtype (e.g. fp8_e4m3)")
-    if args.confirm_metric != "kl" or args.confirm_seq_len is not None:
-        raise KVTunerError("--confirm-metric and --confirm-seq-len are for --target kvtuner")
+    check_no_pool_flags(args)
     target = VllmTarget(
         args.kv_cache_dtype,
         budget=Budget.parse(args.budget) if args.budget else None,
@@ -72,14 +71,8 @@ def vllm_settings_from_args(args: argparse.Namespace) -> VllmSettings:
     return VllmSettings(target=target, **engine_run_kwargs(args))
 
 
-def run_vllm(args: argparse.Namespace) -> int:
-    from ..tuner.vllm_search import run_vllm_search
-
-    verbosity = Verbosity.from_args(args)
-    verbosity.apply()
-    settings = vllm_settings_from_args(args)
-    outcome = run_vllm_search(settings, log=verbosity.info, progress=verbosity.progress)
+def report(outcome: VllmOutcome) -> None:
+    """The summary and the `wrote ...` line with vLLM's serve flags, on stdout."""
     print(outcome.summary)
     flags = " ".join(outcome.profile.plan.cli_args())
     print(f"wrote {outcome.output} (hash {outcome.profile.hash}); vllm serve flags: {flags}")
-    return 0

@@ -14,7 +14,7 @@ import pytest
 import torch
 from calib_helpers import save_tiny
 
-from kvtuner import LayerSpec, QuantSpec
+from kvtuner import LayerSpec, QuantSpec, search
 from kvtuner.calibration import (
     calibrate,
     fp_reference,
@@ -23,7 +23,6 @@ from kvtuner.calibration import (
     measure_kl,
 )
 from kvtuner.placement import Placement, placement
-from kvtuner.tuner.search import search
 from kvtuner.tuner.study import StudySettings
 
 pytestmark = pytest.mark.cuda

@@ -11,9 +11,9 @@ from kvtuner import KVTunerError
 from kvtuner.cli.main import main
 from kvtuner.search_spaces import SearchPreset
 from kvtuner.tuner.budget import Budget
-from kvtuner.tuner.search_settings import SearchSettings
+from kvtuner.tuner.pool import SearchSettings
 from kvtuner.tuner.study import StudySettings
-from kvtuner.tuner.vllm_settings import VllmSettings, VllmTarget
+from kvtuner.tuner.vllm import VllmSettings, VllmTarget
 
 BAD = [
     (dict(model=""), "--model must name a model"),
@@ -81,7 +81,7 @@ def test_vllm_settings(tmp_path):
          "--seq-len must be a positive integer"),
         (["--confirm-seq-len", "-1"], "--confirm-seq-len must be a positive integer"),
         (["--target", "vllm", "--kv-cache-dtype", "fp8", "--confirm-metric", "nll"],
-         "--confirm-metric and --confirm-seq-len are for --target kvtuner"),
+         "--confirm-metric and --confirm-seq-len are for --target pool"),
     ],
 )  # fmt: skip
 def test_cli_fills_the_settings_and_stops_on_bad_flags(flags, needle, tmp_path, capsys):

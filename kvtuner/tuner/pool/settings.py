@@ -1,7 +1,7 @@
-"""What one `kvtuner search` asks for: the model, the budget, the space, the text, the study and
-the outputs, in one frozen record validated on construction (bad input fails here, before any
-model is loaded). The CLI fills it from its flags; :func:`kvtuner.tuner.search.search` from its
-keywords."""
+"""What one `kvtuner search --target pool` asks for: the model, the budget, the space, the text,
+the study and the outputs, in one frozen record validated on construction (bad input fails here,
+before any model is loaded). The CLI fills it from its flags; :func:`kvtuner.search` from its
+keywords (the pool target's ``settings`` stage)."""
 
 from __future__ import annotations
 
@@ -10,20 +10,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import KVTunerError
-from ..placement import Placement
-from ..quant import QUANTIZED_BITS
-from ..search_spaces import SearchPreset, load_preset
-from .budget import Budget
-from .confirmation import CONFIRM_METRICS
-from .study import StudySettings
+from ...errors import KVTunerError
+from ...placement import Placement
+from ...quant import QUANTIZED_BITS
+from ...search_spaces import SearchPreset, load_preset
+from ..budget import Budget
+from ..checks import check_model, check_text, check_whole, default_storage
+from ..confirmation import CONFIRM_METRICS
+from ..study import StudySettings
 
-__all__ = ["SearchSettings", "check_engine_run", "default_storage"]
-
-
-def default_storage(output: Path) -> str:
-    """``sqlite:///<output without .json>.optuna.db`` beside the profile."""
-    return f"sqlite:///{output.resolve().with_suffix('.optuna.db')}"
+__all__ = ["SearchSettings", "check_bits"]
 
 
 def check_bits(bits: Sequence[int] | None) -> tuple[int, ...] | None:
@@ -34,51 +30,6 @@ def check_bits(bits: Sequence[int] | None) -> tuple[int, ...] | None:
     if not widths or any(isinstance(b, bool) or b not in QUANTIZED_BITS for b in widths):
         raise KVTunerError(f"bits must be among {QUANTIZED_BITS}, got {tuple(bits)}")
     return widths
-
-
-def _whole(name: str, value: object, *, zero: bool = False, optional: bool = False) -> None:
-    """``value`` is a positive int (>= 0 with ``zero``; None allowed when ``optional``)."""
-    if optional and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < (0 if zero else 1):
-        kind = "a non-negative" if zero else "a positive"
-        raise KVTunerError(f"{name} must be {kind} integer, got {value!r}")
-
-
-def check_model(model: object) -> None:
-    if not isinstance(model, str) or not model:
-        raise KVTunerError(f"--model must name a model, got {model!r}")
-
-
-def check_text(num_samples: int, seq_len: int, data_seed: int, confirm_samples: int) -> None:
-    """The calibration windows asked for: positive counts, and held-back ones >= 0."""
-    c = confirm_samples
-    if isinstance(c, bool) or not isinstance(c, int):
-        raise KVTunerError(f"confirm_samples must be an integer, got {c!r}")
-    if c < 0:
-        raise KVTunerError(f"confirm_samples must be >= 0, got {c}")
-    _whole("--num-samples", num_samples)
-    _whole("--seq-len", seq_len)
-    _whole("--data-seed", data_seed, zero=True)
-
-
-def check_engine_run(settings: object, target_type: type) -> None:
-    """The checks an engine target's settings (vLLM skip sets, recipes) share: the model, the
-    target's type, the study, the placement and the text; ``output`` becomes a Path and the
-    study's storage defaults to :func:`default_storage` beside it (frozen: set in place)."""
-    s = settings
-    check_model(s.model)
-    if not isinstance(s.target, target_type):
-        kind = type(s.target).__name__
-        raise KVTunerError(f"target must be a {target_type.__name__}, got {kind}")
-    if not isinstance(s.study, StudySettings):
-        raise KVTunerError(f"study must be StudySettings, got {type(s.study).__name__}")
-    Placement(s.device, s.dtype)  # one line for an unknown device or dtype
-    check_text(s.num_samples, s.seq_len, s.data_seed, s.confirm_samples)
-    object.__setattr__(s, "output", Path(s.output))
-    if s.study.storage is None:  # the study lives beside the profile
-        storage = default_storage(s.output)
-        object.__setattr__(s, "study", dataclasses.replace(s.study, storage=storage))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,15 +88,15 @@ class SearchSettings:
 
     def _check_counts(self) -> None:
         check_text(self.num_samples, self.seq_len, self.data_seed, self.confirm_samples)
-        _whole("--confirm-seq-len", self.confirm_seq_len, optional=True)
+        check_whole("--confirm-seq-len", self.confirm_seq_len, optional=True)
         if self.confirm_metric not in CONFIRM_METRICS:
             raise KVTunerError(
                 f"--confirm-metric must be one of {', '.join(CONFIRM_METRICS)}, "
                 f"got {self.confirm_metric!r}"
             )
-        _whole("--num-clusters", self.num_clusters, optional=True)
-        _whole("--context-length", self.context_length, optional=True)
-        _whole("--batch-size", self.batch_size, optional=True)
+        check_whole("--num-clusters", self.num_clusters, optional=True)
+        check_whole("--context-length", self.context_length, optional=True)
+        check_whole("--batch-size", self.batch_size, optional=True)
 
     def _set_paths(self) -> None:
         for name in ("output", "sensitivity", "pareto_dir", "plot"):

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from fractions import Fraction
 
-from .knapsack import solve_knapsack
+from ..knapsack import solve_knapsack
 
 __all__ = ["Recipe", "knapsack_pick", "neighbours", "recipe_bits"]
 

@@ -1,21 +1,23 @@
-"""`search_recipe()`: a KV format per layer, among the formats an engine serves with its own kernels
-(FP8, NVFP4, FP8-K/NVFP4-V, the model dtype), within a budget in ModelOpt's effective bits.
+"""The recipe target: a KV format per layer, among the formats an engine serves with its own
+kernels (FP8, NVFP4, FP8-K/NVFP4-V, the model dtype), within a budget in ModelOpt's effective bits.
 
-Steps (every recipe measured is a trial of one Optuna study beside the output, so a rerun or a
-killed run resumes; the study is keyed by the text, not by the formats or the budget, so
+Its stages (every recipe measured is a trial of one Optuna study beside the output, so a rerun or
+a killed run resumes; the study is keyed by the text, not by the formats or the budget, so
 searches of one model share their measurements):
 
-1. calibration: the fp reference and each layer's K/V amax (the FP8/NVFP4 scales);
-2. one-layer tables (:mod:`.recipe_candidates`): ``isolated`` (ModelOpt's score) and
-   ``in_context``;
-3. seeds, measured whole: ModelOpt's pick (the isolated knapsack over the formats it may pick,
-   the model dtype excluded), the knapsack picks of both tables over every target format, and
-   each uniform format that fits;
-4. local search from the best recipe measured: ``n_trials`` more recipes, one- and two-layer
-   moves that fit, best predicted first; a move is taken when its measured KL is lower;
-5. confirmation: the best finalists and ModelOpt's pick re-measured window by window on
-   held-back text; the best replaces ModelOpt's pick only when it is better by more than two
-   standard errors of the paired difference (else the search could lose to it by luck).
+1. prepare: the model and text, the fp reference and each layer's K/V amax (the FP8/NVFP4
+   scales), the study;
+2. candidates: the one-layer tables (:mod:`.candidates`), ``isolated`` (ModelOpt's score) and
+   ``in_context``, and the seeds they pick: ModelOpt's pick (the isolated knapsack over the
+   formats it may pick, the model dtype excluded), the knapsack picks of both tables over every
+   target format, and each uniform format that fits;
+3. measure: the seeds, measured whole, then a local search from the best of them: ``n_trials``
+   more recipes, one- and two-layer moves that fit, best predicted first; a move is taken when
+   its measured KL is lower;
+4. choose: the best finalists and ModelOpt's pick re-measured window by window on held-back
+   text; the best replaces ModelOpt's pick only when it is better by more than two standard
+   errors of the paired difference (else the search could lose to it by luck);
+5. profile, export: the recipe profile, written atomically.
 """
 
 from __future__ import annotations
@@ -26,19 +28,22 @@ from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..placement import placement_of
-from ..profile.recipe_profile import RecipeProfile, save_recipe_profile
-from ..quant.engine_recipe import LAYER_FORMATS, MODEL_DTYPE, EngineRecipe, format_bits
-from .recipe_candidates import Recipe, knapsack_pick, neighbours, recipe_bits
-from .recipe_settings import RecipeSettings, RecipeTarget
-from .search_stages import load_placed, load_text
-from .skip_kl import PlanKL
-from .study import StudySettings, measure_choices, open_measured_study
+from ...errors import KVTunerError
+from ...placement import placement_of
+from ...profile.recipe_profile import RecipeProfile, save_recipe_profile
+from ...quant.engine_recipe import LAYER_FORMATS, MODEL_DTYPE, EngineRecipe, format_bits
+from ..budget import Budget
+from ..loading import load_placed, load_text
+from ..plan_kl import PlanKL
+from ..study import StudySettings, measure_choices, open_measured_study
+from ..target import SearchRun, Target
+from .candidates import Recipe, knapsack_pick, neighbours, recipe_bits
+from .settings import RecipeSettings, RecipeTarget
 
 if TYPE_CHECKING:
-    from ..calibration import CalibrationData
+    from ...calibration import CalibrationData
 
-__all__ = ["RecipeOutcome", "RecipeSettings", "RecipeTarget", "run_recipe_search", "search_recipe"]
+__all__ = ["TARGET", "RecipeOutcome", "settings_of"]
 CONFIRM_FINALISTS = 4
 CONFIRM_MARGIN = 2.0  # standard errors a held-back gain must clear to replace ModelOpt's pick
 Log = Callable[[str], None]
@@ -55,7 +60,7 @@ class RecipeOutcome:
 
 
 @dataclass(frozen=True)
-class _Run:
+class Prepared:
     """The model, its text and calibration, and the study's measure."""
 
     settings: RecipeSettings
@@ -92,50 +97,56 @@ def _recipe_of(params: dict) -> Recipe:
     return tuple(params[f"layer{i}"] for i in range(len(params)))
 
 
-def search_recipe(
+@dataclass(frozen=True)
+class Seeds:
+    isolated: list[dict[str, float]]  # [layer] -> format -> KL, that layer alone quantized
+    in_context: list[dict[str, float]]  # [layer] -> format -> KL change among cheapest layers
+    recipes: dict[str, Recipe]  # name -> seed recipe that fits; "modelopt" is ModelOpt's pick
+
+
+@dataclass(frozen=True)
+class Measured:
+    kl: dict[Recipe, float]  # every fitting recipe the study holds
+    searched: Recipe  # where the local search ended
+
+
+@dataclass(frozen=True)
+class Chosen:
+    best: Recipe
+    kl: dict[Recipe, float]
+    metrics: dict[str, Any]
+
+
+def settings_of(
     *,
+    engine: str = "vllm",
+    budget: Budget | str | None = None,
+    formats: tuple[str, ...] | None = None,
     n_trials: int = 24,
     storage: str | None = None,
     study_name: str | None = None,
-    log: Log = print,
-    loaded: tuple[Any, Any] | None = None,
-    **settings: Any,
-) -> RecipeOutcome:
-    """:func:`run_recipe_search` over ``RecipeSettings(**settings)`` (keywords: model, target,
-    output, dataset, num_samples, ...), its study from ``n_trials``, ``storage``, ``study_name``."""
+    **keywords: Any,
+) -> RecipeSettings:
+    """``RecipeSettings(**keywords)`` (model, output, dataset, num_samples, ...): its
+    :class:`RecipeTarget` from ``engine``, ``budget`` (effective bits, ``"5.4bit"`` or a
+    :class:`Budget`) and ``formats`` (None: all the engine serves); its study from ``n_trials``,
+    ``storage``, ``study_name``."""
+    if budget is None:
+        raise KVTunerError("the recipe target needs a budget in effective bits, e.g. 5.4bit")
+    if isinstance(budget, str):
+        budget = Budget.parse(budget)
+    target = RecipeTarget(engine, budget, None if formats is None else tuple(formats))
     study = StudySettings(n_trials=n_trials, storage=storage, study_name=study_name)
-    return run_recipe_search(RecipeSettings(study=study, **settings), log=log, loaded=loaded)
+    return RecipeSettings(target=target, study=study, **keywords)
 
 
-def run_recipe_search(
-    settings: RecipeSettings, *, log: Log = print, loaded: tuple[Any, Any] | None = None
-) -> RecipeOutcome:
-    """Search a recipe for ``settings.target`` and write a recipe profile (atomic)."""
-    run = _prepare(settings, loaded)
-    isolated, in_context = _tables(run, log)
-    seeds = _seeds(run, isolated, in_context)
-    measured = run.measure(list(seeds.values()))
-    best = _local_search(run, min(seeds.values(), key=measured.get), in_context, log)
-    measured = {r: kl for r, kl in run.measure([]).items() if _fits(run, r)}
-    modelopt = seeds["modelopt"]
-    metrics = {"modelopt_kl": measured[modelopt], "modelopt_layers": list(modelopt)}
-    if run.held is not None:
-        best, confirmed = _confirm(run, measured, modelopt, log)
-        metrics.update(confirmed)
-    metrics["kl"] = measured[best]
-    profile = _profile(run, best, measured, metrics)
-    save_recipe_profile(profile, settings.output)
-    trials = len(run.study.trials)
-    return RecipeOutcome(profile, settings.output, measured[best], metrics["modelopt_kl"], trials,
-                         _summary(profile))  # fmt: skip
+def prepare(run: SearchRun) -> Prepared:
+    """Model and text, the fp reference, each layer's K/V amax, the study."""
+    from ...calibration import fingerprint_of
+    from ...calibration.kv_amax import kv_amax
 
-
-def _prepare(settings: RecipeSettings, loaded: tuple[Any, Any] | None) -> _Run:
-    from ..calibration import fingerprint_of
-    from ..calibration.kv_amax import kv_amax
-
-    s = settings
-    lm, tokenizer, _ = load_placed(s.model, s.device, s.dtype, loaded)
+    s = run.settings
+    lm, tokenizer, _ = load_placed(s.model, s.device, s.dtype, run.loaded)
     fp = fingerprint_of(lm)
     s.target.check_feasible(fp.num_layers, fp.head_dim)
     data, held = load_text(tokenizer, s, s.confirm_samples)
@@ -145,10 +156,37 @@ def _prepare(settings: RecipeSettings, loaded: tuple[Any, Any] | None) -> _Run:
     text = f"{data.seq_len}x{s.num_samples} seed {s.data_seed}"
     name = s.study.study_name or f"recipe {text}"
     study = open_measured_study(s.study.storage, name)
-    return _Run(s, fp, data, held, PlanKL.on(lm, data.tokens), base, study)
+    return Prepared(s, fp, data, held, PlanKL.on(lm, data.tokens), base, study)
 
 
-def _one_layer(run: _Run, context: str, formats: tuple[str, ...]) -> list[dict[str, float]]:
+def candidates(run: SearchRun, prepared: Prepared) -> Seeds:
+    """The one-layer tables and the seed recipes they pick."""
+    isolated, in_context = _tables(prepared, run.log)
+    return Seeds(isolated, in_context, _seeds(prepared, isolated, in_context))
+
+
+def measure(run: SearchRun, prepared: Prepared, seeds: Seeds) -> Measured:
+    """The seeds measured whole, then the local search from the best of them."""
+    measured = prepared.measure(list(seeds.recipes.values()))
+    start = min(seeds.recipes.values(), key=measured.get)
+    searched = _local_search(prepared, start, seeds.in_context, run.log)
+    fitting = {r: kl for r, kl in prepared.measure([]).items() if _fits(prepared, r)}
+    return Measured(fitting, searched)
+
+
+def choose(run: SearchRun, prepared: Prepared, seeds: Seeds, measured: Measured) -> Chosen:
+    """The local search's end; with held-back windows, the confirmation decides between the
+    best finalist and ModelOpt's pick."""
+    kl, modelopt, best = measured.kl, seeds.recipes["modelopt"], measured.searched
+    metrics = {"modelopt_kl": kl[modelopt], "modelopt_layers": list(modelopt)}
+    if prepared.held is not None:
+        best, confirmed = _confirm(prepared, kl, modelopt, run.log)
+        metrics.update(confirmed)
+    metrics["kl"] = kl[best]
+    return Chosen(best, kl, metrics)
+
+
+def _one_layer(run: Prepared, context: str, formats: tuple[str, ...]) -> list[dict[str, float]]:
     """[layer] -> format -> KL with that layer alone in the format, the rest in ``context``."""
     n = run.fingerprint.num_layers
     every = lambda i, f: tuple(f if j == i else context for j in range(n))  # noqa: E731
@@ -156,7 +194,7 @@ def _one_layer(run: _Run, context: str, formats: tuple[str, ...]) -> list[dict[s
     return [{f: measured[every(i, f)] for f in formats} for i in range(n)]
 
 
-def _tables(run: _Run, log: Log) -> tuple[list[dict], list[dict]]:
+def _tables(run: Prepared, log: Log) -> tuple[list[dict], list[dict]]:
     """``isolated`` (each format among model-dtype layers, 0 for the model dtype) and
     ``in_context`` (each format among cheapest-format layers, the change from all-cheapest)."""
     quantized = tuple(f for f in run.formats if f != MODEL_DTYPE)
@@ -173,7 +211,7 @@ def _tables(run: _Run, log: Log) -> tuple[list[dict], list[dict]]:
     return isolated, in_context
 
 
-def _seeds(run: _Run, isolated, in_context) -> dict[str, Recipe]:
+def _seeds(run: Prepared, isolated, in_context) -> dict[str, Recipe]:
     """Named seed recipes; "modelopt" is ModelOpt's pick (it never picks the model dtype)."""
     quantized = [f for f in run.formats if f != MODEL_DTYPE]
     pick = lambda table, formats: knapsack_pick(table, formats, run.bits, run.capacity)  # noqa: E731
@@ -185,13 +223,13 @@ def _seeds(run: _Run, isolated, in_context) -> dict[str, Recipe]:
     return {name: r for name, r in seeds.items() if r is not None and _fits(run, r)}
 
 
-def _fits(run: _Run, recipe: Recipe) -> bool:
+def _fits(run: Prepared, recipe: Recipe) -> bool:
     """Within the budget, in the target's formats (the shared study holds other searches')."""
     allowed = set(run.formats)
     return set(recipe) <= allowed and recipe_bits(recipe, run.bits) <= run.capacity
 
 
-def _local_search(run: _Run, start: Recipe, predicted, log: Log) -> Recipe:
+def _local_search(run: Prepared, start: Recipe, predicted, log: Log) -> Recipe:
     """First-improvement descent: measure the next few unmeasured neighbours of the best, move
     when one is lower; ``n_trials`` new recipes at most."""
     best, budget = start, run.settings.study.n_trials
@@ -209,7 +247,7 @@ def _local_search(run: _Run, start: Recipe, predicted, log: Log) -> Recipe:
     return best
 
 
-def _confirm(run: _Run, measured: dict[Recipe, float], modelopt: Recipe, log: Log):
+def _confirm(run: Prepared, measured: dict[Recipe, float], modelopt: Recipe, log: Log):
     """The best finalists and ModelOpt's pick re-measured window by window on the held-back
     text. The best there replaces ModelOpt's pick only when its paired advantage exceeds
     ``CONFIRM_MARGIN`` standard errors: with a few windows the lowest of several measured means
@@ -252,17 +290,28 @@ def _short(recipe: Recipe) -> str:
     return ", ".join(f"{f} x{k}" for f, k in runs)
 
 
-def _profile(run: _Run, best: Recipe, measured, metrics) -> RecipeProfile:
-    s, lm = run.settings, run.plan_kl.lm
-    recipe = run.base.with_layers(best)
-    metrics = {**metrics, "fp_ppl": run.plan_kl.reference.ppl, "ppl": run.plan_kl.ppl(recipe),
-               "trials": len(run.study.trials)}  # fmt: skip
-    bits = float(recipe.effective_bits(run.fingerprint.head_dim))
+def profile(run: SearchRun, prepared: Prepared, seeds: Seeds, chosen: Chosen) -> RecipeProfile:
+    """The recipe profile of the chosen recipe: its formats and amax, bits, KL and ppl vs fp."""
+    p, lm = prepared, prepared.plan_kl.lm
+    s, recipe = run.settings, p.base.with_layers(chosen.best)
+    metrics = {**chosen.metrics, "fp_ppl": p.plan_kl.reference.ppl, "ppl": p.plan_kl.ppl(recipe),
+               "trials": len(p.study.trials)}  # fmt: skip
+    bits = float(recipe.effective_bits(p.fingerprint.head_dim))
     budget = {"asked": s.target.budget.label, "effective_bits": round(bits, 4),
               "formats": list(s.target.formats)}  # fmt: skip
-    calibration = {**run.data.describe(), **placement_of(lm).describe()}
-    return RecipeProfile(s.model, run.fingerprint, s.target.engine, recipe, budget, calibration,
+    calibration = {**p.data.describe(), **placement_of(lm).describe()}
+    return RecipeProfile(s.model, p.fingerprint, s.target.engine, recipe, budget, calibration,
                          metrics)  # fmt: skip
+
+
+def export(
+    run: SearchRun, prepared: Prepared, seeds: Seeds, chosen: Chosen, made: RecipeProfile
+) -> RecipeOutcome:
+    """The profile written (atomic) to ``settings.output``, and the outcome."""
+    output = run.settings.output
+    save_recipe_profile(made, output)
+    return RecipeOutcome(made, output, chosen.kl[chosen.best], chosen.metrics["modelopt_kl"],
+                         len(prepared.study.trials), _summary(made))  # fmt: skip
 
 
 def _summary(profile: RecipeProfile) -> str:
@@ -272,3 +321,17 @@ def _summary(profile: RecipeProfile) -> str:
         f"(ModelOpt's additive pick: {m['modelopt_kl']:.5g}), ppl {m['ppl']:.4f} "
         f"(fp {m['fp_ppl']:.4f}), {profile.effective_bits:.3f} effective bits"
     )
+
+
+TARGET = Target(
+    name="recipe",
+    settings_type=RecipeSettings,
+    help="a format per layer among those --engine serves with its own kernels (FP8, NVFP4, ...)",
+    settings=settings_of,
+    prepare=prepare,
+    candidates=candidates,
+    measure=measure,
+    choose=choose,
+    profile=profile,
+    export=export,
+)

@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 
-from ..errors import KVTunerError
-from ..quant.engine_recipe import ENGINE_FORMATS, LAYER_FORMATS, format_bits
-from .budget import Budget
-from .search_settings import check_engine_run
-from .study import StudySettings
+from ...errors import KVTunerError
+from ...quant.engine_recipe import ENGINE_FORMATS, LAYER_FORMATS, format_bits
+from ..budget import Budget
+from ..checks import check_engine_run
+from ..study import StudySettings
 
 __all__ = ["RecipeSettings", "RecipeTarget"]
 

@@ -1,47 +1,16 @@
-"""KL vs fp, and perplexity, of an engine plan (:class:`PlanKL`: a vLLM skip set's plan or a
-per-layer recipe) and of vLLM skip sets (:class:`SkipKL`: layers in
-``--kv-cache-dtype-skip-layers`` keep the model dtype, the rest are stored in the vLLM KV dtype),
-through the HF cache that stores K/V as vLLM does
-(:func:`kvtuner.runtime_loader.hf.vllm_cache.make_vllm_cache`)."""
+"""KL vs fp, and perplexity, of vLLM skip sets (:class:`SkipKL`): layers in
+``--kv-cache-dtype-skip-layers`` keep the model dtype, the rest are stored in the vLLM KV dtype
+(measured as plans, :class:`~kvtuner.tuner.plan_kl.PlanKL`)."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..runtime_loader.vllm import VllmPlan
+from ...runtime_loader.vllm import VllmPlan
+from ..plan_kl import PlanKL
 
-__all__ = ["PlanKL", "SkipKL"]
-
-
-@dataclass(frozen=True)
-class PlanKL:
-    """KL vs fp (and perplexity) of plans on ``tokens`` (int64 [samples, seq]); a plan has
-    ``num_layers`` and ``layer_formats(layer)`` (``VllmPlan``, ``EngineRecipe``)."""
-
-    lm: Any
-    tokens: Any
-    reference: Any  # the fp log-probs of ``tokens``
-
-    @classmethod
-    def on(cls, lm: Any, tokens: Any) -> PlanKL:
-        from ..calibration import fp_reference
-
-        return cls(lm, tokens, fp_reference(lm, tokens))
-
-    def _run(self, plan: Any, nll: bool) -> tuple[float, float | None]:
-        from ..calibration.kl import measure_with_cache
-        from ..runtime_loader.hf.vllm_cache import make_vllm_cache
-
-        new_cache = lambda: make_vllm_cache(self.lm, plan)  # noqa: E731
-        return measure_with_cache(self.lm, self.tokens, self.reference, new_cache, nll=nll)
-
-    def kl(self, plan: Any) -> float:
-        return self._run(plan, nll=False)[0]
-
-    def ppl(self, plan: Any) -> float:
-        return math.exp(self._run(plan, nll=True)[1])
+__all__ = ["SkipKL"]
 
 
 @dataclass(frozen=True)
@@ -56,7 +25,7 @@ class SkipKL:
 
     @classmethod
     def on(cls, lm: Any, kv_cache_dtype: str, num_layers: int, tokens: Any) -> SkipKL:
-        from ..calibration import fp_reference
+        from ...calibration import fp_reference
 
         return cls(lm, kv_cache_dtype, num_layers, tokens, fp_reference(lm, tokens))
 

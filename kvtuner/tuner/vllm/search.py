@@ -1,45 +1,53 @@
-"""`search_vllm()`: which layers ``--kv-cache-dtype-skip-layers`` should keep at the model's
+"""The vLLM target: which layers ``--kv-cache-dtype-skip-layers`` should keep at the model's
 dtype, for one vLLM ``--kv-cache-dtype``, within a memory budget.
 
 Per layer there are two choices, D or the model dtype, and (full attention) every skipped layer
 costs the same bytes, so the budget is a largest skip count k (bytes counted as vLLM allocates
-them, :class:`~kvtuner.runtime_loader.vllm.VllmLayout`). Steps:
+them, :class:`~kvtuner.runtime_loader.vllm.VllmLayout`). Its stages:
 
-1. sensitivity: KL vs fp with only layer l stored in D, each l (cached in the study);
-2. an Optuna study (sqlite beside the output, resumable) of measured KL over the skip sets four
-   rules propose (:mod:`.skip_candidates`): additive top-k and swaps (``n_trials`` of them),
-   greedy forward selection, the boundary layers, the layers with the largest fp keys; D on
-   every layer is always measured;
-3. confirmation: the best finalists and D-everywhere re-measured on held-back windows; the
-   profile records which rule proposed the winner.
+1. prepare: the model and text (as every target loads them), vLLM's layout, the skip cap, the
+   study (sqlite beside the output, resumable);
+2. candidates: the sensitivity, KL vs fp with only layer l stored in D, each l (cached in the
+   study), then the skip sets four rules propose (:mod:`.candidates`): additive top-k and swaps
+   (``n_trials`` of them), greedy forward selection (measured as it goes), the boundary layers,
+   the layers with the largest fp keys; D on every layer is always one;
+3. measure: every proposed set's KL, a trial of the study each;
+4. choose: the least KL; with confirmation, the best finalists and D-everywhere re-measured on
+   held-back windows decide; the profile records which rule proposed the winner;
+5. profile, export: the vLLM profile, written atomically.
 
 ``ppl_within=X`` asks instead for the fewest skipped layers (most sensitive first) whose
-perplexity on the calibration windows stays within X % of fp's.
+perplexity on the calibration windows stays within X % of fp's: the candidates are the most
+sensitive k layers, k = 0..cap, measured in that order until one is within.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import KVTunerError
-from ..placement import placement_of
-from ..profile import VllmProfile, save_vllm_profile
-from ..runtime_loader.vllm import VllmLayout
-from .search_stages import load_placed, load_text
-from .skip_candidates import additive, boundary, greedy, largest_keys, merge_rules
-from .skip_kl import SkipKL
-from .study import StudySettings, measure_choices, open_measured_study
-from .vllm_settings import VllmSettings, VllmTarget
+from ...errors import KVTunerError
+from ...placement import placement_of
+from ...profile import VllmProfile, save_vllm_profile
+from ...runtime_loader.vllm import VllmLayout
+from ..budget import Budget
+from ..loading import load_placed, load_text
+from ..study import StudySettings, measure_choices, open_measured_study
+from ..target import SearchRun, Target
+from .candidates import Skip, additive, boundary, greedy, largest_keys, merge_rules
+from .kl import SkipKL
+from .settings import VllmSettings, VllmTarget
 
 if TYPE_CHECKING:
-    from ..calibration import CalibrationData
+    import optuna
 
-__all__ = ["VllmOutcome", "VllmSettings", "VllmTarget", "run_vllm_search", "search_vllm"]
+    from ...calibration import CalibrationData
+
+__all__ = ["TARGET", "VllmOutcome", "settings_of"]
 CONFIRM_FINALISTS = 4
+PPL_WITHIN = "ppl-within"  # the rule that proposes every set with --ppl-within
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,102 @@ class VllmOutcome:
     sensitivity: tuple[float, ...]
     trials: int
     summary: str
+
+
+class _Counted:
+    """``measure`` with a progress bar counting its calls (the sets measured), opened on the
+    first call and closed by :meth:`close` (a bar spans two stages, so it is no context)."""
+
+    def __init__(self, measure: Callable[[Skip], float], enabled: bool) -> None:
+        self.measure, self.enabled, self.bar = measure, enabled, None
+
+    def __call__(self, skip: Skip) -> float:
+        if self.bar is None:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(desc="skip sets", unit="set", disable=not self.enabled,
+                            dynamic_ncols=True)  # fmt: skip
+        self.bar.update()
+        return self.measure(skip)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+@dataclass(frozen=True)
+class Prepared:
+    layout: VllmLayout
+    cap: int  # the most layers the target lets stay at the model dtype
+    data: CalibrationData
+    held: CalibrationData | None
+    skip_kl: SkipKL  # on ``data``
+    study: optuna.Study
+    counted_kl: _Counted  # ``skip_kl.kl``, its calls counted by a bar
+
+
+@dataclass(frozen=True)
+class Candidates:
+    sensitivity: tuple[float, ...]  # [layer] KL with only that layer in D
+    rules: dict[Skip, str]  # every proposed set, in proposal order -> the rules proposing it
+
+
+@dataclass(frozen=True)
+class Measured:
+    kl: dict[Skip, float]  # the proposed sets measured (not the greedy side steps)
+    best: Skip  # least KL (then fewest layers), or the fewest within ppl_within
+    metrics: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Chosen:
+    best: Skip
+    kl: dict[Skip, float]
+    metrics: dict[str, Any]
+
+
+def settings_of(
+    *,
+    kv_cache_dtype: str | None = None,
+    budget: Budget | str | None = None,
+    max_skip: int | None = None,
+    ppl_within: float | None = None,
+    model_dtype: str = "bfloat16",
+    n_trials: int = 12,
+    storage: str | None = None,
+    study_name: str | None = None,
+    **keywords: Any,
+) -> VllmSettings:
+    """``VllmSettings(**keywords)`` (model, output, dataset, num_samples, ...): its
+    :class:`VllmTarget` from ``kv_cache_dtype``, ``budget`` (``"0.55x"``, ``"10bit"`` or a
+    :class:`Budget`), ``max_skip``, ``ppl_within``, ``model_dtype``; its study from ``n_trials``,
+    ``storage``, ``study_name``."""
+    if not kv_cache_dtype:
+        raise KVTunerError("the vllm target needs kv_cache_dtype (e.g. fp8_e4m3)")
+    if isinstance(budget, str):
+        budget = Budget.parse(budget)
+    target = VllmTarget(kv_cache_dtype, budget, max_skip, ppl_within, model_dtype)
+    study = StudySettings(n_trials=n_trials, storage=storage, study_name=study_name)
+    return VllmSettings(target=target, study=study, **keywords)
+
+
+def prepare(run: SearchRun) -> Prepared:
+    """Model and text (as every target loads them), vLLM's layout, the skip cap, the study."""
+    from ...calibration import fingerprint_of
+
+    s, target = run.settings, run.settings.target
+    lm, tokenizer, _ = load_placed(s.model, s.device, s.dtype, run.loaded)
+    fp = fingerprint_of(lm)
+    layout = VllmLayout(fp, target.model_dtype)
+    cap = target.skip_cap(layout)
+    confirm = 0 if target.ppl_within is not None else s.confirm_samples  # no study to confirm
+    data, held = load_text(tokenizer, s, confirm)
+    s.output.parent.mkdir(parents=True, exist_ok=True)
+    skip_kl = SkipKL.on(lm, target.kv_cache_dtype, fp.num_layers, data.tokens)
+    text = f"{data.seq_len}x{s.num_samples}"
+    name = s.study.study_name or f"vllm {target.kv_cache_dtype} cap {cap} {text}"
+    study = open_measured_study(s.study.storage, name)
+    return Prepared(layout, cap, data, held, skip_kl, study, _Counted(skip_kl.kl, run.progress))
 
 
 def _layer_sensitivity(study, measure, num_layers: int, dtype: str, log) -> list[float]:
@@ -65,7 +169,7 @@ def _layer_sensitivity(study, measure, num_layers: int, dtype: str, log) -> list
     return out
 
 
-def _run_study(study, measure, candidates, num_layers: int) -> dict[tuple[int, ...], float]:
+def _run_study(study, measure, candidates, num_layers: int) -> dict[Skip, float]:
     """Measure each candidate not yet in the study (a rerun resumes); returns all measured."""
     params_of = lambda skip: {f"skip{i}": i in skip for i in range(num_layers)}  # noqa: E731
     done = measure_choices(study, [params_of(s) for s in candidates],
@@ -73,142 +177,81 @@ def _run_study(study, measure, candidates, num_layers: int) -> dict[tuple[int, .
     return {_skip_of(dict(items), num_layers): kl for items, kl in done.items()}
 
 
-def _skip_of(params: dict, num_layers: int) -> tuple[int, ...]:
+def _skip_of(params: dict, num_layers: int) -> Skip:
     return tuple(i for i in range(num_layers) if params.get(f"skip{i}"))
 
 
-def _fewest_within(measure_ppl, order: list[int], cap: int, limit: float, log) -> tuple[int, ...]:
-    for k in range(cap + 1):
-        skip = tuple(sorted(order[:k]))
-        ppl = measure_ppl(skip)
-        log(f"  skip {k:>2} layers {list(skip)}: ppl {ppl:.4f} (limit {limit:.4f})")
-        if ppl <= limit:
-            return skip
-    raise KVTunerError(f"no skip set of up to {cap} layers keeps the perplexity under {limit:.4f}")
+def _measure_all(prepared: Prepared) -> Callable[[list[Skip]], dict[Skip, float]]:
+    """Sets -> the KL of every set the study holds, the missing ones measured (counted)."""
+    p = prepared
+    return lambda sets: _run_study(p.study, p.counted_kl, sets, p.skip_kl.num_layers)
 
 
-def search_vllm(
-    *,
-    n_trials: int = 12,
-    storage: str | None = None,
-    study_name: str | None = None,
-    log: Callable[[str], None] = print,
-    loaded: tuple[Any, Any] | None = None,
-    progress: bool = False,
-    **settings: Any,
-) -> VllmOutcome:
-    """:func:`run_vllm_search` over ``VllmSettings(**settings)`` (keywords: model, target,
-    output, dataset, num_samples, ...), its study from ``n_trials``, ``storage``, ``study_name``."""
-    study = StudySettings(n_trials=n_trials, storage=storage, study_name=study_name)
-    settings = VllmSettings(study=study, **settings)
-    return run_vllm_search(settings, log=log, loaded=loaded, progress=progress)
-
-
-def run_vllm_search(
-    settings: VllmSettings,
-    *,
-    log: Callable[[str], None] = print,
-    loaded: tuple[Any, Any] | None = None,
-    progress: bool = False,
-) -> VllmOutcome:
-    """Search the skip set for ``settings.target`` and write a vLLM profile (atomic): the model
-    and text as :func:`kvtuner.tuner.search.run_search` prepares them, then sensitivity and study
-    (or the fewest layers within ``ppl_within``), confirmation, write. ``progress``: a bar
-    counting the skip sets measured."""
-    s, target = settings, settings.target
-    run = _prepare(s, loaded)
-    text = f"{run.data.seq_len}x{s.num_samples}"
-    name = s.study.study_name or f"vllm {target.kv_cache_dtype} cap {run.cap} {text}"
-    study = open_measured_study(s.study.storage, name)
-    skip_kl = run.skip_kl
-    with _counting(skip_kl.kl, progress) as measure:
-        sens = _layer_sensitivity(study, measure, skip_kl.num_layers, target.kv_cache_dtype, log)
-        order = sorted(range(skip_kl.num_layers), key=lambda i: (-sens[i], i))
-        best, measured, metrics = _choose(target, study, run, measure, order, s.study.n_trials, log)
-    if run.held is not None:
-        best, confirmed = _confirm(skip_kl, run.held.tokens, measured, log)
-        metrics.update(confirmed)
-    metrics["rule"] = metrics.pop("rules", {}).get(best, "ppl-within")
-    metrics.update({"layer_kl": [float(f"{x:.6g}") for x in sens],
-                    "trials": len(study.trials), "study": name})  # fmt: skip
-    profile = _profile(s, run, best, measured, metrics)
-    save_vllm_profile(profile, s.output)
-    return VllmOutcome(profile, s.output, measured[best], measured[()], tuple(sens),
-                       len(study.trials), _summary(profile, target))  # fmt: skip
-
-
-@dataclass(frozen=True)
-class _Prepared:
-    layout: VllmLayout
-    cap: int  # the most layers the target lets stay at the model dtype
-    data: CalibrationData
-    held: CalibrationData | None
-    skip_kl: SkipKL  # on ``data``
-
-
-def _prepare(settings: VllmSettings, loaded: tuple[Any, Any] | None) -> _Prepared:
-    """Model and text (shared with the kvtuner search), vLLM's layout, the skip cap."""
-    from ..calibration import fingerprint_of
-
-    s, target = settings, settings.target
-    lm, tokenizer, _ = load_placed(s.model, s.device, s.dtype, loaded)
-    fp = fingerprint_of(lm)
-    layout = VllmLayout(fp, target.model_dtype)
-    cap = target.skip_cap(layout)
-    confirm = 0 if target.ppl_within is not None else s.confirm_samples  # no study to confirm
-    data, held = load_text(tokenizer, s, confirm)
-    s.output.parent.mkdir(parents=True, exist_ok=True)
-    skip_kl = SkipKL.on(lm, target.kv_cache_dtype, fp.num_layers, data.tokens)
-    return _Prepared(layout, cap, data, held, skip_kl)
-
-
-@contextmanager
-def _counting(measure: Callable[[tuple[int, ...]], float], enabled: bool):
-    """``measure`` with a progress bar counting its calls (the sets measured)."""
-    from tqdm.auto import tqdm
-
-    with tqdm(desc="skip sets", unit="set", disable=not enabled, dynamic_ncols=True) as bar:
-
-        def counted(skip: tuple[int, ...]) -> float:
-            bar.update()
-            return measure(skip)
-
-        yield counted
-
-
-def _choose(target, study, run: _Prepared, measure, order, n_trials: int, log):
-    """(best skip set, KL of every measured one, metrics): the fewest within ``ppl_within``, or
-    the least KL over the sets the rules propose (``metrics["rules"]``: set -> rule)."""
-    skip_kl, cap = run.skip_kl, run.cap
+def candidates(run: SearchRun, prepared: Prepared) -> Candidates:
+    """The layers' sensitivity, then the sets the rules propose (greedy measures as it goes);
+    with ``ppl_within``, the most sensitive k layers for k = 0..cap."""
+    target, p, log = run.settings.target, prepared, run.log
+    layers, cap = p.skip_kl.num_layers, p.cap
+    sens = _layer_sensitivity(p.study, p.counted_kl, layers, target.kv_cache_dtype, log)
+    order = sorted(range(layers), key=lambda i: (-sens[i], i))
     if target.ppl_within is not None:
-        limit = skip_kl.reference.ppl * (1 + target.ppl_within / 100)
-        best = _fewest_within(skip_kl.ppl, order, cap, limit, log)
-        measured = {best: skip_kl.kl(best), (): skip_kl.kl(())}
-        return best, measured, {"ppl_within_pct": target.ppl_within}
-    layers = skip_kl.num_layers
-    measure_all = lambda sets: _run_study(study, measure, sets, layers)  # noqa: E731
+        prefixes = [tuple(sorted(order[:k])) for k in range(cap + 1)]
+        return Candidates(tuple(sens), dict.fromkeys(prefixes, PPL_WITHIN))
     rules = merge_rules({
-        "additive": additive(order, cap, n_trials),
-        "greedy": greedy(measure_all, layers, cap, log),
+        "additive": additive(order, cap, run.settings.study.n_trials),
+        "greedy": greedy(_measure_all(p), layers, cap, log),
         "boundary": boundary(layers, cap),
-        "largest-keys": largest_keys(_key_peaks(study, skip_kl, run.data.tokens), cap),
+        "largest-keys": largest_keys(_key_peaks(p.study, p.skip_kl, p.data.tokens), cap),
     })  # fmt: skip
-    measured = measure_all(list(rules))
-    measured = {s: measured[s] for s in rules}  # the proposed sets, not the greedy side steps
-    best = min(measured, key=lambda s: (measured[s], len(s)))
-    log(f"study: {len(measured)} proposed sets; best {list(best)} by {rules[best]}")
-    return best, measured, {"rules": rules}
+    return Candidates(tuple(sens), rules)
 
 
 def _key_peaks(study, skip_kl: SkipKL, tokens) -> list[float]:
     """Per layer, the fp max|k| over the calibration tokens (post-RoPE, as vLLM stores keys);
     cached in the study."""
     if "key peaks" not in study.user_attrs:
-        from ..calibration.smoothing import key_magnitudes
+        from ...calibration.smoothing import key_magnitudes
 
         mags = key_magnitudes(skip_kl.lm, tokens, quantile=1.0)
         study.set_user_attr("key peaks", [float(m.max()) for m in mags])
     return list(study.user_attrs["key peaks"])
+
+
+def measure(run: SearchRun, prepared: Prepared, proposed: Candidates) -> Measured:
+    """Every proposed set's KL (a trial each) and the least; with ``ppl_within``, the sets'
+    perplexity in order until one is within, and the KL of it and of D everywhere."""
+    try:
+        if run.settings.target.ppl_within is not None:
+            return _fewest_within(run, prepared, list(proposed.rules))
+        measured = _measure_all(prepared)(list(proposed.rules))
+    finally:
+        prepared.counted_kl.close()
+    measured = {s: measured[s] for s in proposed.rules}  # the proposed sets, not the side steps
+    best = min(measured, key=lambda s: (measured[s], len(s)))
+    run.log(f"study: {len(measured)} proposed sets; best {list(best)} by {proposed.rules[best]}")
+    return Measured(measured, best, {})
+
+
+def _fewest_within(run: SearchRun, prepared: Prepared, prefixes: list[Skip]) -> Measured:
+    skip_kl, pct = prepared.skip_kl, run.settings.target.ppl_within
+    limit = skip_kl.reference.ppl * (1 + pct / 100)
+    for k, skip in enumerate(prefixes):
+        ppl = skip_kl.ppl(skip)
+        run.log(f"  skip {k:>2} layers {list(skip)}: ppl {ppl:.4f} (limit {limit:.4f})")
+        if ppl <= limit:
+            measured = {skip: skip_kl.kl(skip), (): skip_kl.kl(())}
+            return Measured(measured, skip, {"ppl_within_pct": pct})
+    raise KVTunerError(
+        f"no skip set of up to {prepared.cap} layers keeps the perplexity under {limit:.4f}"
+    )
+
+
+def choose(run: SearchRun, prepared: Prepared, proposed: Candidates, measured: Measured) -> Chosen:
+    """The least KL measured; with held-back windows, the best finalist there."""
+    if prepared.held is None:
+        return Chosen(measured.best, measured.kl, dict(measured.metrics))
+    best, confirmed = _confirm(prepared.skip_kl, prepared.held.tokens, measured.kl, run.log)
+    return Chosen(best, measured.kl, {**measured.metrics, **confirmed})
 
 
 def _confirm(skip_kl: SkipKL, tokens, measured, log):
@@ -225,20 +268,35 @@ def _confirm(skip_kl: SkipKL, tokens, measured, log):
                   "confirm_tokens": tokens.numel()}  # fmt: skip
 
 
-def _profile(settings: VllmSettings, run: _Prepared, best, measured, metrics) -> VllmProfile:
-    """The vLLM profile of ``best``: its plan, vLLM's bytes for it, KL and ppl vs fp."""
-    target, layout, skip_kl = settings.target, run.layout, run.skip_kl
-    final, fp_ppl = skip_kl.plan(best), skip_kl.reference.ppl
-    metrics = {"kl": measured[best], "uniform_kl": measured[()], "fp_ppl": fp_ppl,
-               "ppl": skip_kl.ppl(best), **metrics}  # fmt: skip
-    bytes_tok = layout.bytes_per_token(final)
-    budget = {"skip_cap": run.cap, "bytes_per_token": bytes_tok,
-              "ratio_to_model_dtype": round(bytes_tok / layout.fp_bytes_per_token(), 4),
+def profile(
+    run: SearchRun, prepared: Prepared, proposed: Candidates, chosen: Chosen
+) -> VllmProfile:
+    """The vLLM profile of the chosen set: its plan, vLLM's bytes for it, KL and ppl vs fp, the
+    rule that proposed it."""
+    target, p, best = run.settings.target, prepared, chosen.best
+    final, fp_ppl = p.skip_kl.plan(best), p.skip_kl.reference.ppl
+    metrics = {"kl": chosen.kl[best], "uniform_kl": chosen.kl[()], "fp_ppl": fp_ppl,
+               "ppl": p.skip_kl.ppl(best), **chosen.metrics, "rule": proposed.rules[best],
+               "layer_kl": [float(f"{x:.6g}") for x in proposed.sensitivity],
+               "trials": len(p.study.trials), "study": p.study.study_name}  # fmt: skip
+    bytes_tok = p.layout.bytes_per_token(final)
+    budget = {"skip_cap": p.cap, "bytes_per_token": bytes_tok,
+              "ratio_to_model_dtype": round(bytes_tok / p.layout.fp_bytes_per_token(), 4),
               **({} if target.budget is None else {"asked": target.budget.label}),
               **({} if target.max_skip is None else {"max_skip": target.max_skip})}  # fmt: skip
-    calibration = {**run.data.describe(), **placement_of(skip_kl.lm).describe()}
-    return VllmProfile(settings.model, layout.fingerprint, final, target.model_dtype, budget,
-                       calibration, metrics)  # fmt: skip
+    calibration = {**p.data.describe(), **placement_of(p.skip_kl.lm).describe()}
+    return VllmProfile(run.settings.model, p.layout.fingerprint, final, target.model_dtype,
+                       budget, calibration, metrics)  # fmt: skip
+
+
+def export(
+    run: SearchRun, prepared: Prepared, proposed: Candidates, chosen: Chosen, made: VllmProfile
+) -> VllmOutcome:
+    """The profile written (atomic) to ``settings.output``, and the outcome."""
+    output, best = run.settings.output, chosen.best
+    save_vllm_profile(made, output)
+    return VllmOutcome(made, output, chosen.kl[best], chosen.kl[()], proposed.sensitivity,
+                       len(prepared.study.trials), _summary(made, run.settings.target))  # fmt: skip
 
 
 def _summary(profile: VllmProfile, target: VllmTarget) -> str:
@@ -249,3 +307,18 @@ def _summary(profile: VllmProfile, target: VllmTarget) -> str:
         f"(fp {m['fp_ppl']:.4f}), {b['bytes_per_token']} bytes/token "
         f"({b['ratio_to_model_dtype']}x of {target.model_dtype})"
     )
+
+
+TARGET = Target(
+    name="vllm",
+    settings_type=VllmSettings,
+    help="which layers vLLM's --kv-cache-dtype-skip-layers keeps at the model dtype, the rest "
+    "in --kv-cache-dtype",
+    settings=settings_of,
+    prepare=prepare,
+    candidates=candidates,
+    measure=measure,
+    choose=choose,
+    profile=profile,
+    export=export,
+)

@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 
-from ..errors import KVTunerError
-from ..runtime_loader.vllm import VllmLayout, VllmPlan
-from .budget import Budget
-from .search_settings import check_engine_run
-from .study import StudySettings
+from ...errors import KVTunerError
+from ...runtime_loader.vllm import VllmLayout, VllmPlan
+from ..budget import Budget
+from ..checks import check_engine_run
+from ..study import StudySettings
 
 __all__ = ["VllmSettings", "VllmTarget"]
 

@@ -7,14 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from kvtuner import Profile, QuantSpec
+from kvtuner import Profile, QuantSpec, search
 from kvtuner.calibration import model_fingerprint
 from kvtuner.cli.main import main
 from kvtuner.profile import load_profile, save_profile
-from kvtuner.tuner.search import search
 from kvtuner.tuner.study import StudySettings
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "calibration"))
+sys.path.insert(0, str(Path(__file__).parents[2] / "calibration"))
 from calib_helpers import save_tiny  # noqa: E402
 
 WINDOW, CONTEXT = 16, 256

@@ -8,14 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvtuner import KVTunerError
+from kvtuner import KVTunerError, search
 from kvtuner.calibration import load_calibration_data, load_model, model_fingerprint
 from kvtuner.profile import load_profile
 from kvtuner.runtime_loader.hf import cache_kwargs, make_cache
-from kvtuner.tuner.search import search
 from kvtuner.tuner.study import StudySettings
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "calibration"))
+sys.path.insert(0, str(Path(__file__).parents[2] / "calibration"))
 from calib_helpers import save_tiny  # noqa: E402
 
 

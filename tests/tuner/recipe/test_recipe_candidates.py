@@ -2,7 +2,7 @@
 
 from fractions import Fraction
 
-from kvtuner.tuner.recipe_candidates import knapsack_pick, neighbours, recipe_bits
+from kvtuner.tuner.recipe.candidates import knapsack_pick, neighbours, recipe_bits
 
 BITS = {"nvfp4": Fraction(9, 2), "fp8": Fraction(8), "auto": Fraction(16)}
 

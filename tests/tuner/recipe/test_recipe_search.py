@@ -1,7 +1,7 @@
-"""`search_recipe()` and `kvtuner search --target recipe` on a tiny real checkpoint (random LLaMA,
-4 layers, head_dim 32, byte tokenizer): the recipe fits the budget, is measured no worse than
-ModelOpt's additive pick, resumes from its study, and every export reads back; bad recipes are
-one line and exit 2."""
+"""`kvtuner.search(target="recipe")` and `kvtuner search --target recipe` on a tiny real
+checkpoint (random LLaMA, 4 layers, head_dim 32, byte tokenizer): the recipe fits the budget, is
+measured no worse than ModelOpt's additive pick, resumes from its study, and every export reads
+back; bad recipes are one line and exit 2."""
 
 import json
 import sys
@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from kvtuner import KVTunerError
+from kvtuner import KVTunerError, search
 from kvtuner.cli.main import main
 from kvtuner.profile.recipe_profile import load_recipe_profile
 from kvtuner.runtime_loader.engines import parse_trtllm_kv_dtype, read_quant_config
 from kvtuner.tuner.budget import Budget
-from kvtuner.tuner.recipe_search import RecipeTarget, search_recipe
+from kvtuner.tuner.recipe import RecipeTarget
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "calibration"))
+sys.path.insert(0, str(Path(__file__).parents[2] / "calibration"))
 from calib_helpers import save_tiny  # noqa: E402
 
 TEXT = dict(num_samples=2, seq_len=32, confirm_samples=3)
@@ -29,10 +29,10 @@ def tiny_dir(tmp_path, monkeypatch):
 
 
 def _search(tiny_dir, out, engine="vllm", budget="7bit", formats=None, n_trials=4):
-    target = RecipeTarget(engine, Budget.parse(budget), formats)
     storage = f"sqlite:///{out.parent / 'recipes.db'}"  # one study for every search here
-    return search_recipe(model=str(tiny_dir), target=target, output=out, n_trials=n_trials,
-                         storage=storage, log=lambda _: None, **TEXT)  # fmt: skip
+    return search(target="recipe", model=str(tiny_dir), engine=engine, budget=budget,
+                  formats=formats, output=out, n_trials=n_trials, storage=storage,
+                  log=lambda _: None, progress=False, **TEXT)  # fmt: skip
 
 
 def test_recipe_fits_beats_or_ties_modelopt_and_resumes(tiny_dir, tmp_path):

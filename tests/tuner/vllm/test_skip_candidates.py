@@ -1,7 +1,7 @@
 """The skip-set rules: boundary and largest-keys sets, greedy forward selection (which sees the
 interactions that single-layer sensitivity misses), rule attribution."""
 
-from kvtuner.tuner.skip_candidates import additive, boundary, greedy, largest_keys, merge_rules
+from kvtuner.tuner.vllm.candidates import additive, boundary, greedy, largest_keys, merge_rules
 
 W = (0.1, 1.0, 0.5, 0.2)  # damage of each layer stored in D
 

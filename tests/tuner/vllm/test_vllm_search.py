@@ -1,18 +1,18 @@
-"""`search_vllm()` on a tiny real checkpoint (random LLaMA + byte tokenizer): the skip set
-fits the budget, beats or ties D on every layer, the study resumes, --ppl-within answers."""
+"""`kvtuner.search(target="vllm")` on a tiny real checkpoint (random LLaMA + byte tokenizer): the
+skip set fits the budget, beats or ties D on every layer, the study resumes, --ppl-within
+answers."""
 
 import sys
 from pathlib import Path
 
 import pytest
 
-from kvtuner import KVTunerError
+from kvtuner import KVTunerError, search
 from kvtuner.cli.main import main
 from kvtuner.profile import load_vllm_profile
 from kvtuner.tuner.budget import Budget
-from kvtuner.tuner.vllm_search import VllmTarget, search_vllm
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "calibration"))
+sys.path.insert(0, str(Path(__file__).parents[2] / "calibration"))
 from calib_helpers import save_tiny  # noqa: E402
 
 
@@ -24,7 +24,7 @@ def tiny_dir(tmp_path, monkeypatch):
 
 def _search(tiny_dir, out, **target):
     kw = dict(num_samples=2, seq_len=32, confirm_samples=1, n_trials=5, log=lambda _: None)
-    return search_vllm(model=str(tiny_dir), target=VllmTarget(**target), output=out, **kw)
+    return search(target="vllm", model=str(tiny_dir), output=out, progress=False, **target, **kw)
 
 
 def test_search_fits_the_budget_beats_uniform_and_resumes(tiny_dir, tmp_path):

@@ -22,7 +22,7 @@ from optuna.trial import TrialState
 
 from kvtuner.profile import load_vllm_profile
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "calibration"))
+sys.path.insert(0, str(Path(__file__).parents[2] / "calibration"))
 from calib_helpers import save_tiny  # noqa: E402
 
 LAYERS = 6  # 0.75x of bf16 with fp8 lets 3 layers skip: 17 trials after 6 sensitivity passes

@@ -1,0 +1,8 @@
+"""The vLLM target: which layers vLLM's ``--kv-cache-dtype-skip-layers`` keeps at the model
+dtype for one ``--kv-cache-dtype`` (:mod:`.search`; the sets proposed, :mod:`.candidates`;
+measured through vLLM's storage, :mod:`.kl`)."""
+
+from .search import TARGET, VllmOutcome
+from .settings import VllmSettings, VllmTarget
+
+__all__ = ["TARGET", "VllmOutcome", "VllmSettings", "VllmTarget"]
