@@ -105,9 +105,9 @@ def hf_batch(label: str, tail: int = 64):
 
 
 def decode_cases() -> dict:
-    """label -> a zero-argument launch: the decode kernel for every spec, the HF path and
-    pre-RoPE keys; the general kernel at the same decode point for comparison, and where it
-    serves alone at decode: KIVI keys (pre-RoPE or not)."""
+    """label -> a zero-argument launch: the decode kernel for every spec, the HF path,
+    pre-RoPE keys and KIVI keys in a pool; the general kernel at the same decode points for
+    comparison, and where it serves alone at decode: pre-RoPE KIVI keys."""
     from kvtuner.attention.decode_kernel import launch_decode, plan_decode
     from kvtuner.attention.kernel import launch
 
@@ -125,6 +125,7 @@ def decode_cases() -> dict:
     cases["decode KV4 g32 general kernel"] = lambda: launch(general, general.q, None, None,
                                                             splits, 64)  # fmt: skip
     kivi, kivi_rope = kivi_batch(), pre_rope(kivi_batch(), D)
+    cases["decode KIVI K4 g32 V4 g32"] = decode(kivi)
     cases["decode KIVI K4 g32 V4 g32 (general kernel)"] = lambda: launch(
         kivi, kivi.q, None, None, splits, 64
     )

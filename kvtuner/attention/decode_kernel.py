@@ -3,7 +3,10 @@ bits, or 16), and its launcher. Specialised for the serving hot path; everything
 general kernel (:mod:`.kernel`), which :func:`serves` tells apart. Pre-RoPE keys are a
 constexpr specialisation (``ROPE_HALF`` = R/2 > 0; 0 builds the kernel without a trace of
 them): q and each K tile are read as the two rotary halves and a pass-through span, the halves
-rotated forward element-wise before their dots (:mod:`.rope_rows`).
+rotated forward element-wise before their dots (:mod:`.rope_rows`). KIVI keys in a pool's
+pages (``K_CHANNEL``) are another: a tile lies inside one page, its codes dequantized with the
+page's per-channel scales and zeros; the request's filling page (staged fp values) is one more
+program's, as a tail is (:func:`pages_decodable`).
 
 Grid ``(B, Hkv, splits + tail)``: a program owns one KV head of one request and one slice of
 its packed tokens (flash decoding); the ``Hq / Hkv`` query heads of that KV head are the rows of
@@ -19,6 +22,7 @@ once per program (clamped to fp16's range).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -40,7 +44,7 @@ from .rope_rows import rope_decodable, rope_query, spans
 from .splits import merge_splits, softmax_args, split_chunk, store_partial
 from .tiles import _dot, _softmax_step
 
-__all__ = ["DecodePlan", "launch_decode", "plan_decode", "serves"]
+__all__ = ["DecodePlan", "launch_decode", "pages_decodable", "plan_decode", "serves"]
 
 
 @triton.jit
@@ -80,14 +84,15 @@ def _tail_part(q, kt_base, vt_base, kt_st, vt_st, tail_len, packed, start, qpos,
 @triton.jit
 def _decode_kernel(
     q_ptr, k_words, k_half, v_words, v_half, kt_ptr, vt_ptr, table_ptr, rows_ptr, len_ptr,
-    start_ptr, o_ptr, lse_ptr, freq_ptr, roff_ptr, stride_qb, stride_qh, k_sb, k_st, k_sh, v_sb,
-    v_st, v_sh, kt_sb, kt_sh, kt_st, vt_sb, vt_sh, vt_st, stride_table, tail_len, chunk,
-    num_splits, window, score_scale, cap_log2, D: tl.constexpr, GROUP: tl.constexpr,
+    start_ptr, o_ptr, lse_ptr, freq_ptr, roff_ptr, stage_ptr, srows_ptr, stride_qb, stride_qh,
+    k_sb, k_st, k_sh, v_sb, v_st, v_sh, kt_sb, kt_sh, kt_st, vt_sb, vt_sh, vt_st, s_sr, s_sg,
+    s_sh, stride_table, tail_len, chunk, num_splits, window, score_scale, cap_log2,
+    D: tl.constexpr, GROUP: tl.constexpr,
     QP: tl.constexpr, BT: tl.constexpr, K_BITS: tl.constexpr, K_G: tl.constexpr,
     K_SYM: tl.constexpr, K_VEC: tl.constexpr, V_BITS: tl.constexpr, V_G: tl.constexpr,
     V_SYM: tl.constexpr, V_VEC: tl.constexpr, PAGED: tl.constexpr, HAS_START: tl.constexpr,
     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, DOT_IEEE: tl.constexpr,
-    HAS_TAIL: tl.constexpr, ROPE_HALF: tl.constexpr,
+    HAS_TAIL: tl.constexpr, ROPE_HALF: tl.constexpr, K_CHANNEL: tl.constexpr,
 ):  # fmt: skip
     b, h, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b64, h64 = b.to(tl.int64), h.to(tl.int64)
@@ -102,6 +107,8 @@ def _decode_kernel(
         rope = rope_query(q, freq_ptr, pos0, ROPE_HALF, K_BITS)
     else:
         rope = 0
+    # KIVI keys: the staging of the pool's filling pages (a tuple only Triton's frontend sees)
+    pages = (stage_ptr, srows_ptr, s_sr, s_sg, h64 * s_sh) if K_CHANNEL else 0
     packed = tl.load(len_ptr + b)
     start = tl.load(start_ptr + b) if HAS_START else 0
     qpos = packed + tail_len - 1  # the query is the newest position
@@ -110,13 +117,23 @@ def _decode_kernel(
         row = tl.load(rows_ptr + b).to(tl.int64) if PAGED else b64
         lo = base + split * chunk
         hi = tl.minimum(lo + chunk, packed)
+        if K_CHANNEL:  # full pages; the filling one is the last program's
+            hi = tl.minimum(hi, packed // K_G * K_G)
         k_at0 = (b64 * k_sb + h64 * k_sh) * K_VEC  # int32 words; k_sb is 0 when paged
         v_at0 = (b64 * v_sb + h64 * v_sh) * V_VEC
         m, denom, acc = packed_part(
             q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at0, k_st, v_st,
-            stride_table, lo, hi, start, qpos, window, score_scale, cap_log2, rope, D, BT,
-            K_BITS, K_G, K_SYM, K_VEC, V_BITS, V_G, V_SYM, V_VEC, PAGED, HAS_START, WINDOW,
-            SOFTCAP, False, DOT_IEEE, ROPE_HALF,
+            stride_table, lo, hi, start, qpos, window, score_scale, cap_log2, rope, pages, D,
+            BT, K_BITS, K_G, K_SYM, K_VEC, V_BITS, V_G, V_SYM, V_VEC, PAGED, HAS_START, WINDOW,
+            SOFTCAP, False, DOT_IEEE, ROPE_HALF, 1 if K_CHANNEL else 0,
+        )  # fmt: skip
+    elif K_CHANNEL:  # the filling page's own program: its staged values
+        row = tl.load(rows_ptr + b).to(tl.int64)
+        m, denom, acc = packed_part(
+            q, k_words, k_half, v_words, v_half, table_ptr, row, 0, h64 * v_sh * V_VEC, k_st,
+            v_st, stride_table, packed // K_G * K_G, packed, start, qpos, window, score_scale,
+            cap_log2, rope, pages, D, BT, K_BITS, K_G, K_SYM, K_VEC, V_BITS, V_G, V_SYM, V_VEC,
+            PAGED, HAS_START, WINDOW, SOFTCAP, False, DOT_IEEE, ROPE_HALF, 2,
         )  # fmt: skip
     else:  # the tail's own program
         kt_base = kt_ptr + b64 * kt_sb + h64 * kt_sh
@@ -156,26 +173,54 @@ def plan_decode(batch: AttentionBatch, *, sms: int | None = None) -> DecodePlan:
     cost registers: KV8 g64's 136-byte rows took 244 at 32 tokens on 4 warps)."""
     splits = choose_splits(batch.batch_size, batch.kv_heads, batch.span, batch.q.device, sms=sms)
     if min(row_vec(batch.k_rows), row_vec(batch.v_rows)) == 4:
-        return DecodePlan(splits, block_tokens=32, num_warps=4, num_stages=2)
-    return DecodePlan(splits, block_tokens=16, num_warps=8, num_stages=1)
+        plan = DecodePlan(splits, block_tokens=32, num_warps=4, num_stages=2)
+    else:
+        plan = DecodePlan(splits, block_tokens=16, num_warps=8, num_stages=1)
+    if _kivi(batch):  # a tile inside one page
+        bt = min(plan.block_tokens, batch.k_spec.group_size)
+        plan = dataclasses.replace(plan, block_tokens=bt)
+    return plan
 
 
 def serves(batch: AttentionBatch) -> bool:
     """Whether :func:`launch_decode` runs this batch: one query token per request (not
     ragged), token-axis (or 16-bit) K and V as :func:`.packed_rows.decodable` says, rows
     aligned to 4 bytes, pre-RoPE keys only as :func:`.rope_rows.rope_decodable` says (R/2 >=
-    16, halves of whole words or chunks, keys neither smoothed nor Hadamard-rotated). The rest
-    (extend, KIVI keys, 2/4/8 bits in groups smaller than a word's codes, 3/5/6 bits at a
-    head_dim not a multiple of 32, narrower rotary halves) runs :mod:`.kernel`."""
+    16, halves of whole words or chunks, keys neither smoothed nor Hadamard-rotated), KIVI
+    keys only in a pool's pages as :func:`pages_decodable` says. The rest (extend, the HF
+    cache's KIVI blocks, KIVI pages with a window or pre-RoPE, 2/4/8 bits in groups smaller
+    than a word's codes, 3/5/6 bits at a head_dim not a multiple of 32, narrower rotary
+    halves) runs :mod:`.kernel`."""
     return (
         batch.q_tokens == 1
         and batch.qo_indptr is None
         and rope_decodable(batch)
         and batch.k_delta == 0
-        and decodable(batch.k_spec, batch.head_dim)
+        and (pages_decodable(batch) if _kivi(batch) else decodable(batch.k_spec, batch.head_dim))
         and decodable(batch.v_spec, batch.head_dim)
         and row_vec(batch.k_rows) > 0
         and row_vec(batch.v_rows) > 0
+    )
+
+
+def _kivi(batch: AttentionBatch) -> bool:
+    return batch.k_spec.is_quantized and batch.k_spec.axis == "channel"
+
+
+def pages_decodable(batch: AttentionBatch) -> bool:
+    """KIVI keys the decode kernel reads a page at a time: a pool's pages as SGLang's pages
+    of G slots hold them (a request's token t in slot ``page·G + t % G``; every page before
+    its last packed, the last staged until full), G >= 16 (one tile inside a page), code rows
+    of whole words (3/5/6 bits: whole chunks of 32 channels), no window (tiles start at
+    pages), keys not pre-RoPE."""
+    spec, dim = batch.k_spec, batch.head_dim
+    words = (dim * spec.bits) % 32 == 0 and (32 % spec.bits == 0 or dim % 32 == 0)
+    return (
+        batch.k_stage is not None
+        and spec.group_size >= 16
+        and words
+        and batch.window is None
+        and batch.rope_freq is None
     )
 
 
@@ -194,7 +239,7 @@ def launch_decode(
     paged, group = batch.slot_table is not None, hq // batch.kv_heads
     chunk, splits = split_chunk(batch, plan.splits, plan.block_tokens)
     tail_len = 0 if k_tail is None else k_tail.shape[2]
-    parts = splits + (1 if tail_len else 0)
+    parts = splits + (1 if tail_len or _kivi(batch) else 0)  # the tail or the filling page
     dev = q.device
     partial = torch.empty(bsz, hq, parts, dim, dtype=torch.float32, device=dev)
     lse = torch.empty(bsz, hq, parts, dtype=torch.float32, device=dev)
@@ -208,17 +253,19 @@ def launch_decode(
     k, v = batch.k_spec, batch.v_spec
     tuning = {"num_stages": plan.num_stages} if plan.num_stages else {}
     freq, k_pos0, rope_half = kernel_rope(batch)
+    stage = batch.k_stage if batch.k_stage is not None else empty  # [rows, G, Hkv, D]
+    stage_rows = batch.k_stage_rows if batch.k_stage is not None else batch.lengths
     _decode_kernel[(bsz, hkv, parts)](
         q, k_args[0], k_args[1], v_args[0], v_args[1], k_tail, v_tail, table, rows,
-        batch.lengths, starts, partial, lse, freq, k_pos0, q.stride(0), q.stride(2),
-        *k_args[2:], *v_args[2:], *k_tail.stride()[:3], *v_tail.stride()[:3],
-        table.stride(0) if paged else 0, tail_len, chunk, splits, **softmax_args(batch), D=dim,
-        GROUP=group, QP=max(16, triton.next_power_of_2(group)), BT=plan.block_tokens,
-        K_BITS=k.bits,
+        batch.lengths, starts, partial, lse, freq, k_pos0, stage, stage_rows, q.stride(0),
+        q.stride(2), *k_args[2:], *v_args[2:], *k_tail.stride()[:3], *v_tail.stride()[:3],
+        *stage.stride()[:3], table.stride(0) if paged else 0, tail_len, chunk, splits,
+        **softmax_args(batch), D=dim, GROUP=group, QP=max(16, triton.next_power_of_2(group)),
+        BT=plan.block_tokens, K_BITS=k.bits,
         K_G=k.group_size, K_SYM=k.symmetric and k.is_quantized, K_VEC=k_vec, V_BITS=v.bits,
         V_G=v.group_size, V_SYM=v.symmetric and v.is_quantized, V_VEC=v_vec, PAGED=paged,
         HAS_START=batch.starts is not None, DOT_IEEE=q.dtype == torch.float32,
-        HAS_TAIL=tail_len > 0, ROPE_HALF=rope_half,
+        HAS_TAIL=parts > splits, ROPE_HALF=rope_half, K_CHANNEL=_kivi(batch),
         num_warps=plan.num_warps, **tuning,
     )  # fmt: skip
     return merge_splits(partial, lse, batch.sinks).view(bsz, 1, hq, dim)

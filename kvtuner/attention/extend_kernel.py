@@ -60,8 +60,8 @@ def _extend_kernel(
     m, denom, acc = packed_part(
         q, k_words, k_half, v_words, v_half, table_ptr, row, h64 * k_sh * K_VEC,
         h64 * v_sh * V_VEC, k_st, v_st, stride_table, lo, hi, 0, qpos, window, score_scale,
-        cap_log2, 0, D, BT, K_BITS, K_G, K_SYM, K_VEC, V_BITS, V_G, V_SYM, V_VEC, True, False,
-        WINDOW, SOFTCAP, True, DOT_IEEE, 0,
+        cap_log2, 0, 0, D, BT, K_BITS, K_G, K_SYM, K_VEC, V_BITS, V_G, V_SYM, V_VEC, True,
+        False, WINDOW, SOFTCAP, True, DOT_IEEE, 0, False,
     )  # fmt: skip
     at = ((q0 + qi) * (GROUP * tl.num_programs(1)) + qh) * num_splits + split  # [N, Hq, splits]
     store_partial(o_ptr, lse_ptr, at, m, denom, acc, q_ok)

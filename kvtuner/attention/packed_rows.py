@@ -205,25 +205,28 @@ def values(p, v_words, v_half, at, ok, D: tl.constexpr, BITS: tl.constexpr, G: t
 
 @triton.jit
 def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at0, k_st, v_st,
-                stride_table, lo, hi, start, qpos, window, score_scale, cap_log2, rope,
+                stride_table, lo, hi, start, qpos, window, score_scale, cap_log2, rope, pages,
                 D: tl.constexpr, BT: tl.constexpr, K_BITS: tl.constexpr, K_G: tl.constexpr,
                 K_SYM: tl.constexpr, K_VEC: tl.constexpr, V_BITS: tl.constexpr,
                 V_G: tl.constexpr, V_SYM: tl.constexpr, V_VEC: tl.constexpr,
                 PAGED: tl.constexpr, HAS_START: tl.constexpr, WINDOW: tl.constexpr,
                 SOFTCAP: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr,
-                ROPE_HALF: tl.constexpr):  # fmt: skip
+                ROPE_HALF: tl.constexpr, K_CHANNEL: tl.constexpr):  # fmt: skip
     """Online softmax of q [QP, D] (channel order) over packed positions [lo, hi) -> (m, denom,
     acc [QP, D] in channel order) fp32. Decode: ``qpos`` is the one query's position (every
     row sees every position in range); ``CAUSAL`` (extend): ``qpos`` [QP], row r sees positions
     <= qpos[r] (and with a window the last ``window`` of them). ``lo`` is never before the
     first row's window, so no row's window needs a row read. Pre-RoPE keys (``ROPE_HALF`` =
     R/2 > 0): the scores are :func:`rope_scores` of ``rope`` (q's spans, from
-    :func:`.rope_rows.rope_query`); q gives only its shape and dtype."""
+    :func:`.rope_rows.rope_query`); q gives only its shape and dtype. Channel-axis (KIVI)
+    keys in a pool's pages of ``K_G`` slots, each tile inside one page (``lo`` and ``BT``
+    divide into pages): ``K_CHANNEL`` 1, full pages' blocks (:func:`page_scores`); 2, a
+    filling page's staged values (:func:`staged_scores`, ``pages`` its staging)."""
     QP: tl.constexpr = q.shape[0]
     if not ROPE_HALF:
         q_sum = tl.sum(q.to(tl.float32), 1)
-        if K_BITS < 16 and 32 % K_BITS == 0:
-            q = pair_order(q, K_BITS)  # the keys' code order
+        if K_BITS < 16 and 32 % K_BITS == 0 and K_CHANNEL != 2:
+            q = pair_order(q, K_BITS)  # the keys' code order (staged keys: channel order)
     m = tl.full([QP], -float("inf"), tl.float32)
     denom = tl.zeros([QP], tl.float32)
     acc = tl.zeros([QP, D], tl.float32)
@@ -239,7 +242,16 @@ def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at
             ok = ok & (t >= start)
         seen = _seen(t, ok, qpos, window, WINDOW, CAUSAL)
         k_at, v_at = k_at0 + tok * k_st * K_VEC, v_at0 + tok * v_st * V_VEC
-        if ROPE_HALF:  # each key rotated forward to its position: element-wise tiles
+        if K_CHANNEL:  # the tile's page (pools only): its block, or its staged values
+            slot0 = tl.load(table_ptr + row * stride_table + t0)
+            page = slot0 // K_G
+            j = slot0 % K_G + tl.arange(0, BT)  # the tile's rows of its page
+            if K_CHANNEL == 1:
+                block = k_at0 + page.to(tl.int64) * k_st * K_VEC
+                s = page_scores(q, k_words, k_half, block, j, D, K_BITS, K_G, K_SYM, IEEE)
+            else:
+                s = staged_scores(q, pages, page, j, ok, D, IEEE)
+        elif ROPE_HALF:  # each key rotated forward to its position: element-wise tiles
             spans = key_spans(k_words, k_half, k_at, ok, D, ROPE_HALF, K_BITS, K_G, K_SYM,
                               q.dtype)  # fmt: skip
             s = rope_scores(rope, spans, t, D, ROPE_HALF, IEEE)
@@ -266,6 +278,51 @@ def _seen(t, ok, qpos, window, WINDOW: tl.constexpr, CAUSAL: tl.constexpr):
     else:
         seen = ok[None, :]
     return seen
+
+
+@triton.jit
+def page_scores(q, k_words, k_half, block, j, D: tl.constexpr, BITS: tl.constexpr,
+                G: tl.constexpr, SYM: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+    """Raw scores fp32 [QP, BT] of q [QP, D] (in the codes' order) against rows j [BT] of one
+    full page's channel-axis block at word ``block`` (G code rows, D scales, D zeros): one fma
+    an element with the page's scale and zero of each channel, as a token row's groups."""
+    order = code_order(D, BITS)  # scales and zeros in the codes' order, as q is
+    codes = row_codes(k_words, block + j * (D * BITS // 32), D, BITS, q.dtype)
+    first = 2 * (block + G * D * BITS // 32) + order  # fp16 index of the D scales
+    scale = tl.load(k_half + first)
+    if SYM:  # (code - HALF)·scale/HALF
+        zero = (-scale).to(q.dtype)
+        scale = (scale.to(tl.float32) / ((1 << (BITS - 1)) - 1)).to(q.dtype)
+    else:
+        zero = tl.load(k_half + first + D).to(q.dtype)
+        scale = scale.to(q.dtype)
+    k = tl.fma(codes, scale[None, :], zero[None, :])
+    return _dot(q, tl.trans(k), IEEE)
+
+
+@triton.jit
+def staged_scores(q, pages, page, j, ok, D: tl.constexpr, IEEE: tl.constexpr):
+    """Raw scores fp32 [QP, BT] of q [QP, D] (channel order) against rows j [BT] (``ok``
+    masks them) of a filling page, read as staged: ``pages`` = (stage fp [rows, G, ., D],
+    each page's stage row, the row, position and head strides, this head's offset)."""
+    stage, stage_rows, s_row, s_pos, s_head = pages
+    srow = tl.load(stage_rows + page).to(tl.int64)
+    at = stage + srow * s_row + s_head + j[:, None] * s_pos + tl.arange(0, D)[None, :]
+    k = tl.load(at, mask=ok[:, None], other=0.0)
+    return _dot(q, tl.trans(k.to(q.dtype)), IEEE)
+
+
+@triton.jit
+def code_order(W: tl.constexpr, BITS: tl.constexpr):
+    """int32 [W]: the channel at each place of a row read in the codes' order: pair order for
+    2/4/8-bit codes (place ``P·w + 2j + h`` holds channel ``P·w + j + h·P/2``, P = 32/BITS,
+    :func:`word_codes`), channel order otherwise."""
+    x = tl.arange(0, W)
+    if BITS < 16 and 32 % BITS == 0:
+        P: tl.constexpr = 32 // BITS
+        i = x % P
+        x = x - i + i // 2 + (i % 2) * (P // 2)
+    return x
 
 
 @triton.jit

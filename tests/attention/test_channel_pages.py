@@ -1,6 +1,7 @@
 """Channel-axis (KIVI) keys in a paged pool: one block per full page of G slots, the filling
-pages' fp values staged (the SGLang pool's ChannelPages), read by the fused kernel under
-TRITON_INTERPRET against the reference, and the reference against SDPA over what the page store
+pages' fp values staged (the SGLang pool's ChannelPages), read by the fused kernels under
+TRITON_INTERPRET against the reference (decode: the decode kernel, a page a tile; extend, windows
+and pre-RoPE keys: the general kernel), and the reference against SDPA over what the page store
 itself reads back."""
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ from test_decode import D, gen
 from test_ragged import ragged_q
 
 from kvtuner.attention import (
+    AttentionBatch,
     decode_attention,
     decode_attention_reference,
     extend_attention,
     extend_attention_reference,
 )
+from kvtuner.attention.decode_kernel import serves
 from kvtuner.quant import QuantSpec, dequantize, quantize
 from kvtuner.runtime_loader.sglang.pool.channel_pages import ChannelPages
 from kvtuner.runtime_loader.sglang.pool.geometry import PoolGeometry
@@ -100,3 +103,48 @@ def test_stage_arguments_are_checked_with_one_line():
         with pytest.raises(ValueError, match=match) as info:
             decode_attention(q, *rows, **{**index, **change})
         assert "\n" not in str(info.value)
+
+
+def batch_of(q, rows, index, **change) -> AttentionBatch:
+    return AttentionBatch(q=q.unsqueeze(1), k_rows=rows[0], v_rows=rows[1], k_spec=rows[2],
+                          v_spec=rows[3], **{**index, **change})  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "k_spec,v_spec",
+    [
+        (QuantSpec(3, group_size=G, axis="channel"), QuantSpec(4)),  # codes straddle words
+        (QuantSpec(8, group_size=G, axis="channel", symmetric=True), QuantSpec(2, group_size=16)),
+    ],
+    ids=lambda s: s.short(),
+)
+@pytest.mark.parametrize("ratio", [1, 4])
+def test_the_decode_kernel_reads_a_page_a_tile(k_spec, v_spec, ratio):
+    """Full pages' blocks and the filling page's staged values; requests that end inside a
+    page and on a page's end (the second lengths: no filling page attended)."""
+    keys, v_rows, table = pool(k_spec, v_spec, seed=4)
+    rows, index = args(keys, v_rows, table, k_spec, v_spec)
+    q = torch.randn(len(LENGTHS), HEADS * ratio, D, generator=gen(5))
+    assert serves(batch_of(q, rows, index))
+    for lengths in (LENGTHS, [32, 9, 16, 33]):
+        index["lengths"] = torch.tensor(lengths, dtype=torch.int32)
+        got = decode_attention(q, *rows, **index, block_tokens=16, num_splits=2)
+        ref = decode_attention_reference(q, *rows, **index)
+        torch.testing.assert_close(got, ref, atol=2e-5, rtol=2e-5)
+        torch.testing.assert_close(decode_attention(q, *rows, **index), ref, atol=2e-5, rtol=2e-5)
+
+
+def test_what_the_decode_kernel_leaves_to_the_general_one_with_pages():
+    """A window (tiles start at pages), pre-RoPE keys, pages under a 16-token tile."""
+    k_spec, v_spec = QuantSpec(4, group_size=G, axis="channel"), QuantSpec(4)
+    keys, v_rows, table = pool(k_spec, v_spec)
+    rows, index = args(keys, v_rows, table, k_spec, v_spec)
+    q = torch.randn(len(LENGTHS), HEADS, D, generator=gen(6))
+    assert not serves(batch_of(q, rows, index, window=12))
+    assert not serves(batch_of(q, rows, index, rope_freq=torch.ones(D // 2)))
+    small = QuantSpec(4, group_size=8, axis="channel")
+    stage = torch.zeros(8, 8, HEADS, D)
+    pages = torch.zeros(PAGES * 2, HEADS, small.block_bytes(D), dtype=torch.uint8)
+    rows8 = (pages, v_rows, small, v_spec)
+    stage_rows = torch.full((PAGES * 2,), -1, dtype=torch.int32)
+    assert not serves(batch_of(q, rows8, {**index, "k_stage": stage, "k_stage_rows": stage_rows}))

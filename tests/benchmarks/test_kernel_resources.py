@@ -1,8 +1,8 @@
 """The GPU-free loop (``benchmarks/kernel_resources.py``): every decode and extend kernel
-(pre-RoPE keys' decode included) compiles for an H100 (sm_90a, Triton's ptxas) and holds what a
-fast kernel shows there, read off its build without a GPU: no spill, at most 168 registers a
-thread, no code loaded a byte at a time. A regression in either fails here, in CI, before any
-GPU is lent.
+(pre-RoPE and KIVI keys' decode included) compiles for an H100 (sm_90a, Triton's ptxas) and
+holds what a fast kernel shows there, read off its build without a GPU: no spill, at most 168
+registers a thread, no code loaded a byte at a time. A regression in either fails here, in CI,
+before any GPU is lent.
 
 Needs the shared ``sm90_report.py`` beside the checkout (``../shared/tools``), as CI has it."""
 
@@ -45,10 +45,12 @@ def test_decode_and_extend_kernels_fit_the_registers_without_spill_or_byte_loads
         assert "U8" not in widths, f"{row['label']} loads bytes one at a time: {widths}"
 
 
-def test_pre_rope_keys_decode_on_the_decode_kernel_within_the_same_limits(decode_rows):
-    """Full and partial rotary widths, 16- and 8-byte code loads: the specialised kernel, not
-    the general one, and the limits above (the loop there covers them; this pins the rows)."""
-    labels = {"decode KV4 g32 pre-RoPE", "decode KV4 g32 pre-RoPE R=D/4", "decode KV8 g64 pre-RoPE"}
+def test_pre_rope_and_kivi_keys_decode_on_the_decode_kernel_within_the_same_limits(decode_rows):
+    """Pre-RoPE keys (full and partial rotary widths) and KIVI pages: the specialised kernel,
+    not the general one, and the limits above (the loop there covers them; this pins the
+    rows)."""
+    labels = {"decode KV4 g32 pre-RoPE", "decode KV4 g32 pre-RoPE R=D/4", "decode KV8 g64 pre-RoPE",
+              "decode KIVI K4 g32 V4 g32"}  # fmt: skip
     rows = [r for r in decode_rows if r["label"] in labels and r["kernel"] != "_reduce_kernel"]
     assert {r["label"] for r in rows} == labels
     for row in rows:
