@@ -107,7 +107,7 @@ def hf_batch(label: str, tail: int = 64):
 def decode_cases() -> dict:
     """label -> a zero-argument launch: the decode kernel for every spec, the HF path,
     pre-RoPE keys and KIVI keys in a pool; the general kernel at the same decode points for
-    comparison, and where it serves alone at decode: pre-RoPE KIVI keys."""
+    comparison (it still serves KIVI pages with a window, pre-RoPE or not)."""
     from kvtuner.attention.decode_kernel import launch_decode, plan_decode
     from kvtuner.attention.kernel import launch
 
@@ -129,7 +129,8 @@ def decode_cases() -> dict:
     cases["decode KIVI K4 g32 V4 g32 (general kernel)"] = lambda: launch(
         kivi, kivi.q, None, None, splits, 64
     )
-    cases["decode KIVI K4 g32 V4 g32 pre-RoPE (general kernel)"] = lambda: launch(
+    cases["decode KIVI K4 g32 V4 g32 pre-RoPE"] = decode(kivi_rope)
+    cases["decode KIVI K4 g32 V4 g32 pre-RoPE, the general kernel (windows)"] = lambda: launch(
         kivi_rope, kivi_rope.q, None, None, splits, 64
     )
     return cases

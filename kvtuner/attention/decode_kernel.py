@@ -188,7 +188,7 @@ def serves(batch: AttentionBatch) -> bool:
     aligned to 4 bytes, pre-RoPE keys only as :func:`.rope_rows.rope_decodable` says (R/2 >=
     16, halves of whole words or chunks, keys neither smoothed nor Hadamard-rotated), KIVI
     keys only in a pool's pages as :func:`pages_decodable` says. The rest (extend, the HF
-    cache's KIVI blocks, KIVI pages with a window or pre-RoPE, 2/4/8 bits in groups smaller
+    cache's KIVI blocks, KIVI pages with a window, 2/4/8 bits in groups smaller
     than a word's codes, 3/5/6 bits at a head_dim not a multiple of 32, narrower rotary
     halves) runs :mod:`.kernel`."""
     return (
@@ -212,16 +212,11 @@ def pages_decodable(batch: AttentionBatch) -> bool:
     of G slots hold them (a request's token t in slot ``page·G + t % G``; every page before
     its last packed, the last staged until full), G >= 16 (one tile inside a page), code rows
     of whole words (3/5/6 bits: whole chunks of 32 channels), no window (tiles start at
-    pages), keys not pre-RoPE."""
+    pages). Pre-RoPE pages are read in spans as token rows are (:func:`.rope_rows.
+    rope_decodable`)."""
     spec, dim = batch.k_spec, batch.head_dim
     words = (dim * spec.bits) % 32 == 0 and (32 % spec.bits == 0 or dim % 32 == 0)
-    return (
-        batch.k_stage is not None
-        and spec.group_size >= 16
-        and words
-        and batch.window is None
-        and batch.rope_freq is None
-    )
+    return batch.k_stage is not None and spec.group_size >= 16 and words and batch.window is None
 
 
 def launch_decode(

@@ -220,8 +220,8 @@ def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at
     R/2 > 0): the scores are :func:`rope_scores` of ``rope`` (q's spans, from
     :func:`.rope_rows.rope_query`); q gives only its shape and dtype. Channel-axis (KIVI)
     keys in a pool's pages of ``K_G`` slots, each tile inside one page (``lo`` and ``BT``
-    divide into pages): ``K_CHANNEL`` 1, full pages' blocks (:func:`page_scores`); 2, a
-    filling page's staged values (:func:`staged_scores`, ``pages`` its staging)."""
+    divide into pages): ``K_CHANNEL`` 1, full pages' blocks (:func:`page_rows`); 2, a
+    filling page's staged values (:func:`staged_rows`, ``pages`` its staging)."""
     QP: tl.constexpr = q.shape[0]
     if not ROPE_HALF:
         q_sum = tl.sum(q.to(tl.float32), 1)
@@ -246,11 +246,17 @@ def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at
             slot0 = tl.load(table_ptr + row * stride_table + t0)
             page = slot0 // K_G
             j = slot0 % K_G + tl.arange(0, BT)  # the tile's rows of its page
-            if K_CHANNEL == 1:
-                block = k_at0 + page.to(tl.int64) * k_st * K_VEC
-                s = page_scores(q, k_words, k_half, block, j, D, K_BITS, K_G, K_SYM, IEEE)
-            else:
-                s = staged_scores(q, pages, page, j, ok, D, IEEE)
+            block = k_at0 + page.to(tl.int64) * k_st * K_VEC  # a full page's
+            if ROPE_HALF:
+                spans = page_spans(k_words, k_half, pages, block, page, j, ok, K_CHANNEL == 2,
+                                   D, ROPE_HALF, K_BITS, K_G, K_SYM, q.dtype)  # fmt: skip
+                s = rope_scores(rope, spans, t, D, ROPE_HALF, IEEE)
+            elif K_CHANNEL == 1:
+                k = page_rows(k_words, k_half, block, j, 0, D, D, K_BITS, K_G, K_SYM, q.dtype)
+                s = _dot(q, tl.trans(k), IEEE)
+            else:  # q in channel order
+                k = staged_rows(pages, page, j, ok, tl.arange(0, D)).to(q.dtype)
+                s = _dot(q, tl.trans(k), IEEE)
         elif ROPE_HALF:  # each key rotated forward to its position: element-wise tiles
             spans = key_spans(k_words, k_half, k_at, ok, D, ROPE_HALF, K_BITS, K_G, K_SYM,
                               q.dtype)  # fmt: skip
@@ -281,35 +287,64 @@ def _seen(t, ok, qpos, window, WINDOW: tl.constexpr, CAUSAL: tl.constexpr):
 
 
 @triton.jit
-def page_scores(q, k_words, k_half, block, j, D: tl.constexpr, BITS: tl.constexpr,
-                G: tl.constexpr, SYM: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
-    """Raw scores fp32 [QP, BT] of q [QP, D] (in the codes' order) against rows j [BT] of one
-    full page's channel-axis block at word ``block`` (G code rows, D scales, D zeros): one fma
+def page_rows(k_words, k_half, block, j, C0: tl.constexpr, W: tl.constexpr, D: tl.constexpr,
+              BITS: tl.constexpr, G: tl.constexpr, SYM: tl.constexpr,
+              DT: tl.constexpr):  # fmt: skip
+    """Channels [C0, C0 + W) of rows j [BT] of one full page's channel-axis block at word
+    ``block`` (G code rows, D scales, D zeros) -> ``DT`` [BT, W] in the codes' order: one fma
     an element with the page's scale and zero of each channel, as a token row's groups."""
-    order = code_order(D, BITS)  # scales and zeros in the codes' order, as q is
-    codes = row_codes(k_words, block + j * (D * BITS // 32), D, BITS, q.dtype)
-    first = 2 * (block + G * D * BITS // 32) + order  # fp16 index of the D scales
+    order = C0 + code_order(W, BITS)  # scales and zeros in the codes' order
+    codes = row_codes(k_words, block + j * (D * BITS // 32) + C0 * BITS // 32, W, BITS, DT)
+    first = 2 * (block + G * D * BITS // 32) + order  # fp16 index of the span's scales
     scale = tl.load(k_half + first)
     if SYM:  # (code - HALF)·scale/HALF
-        zero = (-scale).to(q.dtype)
-        scale = (scale.to(tl.float32) / ((1 << (BITS - 1)) - 1)).to(q.dtype)
+        zero = (-scale).to(DT)
+        scale = (scale.to(tl.float32) / ((1 << (BITS - 1)) - 1)).to(DT)
     else:
-        zero = tl.load(k_half + first + D).to(q.dtype)
-        scale = scale.to(q.dtype)
-    k = tl.fma(codes, scale[None, :], zero[None, :])
-    return _dot(q, tl.trans(k), IEEE)
+        zero = tl.load(k_half + first + D).to(DT)
+        scale = scale.to(DT)
+    return tl.fma(codes, scale[None, :], zero[None, :])
 
 
 @triton.jit
-def staged_scores(q, pages, page, j, ok, D: tl.constexpr, IEEE: tl.constexpr):
-    """Raw scores fp32 [QP, BT] of q [QP, D] (channel order) against rows j [BT] (``ok``
-    masks them) of a filling page, read as staged: ``pages`` = (stage fp [rows, G, ., D],
-    each page's stage row, the row, position and head strides, this head's offset)."""
+def staged_rows(pages, page, j, ok, channels):
+    """``channels`` [W] of rows j [BT] (``ok`` masks them) of a filling page, as staged ->
+    [BT, W] in the stage's dtype; ``pages`` = (stage fp [rows, G, ., D], each page's stage
+    row, the row, position and head strides, this head's offset)."""
     stage, stage_rows, s_row, s_pos, s_head = pages
     srow = tl.load(stage_rows + page).to(tl.int64)
-    at = stage + srow * s_row + s_head + j[:, None] * s_pos + tl.arange(0, D)[None, :]
-    k = tl.load(at, mask=ok[:, None], other=0.0)
-    return _dot(q, tl.trans(k.to(q.dtype)), IEEE)
+    at = stage + srow * s_row + s_head + j[:, None] * s_pos + channels[None, :]
+    return tl.load(at, mask=ok[:, None], other=0.0)
+
+
+@triton.jit
+def page_spans(k_words, k_half, pages, block, page, j, ok, STAGED: tl.constexpr,
+               D: tl.constexpr, HALF: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr,
+               SYM: tl.constexpr, DT: tl.constexpr):  # fmt: skip
+    """Pre-RoPE keys of rows j [BT] of one page (a full page's block, or ``STAGED`` a filling
+    page's values) -> their spans ``DT``, as :func:`key_spans` reads token rows."""
+    lo = _page_span(k_words, k_half, pages, block, page, j, ok, 0, HALF, STAGED, D, BITS, G,
+                    SYM, DT)  # fmt: skip
+    hi = _page_span(k_words, k_half, pages, block, page, j, ok, HALF, HALF, STAGED, D, BITS, G,
+                    SYM, DT)  # fmt: skip
+    PASS0: tl.constexpr = pass_start(D, HALF)
+    if PASS0 < D:
+        rest = _page_span(k_words, k_half, pages, block, page, j, ok, PASS0, D - PASS0, STAGED,
+                          D, BITS, G, SYM, DT)  # fmt: skip
+    else:
+        rest = lo
+    return lo, hi, rest
+
+
+@triton.jit
+def _page_span(k_words, k_half, pages, block, page, j, ok, C0: tl.constexpr, W: tl.constexpr,
+               STAGED: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr,
+               SYM: tl.constexpr, DT: tl.constexpr):  # fmt: skip
+    if STAGED:
+        x = staged_rows(pages, page, j, ok, C0 + code_order(W, BITS)).to(DT)
+    else:
+        x = page_rows(k_words, k_half, block, j, C0, W, D, BITS, G, SYM, DT)
+    return x
 
 
 @triton.jit

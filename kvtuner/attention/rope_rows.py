@@ -17,7 +17,8 @@ The pass-through span is channels ``[R, D)`` where ``D - R`` is a power of two (
 R = D/2), else the whole row with q's rotary channels zeroed (the R rotary channels read twice,
 their pass-through product zero). The host check (:func:`rope_decodable`): R/2 >= 16 (the
 smallest ``tl.dot``), halves starting at a word of codes (2/4/8 bits) or a chunk of 32 channels
-(3/5/6 bits), and the kernel's own limits (:func:`.rope.rope_in_kernel`).
+(3/5/6 bits), and the kernel's own limits (:func:`.rope.rope_in_kernel`). KIVI pages are read
+in the same spans (:func:`.packed_rows.page_spans`: a scale and zero a channel).
 """
 
 from __future__ import annotations
@@ -83,6 +84,8 @@ def _span_fits(spec: Any, start: int, width: int) -> bool:
     unit = 32 // spec.bits if 32 % spec.bits == 0 else 32
     g = spec.group_size
     in_groups = width % g == 0 if width >= g else start % g + width <= g
+    if spec.axis == "channel":  # groups run along tokens: a scale a channel
+        in_groups = True
     return start % unit == 0 and width % unit == 0 and in_groups
 
 

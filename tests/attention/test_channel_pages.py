@@ -1,8 +1,8 @@
 """Channel-axis (KIVI) keys in a paged pool: one block per full page of G slots, the filling
 pages' fp values staged (the SGLang pool's ChannelPages), read by the fused kernels under
-TRITON_INTERPRET against the reference (decode: the decode kernel, a page a tile; extend, windows
-and pre-RoPE keys: the general kernel), and the reference against SDPA over what the page store
-itself reads back."""
+TRITON_INTERPRET against the reference (decode: the decode kernel, a page a tile; extend and
+windows: the general kernel), and the reference against SDPA over what the page store itself
+reads back."""
 
 from __future__ import annotations
 
@@ -135,13 +135,15 @@ def test_the_decode_kernel_reads_a_page_a_tile(k_spec, v_spec, ratio):
 
 
 def test_what_the_decode_kernel_leaves_to_the_general_one_with_pages():
-    """A window (tiles start at pages), pre-RoPE keys, pages under a 16-token tile."""
+    """A window (tiles start at pages), pre-RoPE keys of rotary halves under a dot's 16
+    channels, pages under a 16-token tile."""
     k_spec, v_spec = QuantSpec(4, group_size=G, axis="channel"), QuantSpec(4)
     keys, v_rows, table = pool(k_spec, v_spec)
     rows, index = args(keys, v_rows, table, k_spec, v_spec)
     q = torch.randn(len(LENGTHS), HEADS, D, generator=gen(6))
     assert not serves(batch_of(q, rows, index, window=12))
-    assert not serves(batch_of(q, rows, index, rope_freq=torch.ones(D // 2)))
+    assert serves(batch_of(q, rows, index, rope_freq=torch.ones(D // 2)))  # R = 32: spans
+    assert not serves(batch_of(q, rows, index, rope_freq=torch.ones(4)))  # R = 8
     small = QuantSpec(4, group_size=8, axis="channel")
     stage = torch.zeros(8, 8, HEADS, D)
     pages = torch.zeros(PAGES * 2, HEADS, small.block_bytes(D), dtype=torch.uint8)

@@ -97,14 +97,21 @@ def test_rope_arguments_are_checked_with_one_line(change, match):
     assert "\n" not in str(info.value)
 
 
-def test_paged_channel_pages_full_and_staged():
+@pytest.mark.parametrize("freq,decode_kernel", [(FULL, True), (PARTIAL, False)], ids=["R32", "R8"])
+def test_paged_channel_pages_full_and_staged(freq, decode_kernel):
     """A pool's KIVI key pages: full pages' blocks and filling pages' staged fp values, both
-    pre-RoPE, rotated alike."""
+    pre-RoPE, rotated alike (R = 32: the decode kernel, a page's spans a tile; R = 8: the
+    general kernel)."""
     k_spec, v_spec = QuantSpec(4, group_size=G, axis="channel"), QuantSpec(4)
     rows, index = args(*pool(k_spec, v_spec), k_spec, v_spec)
     q = torch.randn(len(LENGTHS), 4, D, generator=gen(26))
     offsets = torch.tensor([2, 0, 7, 300], dtype=torch.int32)
-    both(q, *rows, **index, rope_freq=PARTIAL, rope_offset=offsets, block_tokens=16)
+    rope = dict(rope_freq=freq, rope_offset=offsets)
+    batch = AttentionBatch(q=q.unsqueeze(1), k_rows=rows[0], v_rows=rows[1], k_spec=k_spec,
+                           v_spec=v_spec, **index, **rope)  # fmt: skip
+    assert serves(batch) == decode_kernel
+    both(q, *rows, **index, **rope, block_tokens=16)
+    both(q, *rows, **index, **rope)  # the launchers' own plans
 
 
 def llama_freq(half: int) -> torch.Tensor:

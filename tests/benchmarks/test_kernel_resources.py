@@ -46,11 +46,11 @@ def test_decode_and_extend_kernels_fit_the_registers_without_spill_or_byte_loads
 
 
 def test_pre_rope_and_kivi_keys_decode_on_the_decode_kernel_within_the_same_limits(decode_rows):
-    """Pre-RoPE keys (full and partial rotary widths) and KIVI pages: the specialised kernel,
-    not the general one, and the limits above (the loop there covers them; this pins the
-    rows)."""
+    """Pre-RoPE keys (full and partial rotary widths) and KIVI pages (pre-RoPE or not): the
+    specialised kernel, not the general one, and the limits above (the loop there covers
+    them; this pins the rows)."""
     labels = {"decode KV4 g32 pre-RoPE", "decode KV4 g32 pre-RoPE R=D/4", "decode KV8 g64 pre-RoPE",
-              "decode KIVI K4 g32 V4 g32"}  # fmt: skip
+              "decode KIVI K4 g32 V4 g32", "decode KIVI K4 g32 V4 g32 pre-RoPE"}  # fmt: skip
     rows = [r for r in decode_rows if r["label"] in labels and r["kernel"] != "_reduce_kernel"]
     assert {r["label"] for r in rows} == labels
     for row in rows:
