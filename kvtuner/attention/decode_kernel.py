@@ -176,9 +176,13 @@ def plan_decode(batch: AttentionBatch, *, sms: int | None = None) -> DecodePlan:
         plan = DecodePlan(splits, block_tokens=32, num_warps=4, num_stages=2)
     else:
         plan = DecodePlan(splits, block_tokens=16, num_warps=8, num_stages=1)
-    if _kivi(batch):  # a tile inside one page
-        bt = min(plan.block_tokens, batch.k_spec.group_size)
-        plan = dataclasses.replace(plan, block_tokens=bt)
+    return _within_pages(batch, plan)
+
+
+def _within_pages(batch: AttentionBatch, plan: DecodePlan) -> DecodePlan:
+    """KIVI pages: tiles of at most a page (G >= 16, both powers of two: a tile inside one)."""
+    if _kivi(batch) and plan.block_tokens > batch.k_spec.group_size:
+        plan = dataclasses.replace(plan, block_tokens=batch.k_spec.group_size)
     return plan
 
 
@@ -230,6 +234,7 @@ def launch_decode(
     kernel reads them (rotated, smoothed), the rest from ``batch``."""
     if not serves(batch):
         raise ValueError("launch_decode: this batch is for the general kernel (see serves())")
+    plan = _within_pages(batch, plan)  # a caller's block_tokens too
     bsz, hq, dim, hkv = batch.batch_size, q.shape[-2], batch.head_dim, batch.kv_heads
     paged, group = batch.slot_table is not None, hq // batch.kv_heads
     chunk, splits = split_chunk(batch, plan.splits, plan.block_tokens)

@@ -131,7 +131,9 @@ def test_the_decode_kernel_reads_a_page_a_tile(k_spec, v_spec, ratio):
         got = decode_attention(q, *rows, **index, block_tokens=16, num_splits=2)
         ref = decode_attention_reference(q, *rows, **index)
         torch.testing.assert_close(got, ref, atol=2e-5, rtol=2e-5)
-        torch.testing.assert_close(decode_attention(q, *rows, **index), ref, atol=2e-5, rtol=2e-5)
+        for launch in ({}, dict(block_tokens=64)):  # the plan's tiles; a page's at most
+            got = decode_attention(q, *rows, **index, **launch)
+            torch.testing.assert_close(got, ref, atol=2e-5, rtol=2e-5)
 
 
 def test_what_the_decode_kernel_leaves_to_the_general_one_with_pages():
