@@ -141,15 +141,28 @@ def _create(storage: str | None, name: str, sampler=None) -> optuna.Study:
     return study
 
 
-def open_measured_study(storage: str | None, name: str) -> optuna.Study:
+def open_measured_study(
+    storage: str | None, name: str, *, model: str, where: Placement | None = None
+) -> optuna.Study:
     """A study that records configurations measured in an order the caller decides (the
     engine targets: skip sets, recipes): resumable; a killed run's RUNNING trials, and the
     WAITING ones an older kvtuner (enqueue, then ask) could leave, are marked FAIL, so no
-    measurement is ever told to another configuration's trial."""
+    measurement is ever told to another configuration's trial. ``model``: what the KLs were
+    measured on (id and fingerprint hash), ``where``: their dtype; both must match on resume."""
     study = _create(storage, name)
     for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
         study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
+    _claim(study, name, "model", model, f"{storage}: it was measured on another model")
+    _check_numerics(study, name, where)
     return study
+
+
+def _claim(study: optuna.Study, name: str, key: str, value: str, why: str) -> None:
+    """Record ``value`` as the study's ``key``; a resumed study must hold the same one."""
+    known = study.user_attrs.get(key)
+    if known is not None and known != value:
+        raise KVTunerError(f"study {name!r} in {why}; pass a new --study-name")
+    study.set_user_attr(key, value)
 
 
 def measure_choices(
@@ -184,13 +197,9 @@ def open_study(
     ``where``: the device and dtype trials run in (recorded; the dtype must match on resume)."""
     name = settings.study_name or f"kvtuner-{space.budget.label}-{space.preset.name}-{space.hash}"
     study = _create(settings.storage, name, _sampler(space, settings))
-    known = study.user_attrs.get("space_hash")
-    if known is not None and known != space.hash:
-        raise KVTunerError(
-            f"study {name!r} in {settings.storage} was made for another search "
-            "space (model, sensitivity, preset or budget); pass a new --study-name"
-        )
-    study.set_user_attr("space_hash", space.hash)
+    why = f"{settings.storage} was made for another search space"
+    why += " (model, sensitivity, preset or budget)"
+    _claim(study, name, "space_hash", space.hash, why)
     _check_numerics(study, name, where)
     return study
 

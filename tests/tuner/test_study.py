@@ -12,8 +12,16 @@ import pytest
 from optuna.trial import TrialState
 
 from kvtuner import KVTunerError
+from kvtuner.placement import Placement
 from kvtuner.tuner.results import best_measured, measured_trials, pareto_set
-from kvtuner.tuner.study import StudySettings, dp_optimum, run_study, seed_choices
+from kvtuner.tuner.study import (
+    StudySettings,
+    dp_optimum,
+    measure_choices,
+    open_measured_study,
+    run_study,
+    seed_choices,
+)
 
 sys.path.insert(0, str(Path(__file__).parent))
 import synthetic  # noqa: E402
@@ -63,6 +71,19 @@ def test_resumed_study_must_match_its_space(tmp_path):
     run_study(synthetic.space("4bit"), synthetic.evaluate_factory(), settings, progress=False)
     with pytest.raises(KVTunerError, match="another search space"):
         run_study(synthetic.space("3bit"), synthetic.evaluate_factory(), settings, progress=False)
+
+
+def test_a_measured_study_resumes_only_on_its_model_and_dtype(tmp_path):
+    """The engine targets' study: its KLs belong to one model and one dtype."""
+    url, fp32 = f"sqlite:///{tmp_path / 'm.db'}", Placement("cpu", "float32")
+    study = open_measured_study(url, "m", model="smollm2 abc", where=fp32)
+    measure_choices(study, [{"skip0": True}], lambda p: 0.5, [False, True])
+    again = open_measured_study(url, "m", model="smollm2 abc", where=fp32)
+    assert [t.value for t in again.trials] == [0.5]
+    with pytest.raises(KVTunerError, match="measured on another model"):
+        open_measured_study(url, "m", model="qwen def", where=fp32)
+    with pytest.raises(KVTunerError, match="was measured in float32, this run is bfloat16"):
+        open_measured_study(url, "m", model="smollm2 abc", where=Placement("cpu", "bfloat16"))
 
 
 CHILD = """

@@ -155,7 +155,9 @@ def prepare(run: SearchRun) -> Prepared:
     base = EngineRecipe((MODEL_DTYPE,) * fp.num_layers, k_amax, v_amax)
     text = f"{data.seq_len}x{s.num_samples} seed {s.data_seed}"
     name = s.study.study_name or f"recipe {text}"
-    study = open_measured_study(s.study.storage, name)
+    study = open_measured_study(
+        s.study.storage, name, model=f"{s.model} {fp.hash}", where=placement_of(lm)
+    )
     return Prepared(s, fp, data, held, PlanKL.on(lm, data.tokens), base, study)
 
 

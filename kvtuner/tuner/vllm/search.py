@@ -153,7 +153,9 @@ def prepare(run: SearchRun) -> Prepared:
     skip_kl = SkipKL.on(lm, target.kv_cache_dtype, fp.num_layers, data.tokens)
     text = f"{data.seq_len}x{s.num_samples}"
     name = s.study.study_name or f"vllm {target.kv_cache_dtype} cap {cap} {text}"
-    study = open_measured_study(s.study.storage, name)
+    study = open_measured_study(
+        s.study.storage, name, model=f"{s.model} {fp.hash}", where=placement_of(lm)
+    )
     return Prepared(layout, cap, data, held, skip_kl, study, _Counted(skip_kl.kl, run.progress))
 
 
