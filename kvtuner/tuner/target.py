@@ -18,7 +18,7 @@ from typing import Any
 
 from ..errors import KVTunerError
 
-__all__ = ["STAGES", "SearchRun", "Target"]
+__all__ = ["STAGES", "Chosen", "SearchRun", "Target"]
 
 STAGES = ("settings", "prepare", "candidates", "measure", "choose", "profile", "export")
 Log = Callable[[str], None]
@@ -34,6 +34,16 @@ class SearchRun:
     progress: bool = True
     loaded: tuple[Any, Any] | None = None
     started: float = 0.0
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """What a ``choose`` stage hands on: the best configuration, the KL of every one measured
+    (keyed as the target keys them: skip sets, recipes) and the metrics the profile records."""
+
+    best: Any
+    kl: dict[Any, float]
+    metrics: dict[str, Any]
 
 
 @dataclass(frozen=True)

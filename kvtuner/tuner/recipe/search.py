@@ -36,7 +36,7 @@ from ..budget import Budget
 from ..loading import load_placed, load_text
 from ..plan_kl import PlanKL
 from ..study import StudySettings, measure_choices, open_measured_study
-from ..target import SearchRun, Target
+from ..target import Chosen, SearchRun, Target
 from .candidates import Recipe, knapsack_pick, neighbours, recipe_bits
 from .settings import RecipeSettings, RecipeTarget
 
@@ -108,13 +108,6 @@ class Seeds:
 class Measured:
     kl: dict[Recipe, float]  # every fitting recipe the study holds
     searched: Recipe  # where the local search ended
-
-
-@dataclass(frozen=True)
-class Chosen:
-    best: Recipe
-    kl: dict[Recipe, float]
-    metrics: dict[str, Any]
 
 
 def settings_of(

@@ -35,7 +35,7 @@ from ...runtime_loader.vllm import VllmLayout
 from ..budget import Budget
 from ..loading import load_placed, load_text
 from ..study import StudySettings, measure_choices, open_measured_study
-from ..target import SearchRun, Target
+from ..target import Chosen, SearchRun, Target
 from .candidates import Skip, additive, boundary, greedy, largest_keys, merge_rules
 from .kl import SkipKL
 from .settings import VllmSettings, VllmTarget
@@ -103,13 +103,6 @@ class Candidates:
 class Measured:
     kl: dict[Skip, float]  # the proposed sets measured (not the greedy side steps)
     best: Skip  # least KL (then fewest layers), or the fewest within ppl_within
-    metrics: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Chosen:
-    best: Skip
-    kl: dict[Skip, float]
     metrics: dict[str, Any]
 
 
