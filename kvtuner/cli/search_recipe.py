@@ -36,14 +36,14 @@ def settings_from_args(args: argparse.Namespace) -> RecipeSettings:
     """The flags as :class:`RecipeSettings` (validated: bad input fails here)."""
     from ..errors import KVTunerError
     from ..tuner.budget import Budget
-    from ..tuner.recipe import RecipeSettings, RecipeTarget
+    from ..tuner.recipe import RecipeGoal, RecipeSettings
 
     if not args.budget:
         raise KVTunerError("--target recipe needs --budget in effective bits, e.g. 5.4bit")
     check_no_pool_flags(args)
     formats = tuple(f.strip() for f in args.formats.split(",")) if args.formats else None
-    target = RecipeTarget(args.engine, Budget.parse(args.budget), formats)
-    return RecipeSettings(target=target, **engine_run_kwargs(args))
+    goal = RecipeGoal(args.engine, Budget.parse(args.budget), formats)
+    return RecipeSettings(goal=goal, **engine_run_kwargs(args))
 
 
 def report(outcome: RecipeOutcome) -> None:

@@ -56,19 +56,19 @@ def settings_from_args(args: argparse.Namespace) -> VllmSettings:
     """The flags as :class:`VllmSettings` (validated: bad input fails here)."""
     from ..errors import KVTunerError
     from ..tuner.budget import Budget
-    from ..tuner.vllm import VllmSettings, VllmTarget
+    from ..tuner.vllm import VllmGoal, VllmSettings
 
     if not args.kv_cache_dtype:
         raise KVTunerError("--target vllm needs --kv-cache-dtype (e.g. fp8_e4m3)")
     check_no_pool_flags(args)
-    target = VllmTarget(
+    goal = VllmGoal(
         args.kv_cache_dtype,
         budget=Budget.parse(args.budget) if args.budget else None,
         max_skip=args.max_skip,
         ppl_within=args.ppl_within,
         model_dtype=args.model_dtype,
     )
-    return VllmSettings(target=target, **engine_run_kwargs(args))
+    return VllmSettings(goal=goal, **engine_run_kwargs(args))
 
 
 def report(outcome: VllmOutcome) -> None:

@@ -44,15 +44,15 @@ def check_text(num_samples: int, seq_len: int, data_seed: int, confirm_samples: 
     check_whole("--data-seed", data_seed, zero=True)
 
 
-def check_engine_run(settings: object, target_type: type) -> None:
+def check_engine_run(settings: object, goal_type: type) -> None:
     """The checks an engine target's settings (vLLM skip sets, recipes) share: the model, the
-    target's type, the study, the placement and the text; ``output`` becomes a Path and the
+    goal's type, the study, the placement and the text; ``output`` becomes a Path and the
     study's storage defaults to :func:`default_storage` beside it (frozen: set in place)."""
     s = settings
     check_model(s.model)
-    if not isinstance(s.target, target_type):
-        kind = type(s.target).__name__
-        raise KVTunerError(f"target must be a {target_type.__name__}, got {kind}")
+    if not isinstance(s.goal, goal_type):
+        kind = type(s.goal).__name__
+        raise KVTunerError(f"goal must be a {goal_type.__name__}, got {kind}")
     if not isinstance(s.study, StudySettings):
         raise KVTunerError(f"study must be StudySettings, got {type(s.study).__name__}")
     Placement(s.device, s.dtype)  # one line for an unknown device or dtype

@@ -38,8 +38,8 @@ def test_each_settings_stage_builds_its_record_from_keywords(tmp_path):
     recipe = TARGETS["recipe"].settings(model="m", engine="trtllm", budget="6bit", output=out)
     assert isinstance(pool, SearchSettings) and pool.study.n_trials == 40
     assert isinstance(vllm, VllmSettings) and vllm.study.n_trials == 3
-    assert vllm.target.budget.label == "0.75x" and vllm.study.storage.endswith("p.optuna.db")
-    assert isinstance(recipe, RecipeSettings) and recipe.target.engine == "trtllm"
+    assert vllm.goal.budget.label == "0.75x" and vllm.study.storage.endswith("p.optuna.db")
+    assert isinstance(recipe, RecipeSettings) and recipe.goal.engine == "trtllm"
     with pytest.raises(KVTunerError, match="needs kv_cache_dtype"):
         TARGETS["vllm"].settings(model="m", max_skip=1)
     with pytest.raises(KVTunerError, match="needs a budget"):

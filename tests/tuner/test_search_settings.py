@@ -13,7 +13,7 @@ from kvtuner.search_spaces import SearchPreset
 from kvtuner.tuner.budget import Budget
 from kvtuner.tuner.pool import SearchSettings
 from kvtuner.tuner.study import StudySettings
-from kvtuner.tuner.vllm import VllmSettings, VllmTarget
+from kvtuner.tuner.vllm import VllmGoal, VllmSettings
 
 BAD = [
     (dict(model=""), "--model must name a model"),
@@ -60,17 +60,17 @@ def test_values_are_normalised_once(tmp_path):
 
 
 def test_vllm_settings(tmp_path):
-    target = VllmTarget("fp8_e4m3", max_skip=2)
-    s = VllmSettings(model="m", target=target, output=tmp_path / "v.json")
+    goal = VllmGoal("fp8_e4m3", max_skip=2)
+    s = VllmSettings(model="m", goal=goal, output=tmp_path / "v.json")
     assert s.study.n_trials == 12 and s.study.storage.endswith("v.optuna.db")
     for bad, needle in [
-        (dict(target="fp8"), "target must be a VllmTarget"),
+        (dict(goal="fp8"), "goal must be a VllmGoal"),
         (dict(num_samples=0), "--num-samples must be a positive integer"),
         (dict(confirm_samples=-2), "confirm_samples must be >= 0"),
         (dict(device="tpu"), "device must be one of"),
     ]:
         with pytest.raises(KVTunerError, match=needle):
-            VllmSettings(**{"model": "m", "target": target, **bad})
+            VllmSettings(**{"model": "m", "goal": goal, **bad})
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,6 @@ within a budget in ModelOpt's effective bits (:mod:`.search`; the tables and mov
 :mod:`.candidates`)."""
 
 from .search import TARGET, RecipeOutcome
-from .settings import RecipeSettings, RecipeTarget
+from .settings import RecipeGoal, RecipeSettings
 
-__all__ = ["TARGET", "RecipeOutcome", "RecipeSettings", "RecipeTarget"]
+__all__ = ["TARGET", "RecipeGoal", "RecipeOutcome", "RecipeSettings"]

@@ -38,7 +38,7 @@ from ..plan_kl import PlanKL
 from ..study import StudySettings, measure_choices, open_measured_study
 from ..target import Chosen, SearchRun, Target
 from .candidates import Recipe, knapsack_pick, neighbours, recipe_bits
-from .settings import RecipeSettings, RecipeTarget
+from .settings import RecipeGoal, RecipeSettings
 
 if TYPE_CHECKING:
     from ...calibration import CalibrationData
@@ -73,7 +73,7 @@ class Prepared:
 
     @property
     def formats(self) -> tuple[str, ...]:
-        return self.settings.target.by_bits(self.fingerprint.head_dim)
+        return self.settings.goal.by_bits(self.fingerprint.head_dim)
 
     @property
     def bits(self) -> dict[str, Fraction]:
@@ -82,7 +82,7 @@ class Prepared:
 
     @property
     def capacity(self) -> Fraction:
-        return self.settings.target.capacity(self.fingerprint.num_layers)
+        return self.settings.goal.capacity(self.fingerprint.num_layers)
 
     def measure(self, recipes: list[Recipe]) -> dict[Recipe, float]:
         """Measured KL of ``recipes`` and of every recipe the study holds (resumed ones free)."""
@@ -121,16 +121,16 @@ def settings_of(
     **keywords: Any,
 ) -> RecipeSettings:
     """``RecipeSettings(**keywords)`` (model, output, dataset, num_samples, ...): its
-    :class:`RecipeTarget` from ``engine``, ``budget`` (effective bits, ``"5.4bit"`` or a
+    :class:`RecipeGoal` from ``engine``, ``budget`` (effective bits, ``"5.4bit"`` or a
     :class:`Budget`) and ``formats`` (None: all the engine serves); its study from ``n_trials``,
     ``storage``, ``study_name``."""
     if budget is None:
         raise KVTunerError("the recipe target needs a budget in effective bits, e.g. 5.4bit")
     if isinstance(budget, str):
         budget = Budget.parse(budget)
-    target = RecipeTarget(engine, budget, None if formats is None else tuple(formats))
+    goal = RecipeGoal(engine, budget, None if formats is None else tuple(formats))
     study = StudySettings(n_trials=n_trials, storage=storage, study_name=study_name)
-    return RecipeSettings(target=target, study=study, **keywords)
+    return RecipeSettings(goal=goal, study=study, **keywords)
 
 
 def prepare(run: SearchRun) -> Prepared:
@@ -141,7 +141,7 @@ def prepare(run: SearchRun) -> Prepared:
     s = run.settings
     lm, tokenizer, _ = load_placed(s.model, s.device, s.dtype, run.loaded)
     fp = fingerprint_of(lm)
-    s.target.check_feasible(fp.num_layers, fp.head_dim)
+    s.goal.check_feasible(fp.num_layers, fp.head_dim)
     data, held = load_text(tokenizer, s, s.confirm_samples)
     s.output.parent.mkdir(parents=True, exist_ok=True)
     k_amax, v_amax = kv_amax(lm, data.tokens)
@@ -292,10 +292,10 @@ def profile(run: SearchRun, prepared: Prepared, seeds: Seeds, chosen: Chosen) ->
     metrics = {**chosen.metrics, "fp_ppl": p.plan_kl.reference.ppl, "ppl": p.plan_kl.ppl(recipe),
                "trials": len(p.study.trials)}  # fmt: skip
     bits = float(recipe.effective_bits(p.fingerprint.head_dim))
-    budget = {"asked": s.target.budget.label, "effective_bits": round(bits, 4),
-              "formats": list(s.target.formats)}  # fmt: skip
+    budget = {"asked": s.goal.budget.label, "effective_bits": round(bits, 4),
+              "formats": list(s.goal.formats)}  # fmt: skip
     calibration = {**p.data.describe(), **placement_of(lm).describe()}
-    return RecipeProfile(s.model, p.fingerprint, s.target.engine, recipe, budget, calibration,
+    return RecipeProfile(s.model, p.fingerprint, s.goal.engine, recipe, budget, calibration,
                          metrics)  # fmt: skip
 
 

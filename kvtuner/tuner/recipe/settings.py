@@ -1,5 +1,5 @@
 """What one `kvtuner search --target recipe` asks for: the engine and its formats, the budget in
-effective bits as ModelOpt counts them (:class:`RecipeTarget`), and the run around it
+effective bits as ModelOpt counts them (:class:`RecipeGoal`), and the run around it
 (:class:`RecipeSettings`: model, text, study, output), validated on construction."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from ..budget import Budget
 from ..checks import check_engine_run
 from ..study import StudySettings
 
-__all__ = ["RecipeSettings", "RecipeTarget"]
+__all__ = ["RecipeGoal", "RecipeSettings"]
 
 
 @dataclass(frozen=True)
-class RecipeTarget:
+class RecipeGoal:
     """``engine``: an :data:`ENGINE_FORMATS` key; ``formats``: the per-layer choices (default:
     all the engine serves; always a subset of them); ``budget``: mean effective bits per layer
     (``5.4bit``; the model dtype counts 16)."""
@@ -75,7 +75,7 @@ class RecipeSettings:
     other budgets or formats reuse its measurements)."""
 
     model: str
-    target: RecipeTarget
+    goal: RecipeGoal
     output: Path | str = Path("recipe.json")
     study: StudySettings = field(default_factory=lambda: StudySettings(n_trials=24))
     dataset: str | None = None
@@ -87,4 +87,4 @@ class RecipeSettings:
     dtype: str = "auto"
 
     def __post_init__(self) -> None:
-        check_engine_run(self, RecipeTarget)
+        check_engine_run(self, RecipeGoal)

@@ -3,6 +3,6 @@ dtype for one ``--kv-cache-dtype`` (:mod:`.search`; the sets proposed, :mod:`.ca
 measured through vLLM's storage, :mod:`.kl`)."""
 
 from .search import TARGET, VllmOutcome
-from .settings import VllmSettings, VllmTarget
+from .settings import VllmGoal, VllmSettings
 
-__all__ = ["TARGET", "VllmOutcome", "VllmSettings", "VllmTarget"]
+__all__ = ["TARGET", "VllmGoal", "VllmOutcome", "VllmSettings"]

@@ -38,7 +38,7 @@ from ..study import StudySettings, measure_choices, open_measured_study
 from ..target import Chosen, SearchRun, Target
 from .candidates import Skip, additive, boundary, greedy, largest_keys, merge_rules
 from .kl import SkipKL
-from .settings import VllmSettings, VllmTarget
+from .settings import VllmGoal, VllmSettings
 
 if TYPE_CHECKING:
     import optuna
@@ -85,7 +85,7 @@ class _Counted:
 @dataclass(frozen=True)
 class Prepared:
     layout: VllmLayout
-    cap: int  # the most layers the target lets stay at the model dtype
+    cap: int  # the most layers the goal lets stay at the model dtype
     data: CalibrationData
     held: CalibrationData | None
     skip_kl: SkipKL  # on ``data``
@@ -119,33 +119,33 @@ def settings_of(
     **keywords: Any,
 ) -> VllmSettings:
     """``VllmSettings(**keywords)`` (model, output, dataset, num_samples, ...): its
-    :class:`VllmTarget` from ``kv_cache_dtype``, ``budget`` (``"0.55x"``, ``"10bit"`` or a
+    :class:`VllmGoal` from ``kv_cache_dtype``, ``budget`` (``"0.55x"``, ``"10bit"`` or a
     :class:`Budget`), ``max_skip``, ``ppl_within``, ``model_dtype``; its study from ``n_trials``,
     ``storage``, ``study_name``."""
     if not kv_cache_dtype:
         raise KVTunerError("the vllm target needs kv_cache_dtype (e.g. fp8_e4m3)")
     if isinstance(budget, str):
         budget = Budget.parse(budget)
-    target = VllmTarget(kv_cache_dtype, budget, max_skip, ppl_within, model_dtype)
+    goal = VllmGoal(kv_cache_dtype, budget, max_skip, ppl_within, model_dtype)
     study = StudySettings(n_trials=n_trials, storage=storage, study_name=study_name)
-    return VllmSettings(target=target, study=study, **keywords)
+    return VllmSettings(goal=goal, study=study, **keywords)
 
 
 def prepare(run: SearchRun) -> Prepared:
     """Model and text (as every target loads them), vLLM's layout, the skip cap, the study."""
     from ...calibration import fingerprint_of
 
-    s, target = run.settings, run.settings.target
+    s, goal = run.settings, run.settings.goal
     lm, tokenizer, _ = load_placed(s.model, s.device, s.dtype, run.loaded)
     fp = fingerprint_of(lm)
-    layout = VllmLayout(fp, target.model_dtype)
-    cap = target.skip_cap(layout)
-    confirm = 0 if target.ppl_within is not None else s.confirm_samples  # no study to confirm
+    layout = VllmLayout(fp, goal.model_dtype)
+    cap = goal.skip_cap(layout)
+    confirm = 0 if goal.ppl_within is not None else s.confirm_samples  # no study to confirm
     data, held = load_text(tokenizer, s, confirm)
     s.output.parent.mkdir(parents=True, exist_ok=True)
-    skip_kl = SkipKL.on(lm, target.kv_cache_dtype, fp.num_layers, data.tokens)
+    skip_kl = SkipKL.on(lm, goal.kv_cache_dtype, fp.num_layers, data.tokens)
     text = f"{data.seq_len}x{s.num_samples}"
-    name = s.study.study_name or f"vllm {target.kv_cache_dtype} cap {cap} {text}"
+    name = s.study.study_name or f"vllm {goal.kv_cache_dtype} cap {cap} {text}"
     study = open_measured_study(
         s.study.storage, name, model=f"{s.model} {fp.hash}", where=placement_of(lm)
     )
@@ -185,11 +185,11 @@ def _measure_all(prepared: Prepared) -> Callable[[list[Skip]], dict[Skip, float]
 def candidates(run: SearchRun, prepared: Prepared) -> Candidates:
     """The layers' sensitivity, then the sets the rules propose (greedy measures as it goes);
     with ``ppl_within``, the most sensitive k layers for k = 0..cap."""
-    target, p, log = run.settings.target, prepared, run.log
+    goal, p, log = run.settings.goal, prepared, run.log
     layers, cap = p.skip_kl.num_layers, p.cap
-    sens = _layer_sensitivity(p.study, p.counted_kl, layers, target.kv_cache_dtype, log)
+    sens = _layer_sensitivity(p.study, p.counted_kl, layers, goal.kv_cache_dtype, log)
     order = sorted(range(layers), key=lambda i: (-sens[i], i))
-    if target.ppl_within is not None:
+    if goal.ppl_within is not None:
         prefixes = [tuple(sorted(order[:k])) for k in range(cap + 1)]
         return Candidates(tuple(sens), dict.fromkeys(prefixes, PPL_WITHIN))
     rules = merge_rules({
@@ -216,7 +216,7 @@ def measure(run: SearchRun, prepared: Prepared, proposed: Candidates) -> Measure
     """Every proposed set's KL (a trial each) and the least; with ``ppl_within``, the sets'
     perplexity in order until one is within, and the KL of it and of D everywhere."""
     try:
-        if run.settings.target.ppl_within is not None:
+        if run.settings.goal.ppl_within is not None:
             return _fewest_within(run, prepared, list(proposed.rules))
         measured = _measure_all(prepared)(list(proposed.rules))
     finally:
@@ -228,7 +228,7 @@ def measure(run: SearchRun, prepared: Prepared, proposed: Candidates) -> Measure
 
 
 def _fewest_within(run: SearchRun, prepared: Prepared, prefixes: list[Skip]) -> Measured:
-    skip_kl, pct = prepared.skip_kl, run.settings.target.ppl_within
+    skip_kl, pct = prepared.skip_kl, run.settings.goal.ppl_within
     limit = skip_kl.reference.ppl * (1 + pct / 100)
     for k, skip in enumerate(prefixes):
         ppl = skip_kl.ppl(skip)
@@ -268,7 +268,7 @@ def profile(
 ) -> VllmProfile:
     """The vLLM profile of the chosen set: its plan, vLLM's bytes for it, KL and ppl vs fp, the
     rule that proposed it."""
-    target, p, best = run.settings.target, prepared, chosen.best
+    goal, p, best = run.settings.goal, prepared, chosen.best
     final, fp_ppl = p.skip_kl.plan(best), p.skip_kl.reference.ppl
     metrics = {"kl": chosen.kl[best], "uniform_kl": chosen.kl[()], "fp_ppl": fp_ppl,
                "ppl": p.skip_kl.ppl(best), **chosen.metrics, "rule": proposed.rules[best],
@@ -277,10 +277,10 @@ def profile(
     bytes_tok = p.layout.bytes_per_token(final)
     budget = {"skip_cap": p.cap, "bytes_per_token": bytes_tok,
               "ratio_to_model_dtype": round(bytes_tok / p.layout.fp_bytes_per_token(), 4),
-              **({} if target.budget is None else {"asked": target.budget.label}),
-              **({} if target.max_skip is None else {"max_skip": target.max_skip})}  # fmt: skip
+              **({} if goal.budget is None else {"asked": goal.budget.label}),
+              **({} if goal.max_skip is None else {"max_skip": goal.max_skip})}  # fmt: skip
     calibration = {**p.data.describe(), **placement_of(p.skip_kl.lm).describe()}
-    return VllmProfile(run.settings.model, p.layout.fingerprint, final, target.model_dtype,
+    return VllmProfile(run.settings.model, p.layout.fingerprint, final, goal.model_dtype,
                        budget, calibration, metrics)  # fmt: skip
 
 
@@ -291,16 +291,16 @@ def export(
     output, best = run.settings.output, chosen.best
     save_vllm_profile(made, output)
     return VllmOutcome(made, output, chosen.kl[best], chosen.kl[()], proposed.sensitivity,
-                       len(prepared.study.trials), _summary(made, run.settings.target))  # fmt: skip
+                       len(prepared.study.trials), _summary(made, run.settings.goal))  # fmt: skip
 
 
-def _summary(profile: VllmProfile, target: VllmTarget) -> str:
-    m, b, d = profile.metrics, profile.budget, target.kv_cache_dtype
+def _summary(profile: VllmProfile, goal: VllmGoal) -> str:
+    m, b, d = profile.metrics, profile.budget, goal.kv_cache_dtype
     return (
         f"vLLM {d}: skip {list(profile.plan.skip_layers)} -> KL {m['kl']:.5g} "
         f"(every layer {d}: {m['uniform_kl']:.5g}), ppl {m['ppl']:.4f} "
         f"(fp {m['fp_ppl']:.4f}), {b['bytes_per_token']} bytes/token "
-        f"({b['ratio_to_model_dtype']}x of {target.model_dtype})"
+        f"({b['ratio_to_model_dtype']}x of {goal.model_dtype})"
     )
 
 

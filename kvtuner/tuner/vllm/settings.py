@@ -1,4 +1,4 @@
-"""What one `kvtuner search --target vllm` asks for: the target (:class:`VllmTarget`: the vLLM
+"""What one `kvtuner search --target vllm` asks for: the goal (:class:`VllmGoal`: the vLLM
 KV dtype and what the skip set may cost) and the run around it (:class:`VllmSettings`: model,
 text, study, output), validated on construction."""
 
@@ -14,11 +14,11 @@ from ..budget import Budget
 from ..checks import check_engine_run
 from ..study import StudySettings
 
-__all__ = ["VllmSettings", "VllmTarget"]
+__all__ = ["VllmGoal", "VllmSettings"]
 
 
 @dataclass(frozen=True)
-class VllmTarget:
+class VllmGoal:
     """What the skip set may cost: ``budget`` (bytes vs vLLM's cache at the model dtype, ``0.6x``,
     or mean bits per element, ``10bit``), ``max_skip`` layers, or both; ``ppl_within``: percent."""
 
@@ -71,7 +71,7 @@ class VllmSettings:
     the cap and the text)."""
 
     model: str
-    target: VllmTarget
+    goal: VllmGoal
     output: Path | str = Path("profile.json")
     study: StudySettings = field(default_factory=lambda: StudySettings(n_trials=12))
     dataset: str | None = None
@@ -83,4 +83,4 @@ class VllmSettings:
     dtype: str = "auto"
 
     def __post_init__(self) -> None:
-        check_engine_run(self, VllmTarget)
+        check_engine_run(self, VllmGoal)

@@ -14,7 +14,7 @@ from kvtuner.cli.main import main
 from kvtuner.profile.recipe_profile import load_recipe_profile
 from kvtuner.runtime_loader.engines import parse_trtllm_kv_dtype, read_quant_config
 from kvtuner.tuner.budget import Budget
-from kvtuner.tuner.recipe import RecipeTarget
+from kvtuner.tuner.recipe import RecipeGoal
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "calibration"))
 from calib_helpers import save_tiny  # noqa: E402
@@ -115,10 +115,10 @@ def test_a_bad_recipe_profile_is_one_line_and_exit_2(tmp_path, capsys, edit, mat
 
 def test_a_bad_recipe_target_fails_before_any_model_loads():
     with pytest.raises(KVTunerError, match="unknown engine 'sglang'"):
-        RecipeTarget("sglang", Budget.parse("5bit"))
+        RecipeGoal("sglang", Budget.parse("5bit"))
     with pytest.raises(KVTunerError, match="effective bits"):
-        RecipeTarget("vllm", Budget.parse("0.3x"))
+        RecipeGoal("vllm", Budget.parse("0.3x"))
     with pytest.raises(KVTunerError, match="unknown format"):
-        RecipeTarget("vllm", Budget.parse("5bit"), ("fp8", "int2"))
+        RecipeGoal("vllm", Budget.parse("5bit"), ("fp8", "int2"))
     with pytest.raises(KVTunerError, match="at least two formats"):
-        RecipeTarget("vllm", Budget.parse("5bit"), ("fp8",))
+        RecipeGoal("vllm", Budget.parse("5bit"), ("fp8",))
