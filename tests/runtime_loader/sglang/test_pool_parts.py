@@ -9,6 +9,9 @@ import torch
 from kvtuner.errors import KVTunerError
 from kvtuner.profile import LayerSpec
 from kvtuner.quant import QuantSpec
+
+pytest.importorskip("sglang")  # the sglang tier: collected only where sglang is installed
+
 from kvtuner.runtime_loader.sglang.pool.channel_pages import ChannelPages
 from kvtuner.runtime_loader.sglang.pool.channels import ChannelSides
 from kvtuner.runtime_loader.sglang.pool.geometry import PoolGeometry
