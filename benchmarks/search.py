@@ -30,9 +30,9 @@ import torch
 
 from kvtuner.calibration import fp_reference, load_calibration_data, load_model, measure_kl
 from kvtuner.profile import Profile, load_profile, save_profile, write_json_atomic
+from kvtuner.profile.index import write_index
 from kvtuner.search_spaces import DEFAULT_BITS, load_preset
 from kvtuner.tuner import Budget
-from kvtuner.tuner.index import write_index
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results" / "search.json"

@@ -1,6 +1,7 @@
 """Profile schemas (JSON), each with provenance and a canonical hash: kvtuner's packed per-layer
 K/V specs (v1/v2/v3, v3: key smoothing), vLLM plans (``"target": "vllm"``: one
-``--kv-cache-dtype`` and its skip layers) and engine recipes (``"target": "recipe"``)."""
+``--kv-cache-dtype`` and its skip layers) and engine recipes (``"target": "recipe"``);
+:mod:`.index` builds ``exported_configs/index.*``."""
 
 from .fingerprint import ModelFingerprint
 from .io import load_profile, profile_from_dict, read_json, save_profile, write_json_atomic

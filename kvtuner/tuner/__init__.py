@@ -12,8 +12,8 @@
   the additive optimum and local-search sampler the study seeds and samples with, the
   confirmation on held-back windows, the results and report tables, the sensitivity file, the
   KL of an engine plan (:mod:`.plan_kl`);
-- the exported-configs index generator (:mod:`.index`, ``python -m kvtuner.tuner.index``) and
-  the import of KVTuner's YAML configurations (:mod:`.import_kvtuner`).
+- the import of KVTuner's YAML configurations (:mod:`.import_kvtuner`). The exported-configs
+  index generator is :mod:`kvtuner.profile.index` (it reads profiles only).
 """
 
 from .budget import Budget, layer_bytes

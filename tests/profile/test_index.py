@@ -5,7 +5,7 @@ import json
 import pytest
 
 from kvtuner import KVTunerError, ModelFingerprint, Profile, QuantSpec, save_profile
-from kvtuner.tuner.index import build_index, main
+from kvtuner.profile.index import build_index, main
 
 FP = ModelFingerprint("LlamaForCausalLM", num_layers=3, num_kv_heads=2, head_dim=64)
 
