@@ -25,35 +25,31 @@ class PackedReads:
     the model dtype from ``geometry``, the token-axis dequantizer ``ops.gather``."""
 
     def __init__(self, stored: StoredLayers, geometry: PoolGeometry, ops: PoolOps) -> None:
-        self._k = stored.k_buffer
-        self._v = stored.v_buffer
-        self._specs = stored.specs
-        self._pairs = stored.pairs
-        self._channels = stored.channels
-        self._lambdas = stored.lambdas
+        self._stored = stored  # the packed buffers, specs, grids, pages and λ the writer shares
         self._gather = ops.gather
         self._head_dim = geometry.head_dim
         self._dtype = geometry.dtype
 
     def read_kv(self, local: int, loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Dequantized K, V [len(loc), heads, head_dim] (model dtype) of slots ``loc``."""
-        shared = self._pairs[local]
+        shared = self._stored.pairs[local]
         if shared is None:
             return self.read_one(local, "k", loc), self.read_one(local, "v", loc)
-        spec, idx = self._specs[local], loc.long()
-        rows = (self._k[local][idx], self._v[local][idx])
-        dtype = self._lambdas.values_dtype(local)  # fp32 for smoothed keys
+        spec, idx = self._stored.specs[local], loc.long()
+        rows = (self._stored.k_buffer[local][idx], self._stored.v_buffer[local][idx])
+        dtype = self._stored.lambdas.values_dtype(local)  # fp32 for smoothed keys
         kv = dequantize_pair(*rows, spec.k, spec.v, shared, self._head_dim, dtype)
-        return self._lambdas.read_back(local, *kv)
+        return self._stored.lambdas.read_back(local, *kv)
 
     def read_one(self, local: int, which: str, loc: torch.Tensor) -> torch.Tensor:
         """Dequantized K (``which="k"``) or V [len(loc), heads, head_dim] of slots ``loc``."""
-        pages = self._channels.side(local, which)
+        pages = self._stored.channels.side(local, which)
         if pages is not None:
             return pages.read(loc)
-        spec = self._specs[local]
+        spec = self._stored.specs[local]
         if which == "v":
-            return self._gather(self._v[local], loc, spec.v, self._head_dim, self._dtype)
-        dtype = self._lambdas.values_dtype(local)
-        k = self._gather(self._k[local], loc, spec.k, self._head_dim, dtype)
-        return self._lambdas.read_back(local, k, None)[0]
+            v_buffer = self._stored.v_buffer[local]
+            return self._gather(v_buffer, loc, spec.v, self._head_dim, self._dtype)
+        dtype = self._stored.lambdas.values_dtype(local)
+        k = self._gather(self._stored.k_buffer[local], loc, spec.k, self._head_dim, dtype)
+        return self._stored.lambdas.read_back(local, k, None)[0]

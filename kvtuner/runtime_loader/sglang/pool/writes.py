@@ -54,13 +54,7 @@ class PoolWriter:
     def __init__(
         self, stored: StoredLayers, geometry: PoolGeometry, ops: PoolOps, reads: ReadState
     ) -> None:
-        self._k = stored.k_buffer
-        self._v = stored.v_buffer
-        self._start = stored.start_layer
-        self._specs = stored.specs
-        self._pairs = stored.pairs
-        self._channels = stored.channels
-        self._lambdas = stored.lambdas
+        self._stored = stored  # the packed buffers, specs, grids, pages and λ the reads share
         self._reads = reads
         self._read_kv = reads.plan.read_kv
         self._scatter = ops.scatter
@@ -70,7 +64,7 @@ class PoolWriter:
         # per local layer: the numpy writer, or None (torch path; see the module doc)
         self._codecs = [
             PairCodec(s.k, s.v, geometry.heads) if self._codec_fits(s) else None
-            for s in self._specs
+            for s in self._stored.specs
         ]
         self._host: dict[int, tuple] = {}  # local layer -> numpy views of its packed buffers
 
@@ -80,23 +74,23 @@ class PoolWriter:
     def write(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Quantize, pack and store K/V [N, heads, head_dim] (or any shape of that many
         values) of layer ``layer_id`` into slots ``loc`` (int [N])."""
-        local, n = layer_id - self._start, loc.shape[0]
+        local, n = layer_id - self._stored.start_layer, loc.shape[0]
         self._reads.forget(layer_id)
         if n == 0:
             return
         shape = (n, *self._shape)
         k = k if k.shape == shape else k.reshape(shape)
         v = v if v.shape == shape else v.reshape(shape)
-        k = self._lambdas.smoothed_keys(local, k)  # key smoothing: fp32 k / λ
+        k = self._stored.lambdas.smoothed_keys(local, k)  # key smoothing: fp32 k / λ
         cache = self._reads.cache
-        if self._channels[local] is not None:
+        if self._stored.channels[local] is not None:
             self._write_channel_layer(layer_id, loc, k, v)
             return
         if not self._torch_cpu:
             cache.on_write(layer_id, loc)  # a tensor: read back only if entries exist
-            spec = self._specs[local]
-            self._scatter(self._k[local], loc, k, spec.k)
-            self._scatter(self._v[local], loc, v, spec.v)
+            spec = self._stored.specs[local]
+            self._scatter(self._stored.k_buffer[local], loc, k, spec.k)
+            self._scatter(self._stored.v_buffer[local], loc, v, spec.v)
             return
         slots = loc.tolist()  # Python ints: numpy row indices, the decode cache's bookkeeping
         cache.on_write(layer_id, slots)
@@ -105,17 +99,18 @@ class PoolWriter:
         else:
             k_rows, v_rows, k_hat, v_hat = self._quantize(local, k, v)
             idx = loc.long()
-            self._k[local][idx], self._v[local][idx] = k_rows, v_rows
+            self._stored.k_buffer[local][idx], self._stored.v_buffer[local][idx] = k_rows, v_rows
         if cache.enabled:
-            cache.remember(layer_id, slots, *self._lambdas.read_back(local, k_hat, v_hat))
+            cache.remember(layer_id, slots, *self._stored.lambdas.read_back(local, k_hat, v_hat))
 
     def _write_channel_layer(self, layer_id: int, loc, k: torch.Tensor, v: torch.Tensor):
         """A layer with a channel-axis side: stage/pack that side, quantize the other."""
-        local = layer_id - self._start
-        spec, buffers = self._specs[local], (self._k[local], self._v[local])
+        stored = self._stored
+        local = layer_id - stored.start_layer
+        spec, buffers = stored.specs[local], (stored.k_buffer[local], stored.v_buffer[local])
         packed: set[int] = set()
         for x, qs, buffer, pages in zip(
-            (k, v), (spec.k, spec.v), buffers, self._channels[local], strict=True
+            (k, v), (spec.k, spec.v), buffers, stored.channels[local], strict=True
         ):
             if pages is not None:
                 packed.update(pages.write(loc, x))
@@ -131,7 +126,7 @@ class PoolWriter:
 
     def _write_numpy(self, local: int, slots: list[int], k: torch.Tensor, v: torch.Tensor):
         """PairCodec rows into the packed buffers' numpy views; returns the values (or None)."""
-        dtype = self._lambdas.values_dtype(local) if self._reads.cache.enabled else None
+        dtype = self._stored.lambdas.values_dtype(local) if self._reads.cache.enabled else None
         k_rows, v_rows, k_hat, v_hat = self._codecs[local].encode(k, v, dtype)
         k_host, v_host = self._host_buffers(local)
         if len(slots) == 1:  # basic indexing: the cheapest numpy store
@@ -144,7 +139,7 @@ class PoolWriter:
     def _host_buffers(self, local: int) -> tuple[np.ndarray, np.ndarray]:
         """Numpy views (shared memory) of layer ``local``'s packed K and V buffers, made once
         per buffer tensor (rebuilt if the pool's buffers are ever replaced)."""
-        k, v = self._k[local], self._v[local]
+        k, v = self._stored.k_buffer[local], self._stored.v_buffer[local]
         cached = self._host.get(local)
         if cached is None or cached[0] is not k or cached[1] is not v:
             cached = self._host[local] = (k, v, k.numpy(), v.numpy())
@@ -153,12 +148,12 @@ class PoolWriter:
     def _quantize(self, local: int, k: torch.Tensor, v: torch.Tensor) -> tuple:
         """Torch reference: rows of K, V [n, heads, D] and, for the decode cache, the values
         they dequantize to (None when the cache is off)."""
-        spec, shared = self._specs[local], self._pairs[local]
+        spec, shared = self._stored.specs[local], self._stored.pairs[local]
         if not self._reads.cache.enabled:
             if shared is not None:
                 return (*quantize_pair(k, v, spec.k, spec.v, shared), None, None)
             return quantize(k, spec.k), quantize(v, spec.v), None, None
-        dtype = self._lambdas.values_dtype(local)  # fp32 for smoothed keys
+        dtype = self._stored.lambdas.values_dtype(local)  # fp32 for smoothed keys
         if shared is not None:
             return quantize_pair_values(k, v, spec.k, spec.v, shared, dtype)
         (k_rows, k_hat), (v_rows, v_hat) = (
