@@ -201,12 +201,19 @@ def extend_cases() -> dict:
     )  # fmt: skip
     eight = QuantSpec(8, 64)
     ragged8 = dataclasses.replace(ragged, k_spec=eight, v_spec=eight, k_rows=rows8, v_rows=rows8)
+    new = tuple(torch.empty(n_q, HKV, D, dtype=torch.bfloat16) for _ in range(2))  # in hand
     return {
         "extend KV4 g32 (512 new tokens)": lambda: launch_extend(
             ragged, ragged.q, plan_extend(ragged, 1)
         ),
+        "extend KV4 g32, new tokens in hand": lambda: launch_extend(
+            ragged, ragged.q, plan_extend(ragged, 1), new
+        ),
         "extend KV8 g64 (512 new tokens)": lambda: launch_extend(
             ragged8, ragged8.q, plan_extend(ragged8, 1)
+        ),
+        "extend KV8 g64, new tokens in hand": lambda: launch_extend(
+            ragged8, ragged8.q, plan_extend(ragged8, 1), new
         ),
         "extend KV4 g32, the general kernel": lambda: launch(ragged, ragged.q, None, None, 1, 64),
     }

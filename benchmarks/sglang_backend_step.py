@@ -90,13 +90,14 @@ def measure(args, seconds, batch: int, context: int, label: str, mode: str) -> d
     q = torch.randn(sum(new), hq, d, device=dev, dtype=torch.bfloat16)
     new_t = torch.tensor(new, device=dev)
     specs = (k_rows, v_rows, k_spec, v_spec)
+    k_new, v_new = (torch.randn(sum(new), hkv, d, device=dev, dtype=torch.bfloat16) for _ in "kv")
 
-    def kvtuner_step():
+    def kvtuner_step():  # extend: the new tokens in hand, as the backend passes them
         if mode == "decode":
             md = PackedMetadata.decode(seq_lens, rows, table, hkv)
             return decode_attention(q, *specs, **md.kernel_args())
         md = PackedMetadata.extend(seq_lens, rows, table, hkv, new_t, max(new))
-        return extend_attention(q, *specs, **md.kernel_args())
+        return extend_attention(q, *specs, k_new=k_new, v_new=v_new, **md.kernel_args())
 
     total = int(seq_lens.max())
     k, v = (torch.randn(batch, hkv, total, d, device=dev, dtype=torch.bfloat16) for _ in "kv")

@@ -56,6 +56,13 @@ def _smoothed(q: torch.Tensor, k_tail: torch.Tensor | None, lam: torch.Tensor | 
     return q, k_tail
 
 
+def _new_inputs(batch: AttentionBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """The new tokens in hand (k_new, v_new [N, Hkv, D]) as the extend kernel reads them, like
+    the tails: keys divided by λ, both rotated into K's and V's basis."""
+    k = smooth(batch.k_new, batch.k_smooth, -2).to(batch.k_new.dtype)
+    return _rotated(k, batch.k_spec), _rotated(batch.v_new, batch.v_spec)
+
+
 def _kernel_inputs(batch: AttentionBatch):
     """(q, k_tail, v_tail) as the kernel reads them: smoothed, rotated into K's and V's basis;
     bf16 q becomes fp32 on CPU (the interpreter's numpy has no bf16 ``tl.dot``)."""
@@ -99,6 +106,9 @@ def extend_attention(
     - ragged batches (paged only; SGLang's extend): q ``[N, Hq, D]``, ``qo_indptr [B+1]``
       int32 (request b's queries are rows ``qo_indptr[b]:qo_indptr[b+1]``, its newest tokens)
       and ``max_q_len`` (host int >= every request's count; sizes the grid, no device sync);
+    - ``k_new`` / ``v_new`` (ragged): the new tokens' K and V as the model computed them,
+      ``[N, Hkv, D]``; the extend kernel attends them from these values (exact, not their
+      packed rows) and reads only the prefix from rows; the general kernel reads their rows;
     - ``k_smooth``: fp32 λ [Hkv, D]: the key rows hold ``k / λ`` (the tail holds k);
     - ``sm_scale`` (default D^-0.5); ``window``: a query at position p attends only keys in
       ``(p - window, p]`` (Gemma/HF ``sliding_window``: itself included); ``logit_cap``: scores
@@ -165,8 +175,9 @@ def attend(
         splits = num_splits or choose_splits(programs, batch.kv_heads, batch.span, q.device)
         if specialized and serves_extend(batch):
             plan = dataclasses.replace(plan_extend(batch, splits), **options)
-            out = launch_extend(batch, inputs[0], plan)
-        else:
+            new = None if batch.k_new is None else _new_inputs(batch)
+            out = launch_extend(batch, inputs[0], plan, new)
+        else:  # new tokens in hand or not, the general kernel reads them from their rows
             tuning = {k: options[k] for k in ("num_warps", "num_stages") if k in options}
             out = launch(batch, *inputs, splits, block_tokens or 64,
                          scale_after_dot=scale_after_dot, **tuning)  # fmt: skip

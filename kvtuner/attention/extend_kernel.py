@@ -5,8 +5,11 @@ Grid ``(B, Hkv, query blocks × splits)``: a program owns one KV head of one req
 ``BQ`` of its new tokens and one slice of the packed positions those tokens see; rows of its
 ``tl.dot`` are (query token, query head of the KV head), so each K/V tile is loaded once for all
 of them. The rows are read as the decode kernel reads them (:mod:`.packed_rows`), causally per
-row. Partials merge in :func:`.splits.merge_splits` (sinks there). Everything else an extend
-can be (KIVI pages, pre-RoPE keys, contiguous rows, left padding) runs the general kernel.
+row. With the new tokens in hand (``HAND``: K and V as the model computed them, one row a query
+row) only the prefix comes from packed rows: the new positions are read from those values,
+exact, by the same online softmax (:func:`_hand_part`), as SGLang's own extend reads them.
+Partials merge in :func:`.splits.merge_splits` (sinks there). Everything else an extend can be
+(KIVI pages, pre-RoPE keys, contiguous rows, left padding) runs the general kernel.
 """
 
 from __future__ import annotations
@@ -19,8 +22,17 @@ import triton
 import triton.language as tl
 
 from .layout import AttentionBatch
-from .packed_rows import FP16_MAX, decodable, packed_part, row_vec, rows_args, table_rows
+from .packed_rows import (
+    FP16_MAX,
+    _seen,
+    decodable,
+    packed_part,
+    row_vec,
+    rows_args,
+    table_rows,
+)
 from .splits import merge_splits, softmax_args, split_chunk, store_partial
+from .tiles import _dot, _softmax_step
 
 __all__ = ["ExtendPlan", "launch_extend", "plan_extend", "serves_extend"]
 
@@ -28,12 +40,12 @@ __all__ = ["ExtendPlan", "launch_extend", "plan_extend", "serves_extend"]
 @triton.jit
 def _extend_kernel(
     q_ptr, k_words, k_half, v_words, v_half, table_ptr, rows_ptr, len_ptr, qo_ptr, o_ptr, lse_ptr,
-    stride_qn, stride_qh, k_st, k_sh, v_st, v_sh, stride_table, chunk, num_splits, window,
-    score_scale, cap_log2, D: tl.constexpr, GROUP: tl.constexpr, GP: tl.constexpr,
-    BQ: tl.constexpr, BT: tl.constexpr, K_BITS: tl.constexpr, K_G: tl.constexpr,
-    K_SYM: tl.constexpr, K_VEC: tl.constexpr, V_BITS: tl.constexpr, V_G: tl.constexpr,
-    V_SYM: tl.constexpr, V_VEC: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-    DOT_IEEE: tl.constexpr,
+    k_new, v_new, stride_qn, stride_qh, k_st, k_sh, v_st, v_sh, stride_table, k_nn, k_nh, v_nn,
+    v_nh, chunk, num_splits, window, score_scale, cap_log2, D: tl.constexpr, GROUP: tl.constexpr,
+    GP: tl.constexpr, BQ: tl.constexpr, BT: tl.constexpr, K_BITS: tl.constexpr,
+    K_G: tl.constexpr, K_SYM: tl.constexpr, K_VEC: tl.constexpr, V_BITS: tl.constexpr,
+    V_G: tl.constexpr, V_SYM: tl.constexpr, V_VEC: tl.constexpr, WINDOW: tl.constexpr,
+    SOFTCAP: tl.constexpr, HAND: tl.constexpr, DOT_IEEE: tl.constexpr,
 ):  # fmt: skip
     b, h = tl.program_id(0), tl.program_id(1)
     qb, split = tl.program_id(2) // num_splits, tl.program_id(2) % num_splits
@@ -57,14 +69,44 @@ def _extend_kernel(
     lo = base + split * chunk
     hi = tl.minimum(tl.minimum(lo + chunk, total), last + 1)
     row = tl.load(rows_ptr + b).to(tl.int64)
+    prefix = total - n_q  # positions from here on are the new tokens
     m, denom, acc = packed_part(
         q, k_words, k_half, v_words, v_half, table_ptr, row, h64 * k_sh * K_VEC,
-        h64 * v_sh * V_VEC, k_st, v_st, stride_table, lo, hi, 0, qpos, window, score_scale,
-        cap_log2, 0, 0, D, BT, K_BITS, K_G, K_SYM, K_VEC, V_BITS, V_G, V_SYM, V_VEC, True,
-        False, WINDOW, SOFTCAP, True, DOT_IEEE, 0, False,
+        h64 * v_sh * V_VEC, k_st, v_st, stride_table, lo, tl.minimum(hi, prefix) if HAND else hi,
+        0, qpos, window, score_scale, cap_log2, 0, 0, D, BT, K_BITS, K_G, K_SYM, K_VEC, V_BITS,
+        V_G, V_SYM, V_VEC, True, False, WINDOW, SOFTCAP, True, DOT_IEEE, 0, False,
     )  # fmt: skip
+    if HAND:  # row q0 + i of k_new / v_new is position prefix + i
+        m, denom, acc = _hand_part(
+            q, m, denom, acc, k_new + (q0 - prefix) * k_nn + h64 * k_nh,
+            v_new + (q0 - prefix) * v_nn + h64 * v_nh, k_nn, v_nn, tl.maximum(lo, prefix), hi,
+            qpos, window, score_scale, cap_log2, BT, WINDOW, SOFTCAP, DOT_IEEE,
+        )  # fmt: skip
     at = ((q0 + qi) * (GROUP * tl.num_programs(1)) + qh) * num_splits + split  # [N, Hq, splits]
     store_partial(o_ptr, lse_ptr, at, m, denom, acc, q_ok)
+
+
+@triton.jit
+def _hand_part(q, m, denom, acc, k_at, v_at, k_nn, v_nn, lo, hi, qpos, window, score_scale,
+               cap_log2, BT: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+               IEEE: tl.constexpr):  # fmt: skip
+    """The online softmax (m, denom [QP], acc [QP, D] channel order) carried on over positions
+    [lo, hi) whose K and V are float rows in hand (position t at ``k_at + t·k_nn``: the kernel
+    shifts the pointers so), causally per row like :func:`.packed_rows.packed_part`. Rows come
+    in q's dtype (fp16 on the GPU, clamped to its range as q is: the launcher's caller)."""
+    D: tl.constexpr = q.shape[1]
+    d = tl.arange(0, D)
+    for t0 in range(lo, hi, BT):
+        t = t0 + tl.arange(0, BT)
+        ok = t < hi
+        tok = tl.minimum(t, hi - 1).to(tl.int64)  # past the end: the last row again, masked
+        k = tl.load(k_at + tok[:, None] * k_nn + d[None, :])  # [BT, D]
+        seen = _seen(t, ok, qpos, window, WINDOW, True)
+        m, denom, alpha, p = _softmax_step(_dot(q, tl.trans(k), IEEE), seen, m, denom,
+                                           score_scale, cap_log2, SOFTCAP)  # fmt: skip
+        v = tl.load(v_at + tok[:, None] * v_nn + d[None, :])
+        acc = acc * alpha[:, None] + _dot(p.to(q.dtype), v, IEEE)
+    return m, denom, acc
 
 
 @dataclass(frozen=True)
@@ -90,11 +132,12 @@ class ExtendPlan:
 def plan_extend(batch: AttentionBatch, splits: int) -> ExtendPlan:
     """Tiles as the sm_90a build reads best (``benchmarks/kernel_resources.py``): 16 rows (4 new
     tokens of a 4-head group) and 32 tokens on 4 warps, 2 stages, where rows load 16 bytes at
-    a time (KV4 g32: 128 registers; 32 rows took 175, 64 took 235); else 16 tokens on 8 warps,
-    unpipelined (KV8 g64's 136-byte rows: 150 registers, against 244)."""
+    a time (KV4 g32: 128 registers, with the new tokens in hand too; 32 rows took 175, 64 took
+    235); else 16 tokens on 8 warps, 2 stages (KV8 g64's 136-byte rows: 148 registers, 166 with
+    the new tokens in hand; unpipelined 150 and 174; 4 warps 240)."""
     if min(row_vec(batch.k_rows), row_vec(batch.v_rows)) == 4:
         return ExtendPlan(splits, rows=16, block_tokens=32, num_warps=4, num_stages=2)
-    return ExtendPlan(splits, rows=16, block_tokens=16, num_warps=8, num_stages=1)
+    return ExtendPlan(splits, rows=16, block_tokens=16, num_warps=8, num_stages=2)
 
 
 def serves_extend(batch: AttentionBatch) -> bool:
@@ -113,9 +156,15 @@ def serves_extend(batch: AttentionBatch) -> bool:
     )
 
 
-def launch_extend(batch: AttentionBatch, q: torch.Tensor, plan: ExtendPlan) -> torch.Tensor:
-    """fp32 [N, Hq, D] of a batch :func:`serves_extend` (not ragged: [B, Tq, Hq, D]); ``q`` as
-    the kernel reads it (rotated, smoothed), the rest from ``batch``."""
+def launch_extend(
+    batch: AttentionBatch,
+    q: torch.Tensor,
+    plan: ExtendPlan,
+    new: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """fp32 [N, Hq, D] of a batch :func:`serves_extend` (not ragged: [B, Tq, Hq, D]); ``q`` and
+    ``new`` (the batch's k_new, v_new [N, Hkv, D], ragged only) as the kernel reads them
+    (rotated, smoothed), the rest from ``batch``."""
     if not serves_extend(batch):
         raise ValueError("launch_extend: this batch is for the general kernel (see serves_extend)")
     indptr = batch.qo_indptr
@@ -123,6 +172,7 @@ def launch_extend(batch: AttentionBatch, q: torch.Tensor, plan: ExtendPlan) -> t
         bsz, tq = q.shape[:2]
         out = launch_extend(_ragged(batch, q), q.reshape(bsz * tq, *q.shape[2:]), plan)
         return out.view(bsz, tq, *out.shape[1:])
+    k_new, v_new = _hand_rows(q, batch, new)
     hq, dim, hkv = q.shape[-2], batch.head_dim, batch.kv_heads
     group = hq // hkv
     gp = triton.next_power_of_2(group)
@@ -137,14 +187,30 @@ def launch_extend(batch: AttentionBatch, q: torch.Tensor, plan: ExtendPlan) -> t
     grid = (batch.batch_size, hkv, triton.cdiv(batch.q_tokens, bq) * splits)
     _extend_kernel[grid](
         q, k_args[0], k_args[1], v_args[0], v_args[1], table, rows, batch.lengths,
-        batch.qo_indptr, partial, lse, q.stride(0), q.stride(1), *k_args[3:], *v_args[3:],
-        table.stride(0), chunk, splits, **softmax_args(batch), D=dim, GROUP=group, GP=gp, BQ=bq,
-        BT=plan.block_tokens, K_BITS=k.bits, K_G=k.group_size, K_SYM=k.symmetric and k.is_quantized,
-        K_VEC=k_vec, V_BITS=v.bits, V_G=v.group_size, V_SYM=v.symmetric and v.is_quantized,
-        V_VEC=v_vec, DOT_IEEE=q.dtype == torch.float32, num_warps=plan.num_warps,
+        batch.qo_indptr, partial, lse, k_new, v_new, q.stride(0), q.stride(1), *k_args[3:],
+        *v_args[3:], table.stride(0), *k_new.stride()[:2], *v_new.stride()[:2], chunk, splits,
+        **softmax_args(batch), D=dim, GROUP=group, GP=gp, BQ=bq, BT=plan.block_tokens,
+        K_BITS=k.bits, K_G=k.group_size, K_SYM=k.symmetric and k.is_quantized, K_VEC=k_vec,
+        V_BITS=v.bits, V_G=v.group_size, V_SYM=v.symmetric and v.is_quantized, V_VEC=v_vec,
+        HAND=new is not None, DOT_IEEE=q.dtype == torch.float32, num_warps=plan.num_warps,
         num_stages=plan.num_stages,
     )  # fmt: skip
     return merge_splits(partial, lse, batch.sinks)
+
+
+def _hand_rows(q: torch.Tensor, batch: AttentionBatch, new) -> tuple[torch.Tensor, torch.Tensor]:
+    """(k_new, v_new) [N, Hkv, D] for the kernel's pointers: the ones in hand in the dtype of
+    its dots (q's; fp16 clamped to its range where q is bf16), or q itself twice (never read:
+    HAND is off)."""
+    if new is None:
+        return q, q
+    want = (q.shape[0], batch.kv_heads, batch.head_dim)
+    if any(tuple(x.shape) != want or x.stride(-1) != 1 for x in new):
+        raise ValueError(f"launch_extend: new tokens must be [N, Hkv, D] = {list(want)}")
+    if q.dtype == torch.float32:
+        return new[0].float(), new[1].float()
+    top = torch.finfo(torch.float16).max
+    return tuple(x.clamp(-top, top).to(torch.float16) for x in new)
 
 
 def _ragged(batch: AttentionBatch, q: torch.Tensor) -> AttentionBatch:

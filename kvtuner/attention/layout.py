@@ -27,7 +27,12 @@ class AttentionBatch:
     when K and V pack different token counts. Tails ``[B, Hkv, Tt, D]`` follow each one's packed
     tokens (K and V end at the same position); ``starts [B]`` int32 masks the positions before
     it (left padding). ``rope_freq``: keys (rows and tail) are stored pre-RoPE, key t of
-    request b at position ``rope_offset (+ [b]) + t`` (:mod:`.rope`).
+    request b at position ``rope_offset (+ [b]) + t`` (:mod:`.rope`). ``k_new`` / ``v_new``
+    (ragged only): each request's new tokens as the model computed them, float [N, Hkv, D], row
+    n the token of q's row n (keys as q sees them: rotated by RoPE, neither smoothed nor
+    Hadamard-rotated); where the extend kernel runs the batch (``serves_extend``) they are
+    attended from these values and only the prefix from packed rows, elsewhere from their
+    rows, which must already hold them.
     """
 
     q: torch.Tensor
@@ -52,6 +57,8 @@ class AttentionBatch:
     k_stage_rows: torch.Tensor | None = None  # int32 [pages]: a page's stage row, -1: packed
     rope_freq: torch.Tensor | None = None  # fp32 [R/2]: keys stored pre-RoPE (.rope)
     rope_offset: int | torch.Tensor = 0  # position of stored key 0: int, or int32 [B]
+    k_new: torch.Tensor | None = None  # ragged: the new tokens' keys in hand [N, Hkv, D]
+    v_new: torch.Tensor | None = None  # and their values
 
     def __post_init__(self) -> None:
         q, ragged = self.q, self.qo_indptr is not None
@@ -77,6 +84,7 @@ class AttentionBatch:
             object.__setattr__(self, "lengths", lengths.to(torch.int32))
         self._check_indices()
         self._check_tails()
+        self._check_new()
         self._check_smooth()
         self._check_softmax()
         self._check_stage()
@@ -228,6 +236,23 @@ class AttentionBatch:
                 f"K ({self._packed('k')} packed + {self.k_tail.shape[2]}) and V "
                 f"({self._packed('v')} packed + {self.v_tail_tokens}) must end at the same token"
             )
+
+    def _check_new(self) -> None:
+        """The new tokens in hand: K and V together, one row a query row, ragged batches only."""
+        k, v = self.k_new, self.v_new
+        if k is None and v is None:
+            return
+        if k is None or v is None or self.qo_indptr is None:
+            raise ValueError("k_new and v_new come together, for ragged batches (qo_indptr)")
+        want = (self.q.shape[0], self.kv_heads, self.head_dim)
+        for x in (k, v):
+            if tuple(x.shape) != want or x.dtype not in _FLOATS or x.stride(-1) != 1:
+                raise ValueError(
+                    f"k_new and v_new must be float [N, Hkv, D] = {list(want)} with contiguous "
+                    f"D, got {x.dtype} {tuple(x.shape)} strides {x.stride()}"
+                )
+            if x.device != self.q.device:
+                raise ValueError(f"k_new and v_new are on {x.device}, q on {self.q.device}")
 
     def _packed(self, name: str) -> int:
         """Packed tokens of K or V (contiguous rows: all requests alike)."""

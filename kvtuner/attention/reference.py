@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from ..quant.reference import dequantize
 from ..quant.smoothing import unsmooth
 from ..quant.spec import QuantSpec
+from .extend_kernel import serves_extend
 from .layout import AttentionBatch
 from .rope import rope_forward
 
@@ -70,6 +71,16 @@ def _queries(batch: AttentionBatch, b: int) -> torch.Tensor:
     return batch.q[int(batch.qo_indptr[b]) : int(batch.qo_indptr[b + 1])]
 
 
+def _with_new(batch: AttentionBatch, b: int, k: torch.Tensor, v: torch.Tensor):
+    """K, V fp32 [Hkv, T_b, D] with request b's newest positions read from k_new / v_new."""
+    first, last = int(batch.qo_indptr[b]), int(batch.qo_indptr[b + 1])
+    k, v = k.clone(), v.clone()
+    if last > first:
+        k[:, k.shape[1] - (last - first) :] = batch.k_new[first:last].transpose(0, 1).float()
+        v[:, v.shape[1] - (last - first) :] = batch.v_new[first:last].transpose(0, 1).float()
+    return k, v
+
+
 def _allowed(batch: AttentionBatch, b: int, q_len: int, total: int) -> torch.Tensor:
     """bool [Tq, total]: query i (position p = total - Tq + i) sees keys in [start, p], and
     with a window only those in (p - window, p]."""
@@ -120,16 +131,20 @@ def extend_attention_reference(
 ) -> torch.Tensor:
     """Same arguments as :func:`~.decode.extend_attention` (its launch options ignored)
     -> [B, Tq, Hq, D] (ragged: [N, Hq, D]) in q's dtype; a query with nothing to attend gets
-    zeros."""
+    zeros. New tokens in hand (``k_new``, ``v_new``) replace their stored rows where the extend
+    kernel runs the batch, as there."""
     for launch_option in ("num_splits", "block_tokens", "num_warps", "num_stages"):
         kwargs.pop(launch_option, None)
     batch = AttentionBatch(
         q=q, k_rows=k_rows, v_rows=v_rows, k_spec=k_spec, v_spec=v_spec, **kwargs
     )
+    hand = batch.k_new is not None and serves_extend(batch)
     outs = []
     for b in range(batch.batch_size):
         qb = _queries(batch, b).float()  # [Tq_b, Hq, D]
         k, v = request_kv(batch, b)
+        if hand:
+            k, v = _with_new(batch, b, k, v)
         allowed = _allowed(batch, b, qb.shape[0], k.shape[1])
         seen = allowed.any(-1)  # [Tq_b]
         out = torch.zeros_like(qb)

@@ -80,6 +80,27 @@ def test_compiled_window_cap_and_sinks_match_the_reference(extra):
         torch.testing.assert_close(got, ref, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("spec", [QuantSpec(4), QuantSpec(8, group_size=64)], ids=str)
+def test_compiled_extend_with_the_new_tokens_in_hand_matches_the_reference(spec):
+    """SGLang's ragged extend as the backend runs it: the prefix from packed rows, each
+    request's new tokens (bf16, in hand) exact; a prefill of 512 tokens with no prefix too."""
+    torch.manual_seed(2)
+    lengths, new = [3000, 512, 777, 4096], [33, 512, 1, 100]
+    slots = 4 * 4096 + 64
+    k_rows, v_rows = (quantize(torch.randn(slots, 8, D, device="cuda"), spec) for _ in range(2))
+    table = torch.randperm(slots, device="cuda").to(torch.int32)[: 4 * 4096].view(4, 4096)
+    indptr = torch.tensor([0, *torch.tensor(new).cumsum(0).tolist()], dtype=torch.int32)
+    kw = dict(lengths=torch.tensor(lengths, dtype=torch.int32, device="cuda"), slot_table=table,
+              qo_indptr=indptr.cuda(), max_q_len=max(new))  # fmt: skip
+    n = sum(new)
+    q = torch.randn(n, 32, D, device="cuda", dtype=torch.bfloat16)
+    kw["k_new"], kw["v_new"] = (torch.randn(n, 8, D, device="cuda").bfloat16() for _ in "kv")
+    args = (k_rows, v_rows, spec, spec)
+    got = extend_attention(q, *args, **kw).float()
+    torch.testing.assert_close(got, extend_attention_reference(q, *args, **kw).float(),
+                               atol=2e-2, rtol=2e-2)  # fmt: skip
+
+
 @torch.inference_mode()
 def test_hf_cache_holds_what_nbytes_reports_after_prefill_and_decode():
     model = use_kvtuner_attention(

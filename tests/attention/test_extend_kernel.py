@@ -66,8 +66,8 @@ def test_what_the_extend_kernel_leaves_to_the_general_one():
 
     assert serves_extend(batch())
     assert not serves_extend(batch(rope_freq=torch.ones(32), k_spec=QuantSpec(4, pre_rope=True)))
-    assert args[0].shape[-1] == 40  # rows not a multiple of 16 bytes: 8 warps, unpipelined
-    assert plan_extend(batch(), 2) == ExtendPlan(2, 16, 16, num_warps=8, num_stages=1)
+    assert args[0].shape[-1] == 40  # rows not a multiple of 16 bytes: 8 warps, 16 tokens
+    assert plan_extend(batch(), 2) == ExtendPlan(2, 16, 16, num_warps=8, num_stages=2)
     g16 = QuantSpec(4, group_size=16)
     rows16, _ = pool(g16, g16)
     assert rows16[0].shape[-1] == 48  # 16-byte rows
@@ -81,3 +81,65 @@ def test_what_the_extend_kernel_leaves_to_the_general_one():
     assert not serves_extend(contiguous)  # the HF cache's rows: the general kernel
     with pytest.raises(ValueError, match="general kernel"):
         launch_extend(contiguous, contiguous.q, ExtendPlan(1))
+
+
+def in_hand(kw, new, seed):
+    """k_new, v_new [N, Hkv, D] unlike what the pool's rows hold for those positions, so a
+    kernel that read the rows instead would miss."""
+    g = gen(seed)
+    n = sum(new)
+    return dict(kw, k_new=torch.randn(n, 2, 64, generator=g) * 3, v_new=torch.randn(n, 2, 64))
+
+
+HAND_SPECS = [SPECS[0], SPECS[4], SPECS[6], SPECS[9]]  # g32, one scale a row, 16-bit K, Hadamard
+
+
+@pytest.mark.parametrize("k_spec,v_spec", HAND_SPECS, ids=lambda s: s.short())
+def test_new_tokens_in_hand_are_attended_from_those_values(k_spec, v_spec):
+    args, kw = pool(k_spec, v_spec)
+    q, indptr = ragged(NEW, 8, seed=4)
+    kw = in_hand(dict(kw, qo_indptr=indptr, max_q_len=5), NEW, seed=5)
+    got = extend_attention(q, *args, **kw, block_tokens=16, num_splits=3)  # splits cross them
+    torch.testing.assert_close(got, extend_attention_reference(q, *args, **kw), atol=2e-5,
+                               rtol=2e-5)  # fmt: skip
+    rows_only = {k: x for k, x in kw.items() if k not in ("k_new", "v_new")}
+    assert not torch.allclose(got, extend_attention_reference(q, *args, **rows_only), atol=1e-2)
+
+
+def test_new_tokens_in_hand_with_smoothed_keys_a_window_cap_and_sinks():
+    spec = QuantSpec(4)
+    args, kw = pool(spec, spec)
+    q, indptr = ragged(NEW, 8, seed=6)
+    lam = torch.rand(2, 64, generator=gen(7)) + 0.5
+    kw = dict(kw, qo_indptr=indptr, max_q_len=5, window=20, logit_cap=2.0, k_smooth=lam)
+    kw = in_hand(dict(kw, sinks=torch.randn(8, generator=gen(8))), NEW, seed=9)
+    got = extend_attention(q, *args, **kw, block_tokens=16, num_splits=2)
+    torch.testing.assert_close(got, extend_attention_reference(q, *args, **kw), atol=2e-5,
+                               rtol=2e-5)  # fmt: skip
+
+
+def test_the_general_kernel_reads_new_tokens_from_their_rows():
+    spec = QuantSpec(4, pre_rope=True)  # pre-RoPE keys at extend: the general kernel
+    args, kw = pool(spec, QuantSpec(4))
+    q, indptr = ragged(NEW, 8, seed=10)
+    kw = dict(kw, qo_indptr=indptr, max_q_len=5, rope_freq=torch.rand(32, generator=gen(13)))
+    hand = in_hand(kw, NEW, seed=11)
+    got = extend_attention(q, *args, **hand, block_tokens=16)
+    torch.testing.assert_close(got, extend_attention(q, *args, **kw, block_tokens=16))
+    torch.testing.assert_close(got, extend_attention_reference(q, *args, **hand), atol=2e-5,
+                               rtol=2e-5)  # fmt: skip
+
+
+def test_new_tokens_in_hand_are_checked():
+    spec = QuantSpec(4)
+    args, kw = pool(spec, spec)
+    q, indptr = ragged(NEW, 8)
+    fields = dict(q=q, k_rows=args[0], v_rows=args[1], k_spec=spec, v_spec=spec, **kw)
+    hand = in_hand({}, NEW, seed=12)
+    with pytest.raises(ValueError, match="ragged batches"):  # 2 new tokens a request, not ragged
+        AttentionBatch(**dict(fields, q=q.view(3, 2, 8, 64)), **hand)
+    ragged_fields = dict(fields, qo_indptr=indptr, max_q_len=5)
+    with pytest.raises(ValueError, match="come together"):
+        AttentionBatch(**ragged_fields, k_new=hand["k_new"])
+    with pytest.raises(ValueError, match=r"\[N, Hkv, D\]"):
+        AttentionBatch(**ragged_fields, k_new=hand["k_new"][:, :1], v_new=hand["v_new"][:, :1])

@@ -139,8 +139,8 @@ def test_backend_matches_torch_native_over_the_dequantized_pool(sglang_parts, mo
         q = torch.randn(sum(new), Q_HEADS * D, generator=g)
         k, v = (torch.randn(sum(new), HEADS, D, generator=g) for _ in range(2))
         got = ours.forward(q, k, v, layer, fb)  # stores the new tokens (quantized), attends
-        dequantized_copy(packed, stock)
-        want = theirs.forward(q, k, v, layer, fb, save_kv_cache=False)
+        dequantized_copy(packed, stock)  # extend attends the new tokens exact: stock stores them
+        want = theirs.forward(q, k, v, layer, fb, save_kv_cache=mode == "extend")
         assert got.shape == want.shape == (sum(new), Q_HEADS * D)
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 

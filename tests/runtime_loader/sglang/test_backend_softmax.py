@@ -73,12 +73,12 @@ def test_window_layers_match_torch_native_over_the_dequantized_pool(sglang_parts
         layer = radix(layer_id, sliding_window_size=WINDOW)
         q, k, v = qkv(fb.input_ids.numel(), g)
         got = ours.forward(q, k, v, layer, fb)  # stores the new tokens (quantized), attends
-        dequantized_copy(packed, stock)
-        want = theirs.forward(q, k, v, layer, fb, save_kv_cache=False)
+        dequantized_copy(packed, stock)  # extend attends the new tokens exact: stock stores them
+        want = theirs.forward(q, k, v, layer, fb, save_kv_cache=mode == "extend")
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
-def sglang_decode(stock, layer, fb, req_to_token_pool, q, sinks):
+def sglang_decode(stock, layer, fb, req_to_token_pool, q, k, v, sinks):
     """SGLang's Triton decode kernel over each request's last W + 1 slots."""
     from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
 
@@ -98,12 +98,12 @@ def sglang_decode(stock, layer, fb, req_to_token_pool, q, sinks):
     return out.view(q.shape)
 
 
-def sglang_extend(stock, layer, fb, req_to_token_pool, q, sinks):
+def sglang_extend(stock, layer, fb, req_to_token_pool, q, k, v, sinks):
     """SGLang's Triton extend kernel: prefix slots from req_to_token, the new tokens' K/V as
-    the pool dequantizes them."""
+    computed (k, v [N, Hkv·D]), as SGLang serves its own quantized caches."""
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
 
-    table, loc = req_to_token_pool.req_to_token, fb.out_cache_loc
+    table = req_to_token_pool.req_to_token
     prefix = fb.extend_prefix_lens.tolist()
     slots = torch.cat([table[r, :p] for r, p in zip(ROWS, prefix, strict=True)]).long()
     kv_indptr = torch.tensor([0, *torch.tensor(prefix).cumsum(0)], dtype=torch.int32)
@@ -112,7 +112,7 @@ def sglang_extend(stock, layer, fb, req_to_token_pool, q, sinks):
     q3 = q.view(-1, Q_HEADS, D)
     out = torch.empty_like(q3)
     extend_attention_fwd(
-        q3, k_buf[loc].contiguous(), v_buf[loc].contiguous(), out, k_buf, v_buf, qo_indptr,
+        q3, k.view(-1, HEADS, D), v.view(-1, HEADS, D), out, k_buf, v_buf, qo_indptr,
         kv_indptr, slots, None, True, None, max(NEW), 1.0, 1.0, sm_scale=layer.scaling,
         logit_cap=CAP, sliding_window_size=WINDOW, sinks=sinks,
     )  # fmt: skip
@@ -134,7 +134,7 @@ def test_window_cap_and_sinks_match_sglangs_triton_kernels(sglang_parts, mode): 
         sinks = torch.randn(Q_HEADS, generator=g)
         got = ours.forward(q, k, v, layer, fb, sinks=sinks)
         dequantized_copy(packed, stock)
-        want = theirs(stock, layer, fb, req_to_token_pool, q, sinks)
+        want = theirs(stock, layer, fb, req_to_token_pool, q, k, v, sinks)
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 

@@ -157,16 +157,23 @@ class KVTunerAttnBackend(AttentionBackend):
             )
         self._checked.add(layer.layer_id)
 
-    def _attend(self, attend, q, k, v, layer, forward_batch, save_kv_cache, extras):
+    def _attend(self, attend, q, k, v, layer, forward_batch, save_kv_cache, extras, hand=False):
+        """``hand`` (extend): the new tokens' K and V are attended as computed, exact; only the
+        prefix is read from the packed pool (where the extend kernel runs the layer)."""
         self._check_layer(layer)
         if save_kv_cache and k is not None and v is not None:
             self.pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v)
         k_rows, v_rows = self.pool.packed_rows(layer.layer_id)
         spec = self.pool.layer_spec(layer.layer_id)
         q3 = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
+        new = {}
+        if hand and k is not None and v is not None:  # [N, Hkv, D], a row each of q3's
+            new = dict(k_new=k.reshape(len(q3), layer.tp_k_head_num, -1),
+                       v_new=v.reshape(len(q3), layer.tp_v_head_num, -1))  # fmt: skip
         lam = self.pool.key_smoothing(layer.layer_id)  # smoothed keys: rows hold k / λ
         out = attend(q3, k_rows, v_rows, spec.k, spec.v, sm_scale=layer.scaling, k_smooth=lam,
-                     **layer_softmax(layer), **_extras(extras), **self._stage(layer.layer_id),
+                     **layer_softmax(layer), **_extras(extras), **new,
+                     **self._stage(layer.layer_id),
                      **self.forward_metadata.kernel_args())  # fmt: skip
         return out.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
 
@@ -186,7 +193,7 @@ class KVTunerAttnBackend(AttentionBackend):
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
         attend = extend_attention
-        return self._attend(attend, q, k, v, layer, forward_batch, save_kv_cache, kwargs)
+        return self._attend(attend, q, k, v, layer, forward_batch, save_kv_cache, kwargs, True)
 
     def support_triton(self) -> bool:
         return True
