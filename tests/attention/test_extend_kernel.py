@@ -22,6 +22,14 @@ def ragged(new, heads, seed=0):
     return torch.randn(int(indptr[-1]), heads, 64, generator=g) * 2, indptr
 
 
+def matches_reference(q, args, kw, **launch):
+    """extend_attention of (q, args, kw) under ``launch`` options, held to the reference."""
+    got = extend_attention(q, *args, **kw, **launch)
+    want = extend_attention_reference(q, *args, **kw)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+    return got
+
+
 @pytest.mark.parametrize("k_spec,v_spec", SPECS, ids=lambda s: s.short())
 def test_ragged_extend_matches_the_reference_for_every_format(k_spec, v_spec):
     args, kw = pool(k_spec, v_spec)  # requests of 150, 1 and 67 stored tokens
@@ -29,9 +37,7 @@ def test_ragged_extend_matches_the_reference_for_every_format(k_spec, v_spec):
     kw = dict(kw, qo_indptr=indptr, max_q_len=5)
     batch = AttentionBatch(q=q, k_rows=args[0], v_rows=args[1], k_spec=k_spec, v_spec=v_spec, **kw)
     assert serves_extend(batch)
-    got = extend_attention(q, *args, **kw, block_tokens=16, num_splits=3)
-    want = extend_attention_reference(q, *args, **kw)
-    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+    matches_reference(q, args, kw, block_tokens=16, num_splits=3)
 
 
 def test_a_window_cap_and_sinks_per_row():
@@ -40,18 +46,14 @@ def test_a_window_cap_and_sinks_per_row():
     q, indptr = ragged(NEW, 8, seed=1)
     kw = dict(kw, qo_indptr=indptr, max_q_len=5, window=20, logit_cap=2.0)
     kw["sinks"] = torch.randn(8, generator=gen(2))
-    got = extend_attention(q, *args, **kw, block_tokens=16, num_splits=2)
-    want = extend_attention_reference(q, *args, **kw)
-    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+    matches_reference(q, args, kw, block_tokens=16, num_splits=2)
 
 
 def test_equal_counts_run_as_the_ragged_batch_they_are():
     spec = QuantSpec(8, group_size=64)
     args, kw = pool(spec, spec)
     q = torch.randn(3, 1, 4, 64, generator=gen(3)).expand(3, 2, 4, 64).contiguous()
-    got = extend_attention(q, *args, **kw, block_tokens=16)  # 2 new tokens a request
-    torch.testing.assert_close(got, extend_attention_reference(q, *args, **kw), atol=2e-5,
-                               rtol=2e-5)  # fmt: skip
+    matches_reference(q, args, kw, block_tokens=16)  # 2 new tokens a request
 
 
 def test_what_the_extend_kernel_leaves_to_the_general_one():
@@ -99,9 +101,7 @@ def test_new_tokens_in_hand_are_attended_from_those_values(k_spec, v_spec):
     args, kw = pool(k_spec, v_spec)
     q, indptr = ragged(NEW, 8, seed=4)
     kw = in_hand(dict(kw, qo_indptr=indptr, max_q_len=5), NEW, seed=5)
-    got = extend_attention(q, *args, **kw, block_tokens=16, num_splits=3)  # splits cross them
-    torch.testing.assert_close(got, extend_attention_reference(q, *args, **kw), atol=2e-5,
-                               rtol=2e-5)  # fmt: skip
+    got = matches_reference(q, args, kw, block_tokens=16, num_splits=3)  # splits cross them
     rows_only = {k: x for k, x in kw.items() if k not in ("k_new", "v_new")}
     assert not torch.allclose(got, extend_attention_reference(q, *args, **rows_only), atol=1e-2)
 
@@ -113,9 +113,7 @@ def test_new_tokens_in_hand_with_smoothed_keys_a_window_cap_and_sinks():
     lam = torch.rand(2, 64, generator=gen(7)) + 0.5
     kw = dict(kw, qo_indptr=indptr, max_q_len=5, window=20, logit_cap=2.0, k_smooth=lam)
     kw = in_hand(dict(kw, sinks=torch.randn(8, generator=gen(8))), NEW, seed=9)
-    got = extend_attention(q, *args, **kw, block_tokens=16, num_splits=2)
-    torch.testing.assert_close(got, extend_attention_reference(q, *args, **kw), atol=2e-5,
-                               rtol=2e-5)  # fmt: skip
+    matches_reference(q, args, kw, block_tokens=16, num_splits=2)
 
 
 def test_the_general_kernel_reads_new_tokens_from_their_rows():
@@ -124,10 +122,8 @@ def test_the_general_kernel_reads_new_tokens_from_their_rows():
     q, indptr = ragged(NEW, 8, seed=10)
     kw = dict(kw, qo_indptr=indptr, max_q_len=5, rope_freq=torch.rand(32, generator=gen(13)))
     hand = in_hand(kw, NEW, seed=11)
-    got = extend_attention(q, *args, **hand, block_tokens=16)
+    got = matches_reference(q, args, hand, block_tokens=16)
     torch.testing.assert_close(got, extend_attention(q, *args, **kw, block_tokens=16))
-    torch.testing.assert_close(got, extend_attention_reference(q, *args, **hand), atol=2e-5,
-                               rtol=2e-5)  # fmt: skip
 
 
 def test_new_tokens_in_hand_are_checked():
