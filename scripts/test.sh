@@ -102,15 +102,13 @@ tier_vllm() {
   TRITON_INTERPRET=1 .venv-vllm/bin/python -m pytest -m vllm -q tests/runtime_loader/vllm
 }
 
-start_tier() {  # name [niceness]: tier_<name> in the background, timed, in .<name>-tests.log
+start_tier() {  # name: tier_<name> in the background, timed, output in .<name>-tests.log
   {
     local rc=0 start=$EPOCHSECONDS
     "tier_$1" || rc=$?
     echo "tier $1 exit $rc after $((EPOCHSECONDS - start)) s"
   } >".$1-tests.log" 2>&1 &
   TIER_PID[$1]=$!
-  # what the tier starts later (pip, pytest, servers) inherits the niceness
-  [ -z "${2:-}" ] || renice -n "$2" -p "$!" >/dev/null
 }
 
 report_tiers() {  # print every started tier's log in order; fail if any tier failed
@@ -129,10 +127,8 @@ SECONDS=0
 check_disk
 trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
 setup_core
-# The engine tiers yield the CPU to the core tier, the longest: alone it keeps about one core
-# busy, and they fill the other (run at equal priority, they starved it: 34 % done at 26 min).
-[ "${KVTUNER_SKIP_SGLANG:-0}" = 1 ] || start_tier sglang 10
-[ "${KVTUNER_SKIP_VLLM:-0}" = 1 ] || start_tier vllm 10
+[ "${KVTUNER_SKIP_SGLANG:-0}" = 1 ] || start_tier sglang
+[ "${KVTUNER_SKIP_VLLM:-0}" = 1 ] || start_tier vllm
 setup_models .venv
 .venv/bin/ruff check kvtuner tests benchmarks
 .venv/bin/ruff format --check kvtuner tests benchmarks
