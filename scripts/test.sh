@@ -91,9 +91,18 @@ tier_core() {
   .venv/bin/python -m pytest -m "not sglang and not vllm" -q --durations=15
 }
 
+# SGLang's HiCache host pool refuses to start unless 10 GiB of host memory stay free (its
+# HICACHE_HOST_MEMORY_RESERVE_BYTES): beside two workers' servers and the core tier it failed
+# once in a fresh-clone run, so its file runs alone once the rest of the tier has ended.
+HICACHE_TESTS=tests/runtime_loader/sglang/test_hicache_server.py
+
 tier_sglang() {
+  local rc=0
   install sglang || return 1
-  .venv-sglang/bin/python -m pytest -m sglang -q --durations=10 -n 2 --dist loadfile
+  .venv-sglang/bin/python -m pytest -m sglang -q --durations=10 -n 2 --dist loadfile \
+    --ignore "$HICACHE_TESTS" || rc=1
+  .venv-sglang/bin/python -m pytest -m sglang -q --durations=5 "$HICACHE_TESTS" || rc=1
+  return "$rc"
 }
 
 tier_vllm() {
