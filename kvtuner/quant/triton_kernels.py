@@ -63,23 +63,28 @@ def _x_offsets(rows, heads, stride_xt, stride_xh):
 
 
 @triton.jit
-def _row_bases(buf_ptr, loc_ptr, pid, n_rows, heads, stride_slot, stride_head, BLOCK: tl.constexpr):
-    """Rows [BLOCK] of this program (token * heads + head), their mask and buffer row pointers."""
+def _row_bases(
+    buf_ptr, loc_ptr, pid, n_rows, heads, stride_slot, stride_head, BLOCK: tl.constexpr,
+    ALIGN: tl.constexpr,
+):  # fmt: skip
+    """Rows [BLOCK] of this program (token * heads + head), their mask and buffer row pointers.
+    Strides come in ``ALIGN``-byte units: a row offset is then a known multiple of ALIGN, so a
+    row's bytes move 8 or 16 at a time where the rows allow (136-byte KV8 g64 rows: 8)."""
     rows = pid * BLOCK + tl.arange(0, BLOCK)
     row_ok = rows < n_rows
     slot = tl.load(loc_ptr + rows // heads, mask=row_ok, other=0).to(tl.int64)
-    base = buf_ptr + slot * stride_slot + (rows % heads).to(tl.int64) * stride_head
-    return rows.to(tl.int64), row_ok, base
+    unit = slot * stride_slot + (rows % heads).to(tl.int64) * stride_head
+    return rows.to(tl.int64), row_ok, buf_ptr + unit * ALIGN
 
 
 @triton.jit
 def _scatter_kernel(
     x_ptr, loc_ptr, buf_ptr, n_rows, heads, stride_slot, stride_head, stride_xt,
     stride_xh, D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr, SYMMETRIC: tl.constexpr,
-    NW_PAD: tl.constexpr, BLOCK: tl.constexpr, ROTATE: tl.constexpr,
+    NW_PAD: tl.constexpr, BLOCK: tl.constexpr, ROTATE: tl.constexpr, ALIGN: tl.constexpr,
 ):  # fmt: skip
     rows, row_ok, dst = _row_bases(
-        buf_ptr, loc_ptr, tl.program_id(0), n_rows, heads, stride_slot, stride_head, BLOCK
+        buf_ptr, loc_ptr, tl.program_id(0), n_rows, heads, stride_slot, stride_head, BLOCK, ALIGN
     )
     NW: tl.constexpr = D // 8  # words of 8 codes per row
     NB: tl.constexpr = NW * BITS  # code bytes per row
@@ -112,10 +117,10 @@ def _scatter_kernel(
 def _gather_kernel(
     buf_ptr, loc_ptr, out_ptr, n_rows, heads, stride_slot, stride_head, D: tl.constexpr,
     G: tl.constexpr, BITS: tl.constexpr, SYMMETRIC: tl.constexpr, NW_PAD: tl.constexpr,
-    BLOCK: tl.constexpr, OUT_BF16: tl.constexpr, ROTATE: tl.constexpr,
+    BLOCK: tl.constexpr, OUT_BF16: tl.constexpr, ROTATE: tl.constexpr, ALIGN: tl.constexpr,
 ):  # fmt: skip
     rows, row_ok, src = _row_bases(
-        buf_ptr, loc_ptr, tl.program_id(0), n_rows, heads, stride_slot, stride_head, BLOCK
+        buf_ptr, loc_ptr, tl.program_id(0), n_rows, heads, stride_slot, stride_head, BLOCK, ALIGN
     )
     NW: tl.constexpr = D // 8
     NB: tl.constexpr = NW * BITS
@@ -149,10 +154,10 @@ def _gather_kernel(
 @triton.jit
 def _scatter_fp16_kernel(
     x_ptr, loc_ptr, buf_ptr, n_rows, heads, stride_slot, stride_head, stride_xt, stride_xh,
-    D: tl.constexpr, D_PAD: tl.constexpr, BLOCK: tl.constexpr,
+    D: tl.constexpr, D_PAD: tl.constexpr, BLOCK: tl.constexpr, ALIGN: tl.constexpr,
 ):  # fmt: skip
     rows, row_ok, dst = _row_bases(
-        buf_ptr, loc_ptr, tl.program_id(0), n_rows, heads, stride_slot, stride_head, BLOCK
+        buf_ptr, loc_ptr, tl.program_id(0), n_rows, heads, stride_slot, stride_head, BLOCK, ALIGN
     )
     e = tl.arange(0, D_PAD)
     mask = row_ok[:, None] & (e < D)[None]
@@ -160,21 +165,23 @@ def _scatter_fp16_kernel(
     x = tl.load(x_ptr + at[:, None] + e[None], mask=mask, other=0.0).to(tl.float32)
     bits = x.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)  # [BLOCK, D_PAD]
     bits = tl.where(x == x, bits, NAN_FP16)  # the format's NaN, whatever the GPU's cvt gives
-    tl.store(dst[:, None] + 2 * e[None], (bits & 0xFF).to(tl.uint8), mask=mask)
-    tl.store(dst[:, None] + 2 * e[None] + 1, ((bits >> 8) & 0xFF).to(tl.uint8), mask=mask)
+    halves = dst.to(tl.pointer_type(tl.int16))  # a row's fp16 as one vector, not byte pairs
+    tl.store(halves[:, None] + e[None], bits.to(tl.int16), mask=mask)
 
 
 @triton.jit
 def _gather_fp16_kernel(
     buf_ptr, loc_ptr, out_ptr, n_rows, heads, stride_slot, stride_head, D: tl.constexpr,
-    D_PAD: tl.constexpr, BLOCK: tl.constexpr, OUT_BF16: tl.constexpr,
+    D_PAD: tl.constexpr, BLOCK: tl.constexpr, OUT_BF16: tl.constexpr, ALIGN: tl.constexpr,
 ):  # fmt: skip
     rows, row_ok, src = _row_bases(
-        buf_ptr, loc_ptr, tl.program_id(0), n_rows, heads, stride_slot, stride_head, BLOCK
+        buf_ptr, loc_ptr, tl.program_id(0), n_rows, heads, stride_slot, stride_head, BLOCK, ALIGN
     )
     e = tl.arange(0, D_PAD)
     mask = row_ok[:, None] & (e < D)[None]
-    x = load_fp16(src[:, None] + 2 * e[None], mask)
+    halves = src.to(tl.pointer_type(tl.int16))
+    x = tl.load(halves[:, None] + e[None], mask=mask, other=0)
+    x = x.to(tl.float16, bitcast=True).to(tl.float32)
     _store_out(out_ptr + rows[:, None] * D + e[None], x, mask, OUT_BF16)
 
 
@@ -203,6 +210,8 @@ def _check(buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_dim: i
         )
     if loc.dim() != 1 or loc.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"loc must be 1-D int32/int64, got {loc.dtype} {tuple(loc.shape)}")
+    if not spec.is_quantized and _row_align(buffer) == 1:
+        raise ValueError("16-bit rows must start at even byte offsets (they move as fp16)")
     if loc.device != buffer.device:
         raise ValueError(f"loc is on {loc.device}, buffer on {buffer.device}")
     if not buffer.is_cuda and not interpreted():
@@ -220,13 +229,15 @@ def _launch_args(buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_
     # in registers on sm_90 (64 took 255 and spilled 96 B at head_dim 128)
     block = min(32 if rotate else 64, triton.next_power_of_2(max(n_rows, 1)))
     grid = (triton.cdiv(n_rows, block),)
+    align = _row_align(buffer)
     common = dict(
         n_rows=n_rows,
         heads=buffer.shape[1],
-        stride_slot=buffer.stride(0),
-        stride_head=buffer.stride(1),
+        stride_slot=buffer.stride(0) // align,
+        stride_head=buffer.stride(1) // align,
         D=head_dim,
         BLOCK=block,
+        ALIGN=align,
         enable_fp_fusion=False,
     )
     if spec.is_quantized:
@@ -240,6 +251,14 @@ def _launch_args(buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_
     else:
         common.update(D_PAD=triton.next_power_of_2(head_dim))
     return grid, common
+
+
+def _row_align(buffer: torch.Tensor) -> int:
+    """Bytes (16, 8, 4, 2 or 1) that every row's offset in ``buffer`` is a multiple of."""
+    for align in (16, 8, 4, 2):
+        if buffer.data_ptr() % align == 0 and all(s % align == 0 for s in buffer.stride()[:2]):
+            return align
+    return 1
 
 
 def _rotates(spec: QuantSpec) -> bool:

@@ -9,6 +9,7 @@ a new interpreter.
 
 from __future__ import annotations
 
+import math
 import os
 
 os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported in this process
@@ -241,6 +242,32 @@ def test_non_contiguous_buffer_slots(tk):
     tk.triton_scatter_quantized(layer, torch.tensor([4, 2]), x, spec)
     assert torch.equal(pool[1, [4, 2]], quantize(x, spec))
     assert not pool[0].any() and not pool[1, [0, 1, 3, 5]].any()
+
+
+def _at_byte_offset(offset: int, *shape: int) -> torch.Tensor:
+    """A uint8 buffer of ``shape`` whose data starts ``offset`` bytes into its storage."""
+    return torch.zeros(offset + math.prod(shape), dtype=torch.uint8)[offset:].view(shape)
+
+
+@pytest.mark.parametrize("offset", [1, 2, 4, 8])
+def test_rows_at_any_byte_offset(tk, offset):
+    """Rows move in units of the largest power of two their offsets share (136-byte KV8 g64
+    rows: 8 bytes); a buffer that starts at an odd byte still gets the reference's bytes."""
+    x = torch.randn(3, HEADS, 128)
+    loc = torch.tensor([4, 0, 2])
+    for spec in (QuantSpec(8, 64), QuantSpec(4, 32), QuantSpec(3, 32), QuantSpec(16)):
+        buf = _at_byte_offset(offset, SLOTS, HEADS, spec.row_bytes(128))
+        if offset == 1 and not spec.is_quantized:
+            with pytest.raises(ValueError, match="even byte offsets"):
+                tk.triton_scatter_quantized(buf, loc, x, spec)
+            continue
+        tk.triton_scatter_quantized(buf, loc, x, spec)
+        assert torch.equal(buf[loc], quantize(x, spec))
+        assert _same_values(
+            tk.triton_gather_dequantized(buf, loc, spec, 128), dequantize(buf[loc], spec, 128)
+        )
+    rows = _at_byte_offset(offset, SLOTS, HEADS, 136)
+    assert tk._row_align(rows) == min(offset, 8)
 
 
 def test_empty_loc_is_a_no_op(tk):
