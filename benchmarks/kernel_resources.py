@@ -9,7 +9,7 @@ registers, spills, shared memory and SASS mix; nothing runs. One row per (case, 
   thread), ``spill_bytes``, ``shared`` (bytes a program), ``programs_per_sm`` (register and
   shared-memory limit), ``ldg_widths`` (global loads by width: ``U8`` is a byte a load,
   ``128`` sixteen), ``ldgsts_widths`` (the same for async copies into shared memory, what
-  Triton's pipelined loads become), ``sass`` (MMA, conversions, loads, spills...).
+  Triton's pipelined loads become), ``stg_widths`` (global stores by width), ``sass`` (MMA, conversions, loads, spills...).
 
 A clean row does not prove speed (a GPU run does); a row that spills, converts every element or
 loads codes a byte at a time is slow there. Shapes: Llama-3-8B attention (32 query heads,
@@ -219,8 +219,19 @@ def extend_cases() -> dict:
     }
 
 
+PACK_SPECS = {  # label: QuantSpec kwargs; every row length a pool holds at head_dim 128
+    "KV4 g32": dict(bits=4),
+    "KV4 g32 hadamard": dict(bits=4, rotation="hadamard"),
+    "KV8 g64": dict(bits=8, group_size=64),  # 136-byte rows: offsets multiples of 8 bytes
+    "KV3 g32": dict(bits=3),
+    "K16": dict(bits=16),
+}
+
+
 def pack_cases() -> dict:
-    """Pack (scatter quantized into a slot pool) and unpack (gather dequantized to bf16)."""
+    """Pack (scatter quantized into a slot pool) and unpack (gather dequantized to bf16), each
+    with its launcher's grid and arguments (the launchers refuse CPU tensors outside the
+    interpreter, so the kernels are called here as they call them)."""
     import torch
 
     from kvtuner.quant import QuantSpec
@@ -231,23 +242,33 @@ def pack_cases() -> dict:
         x = torch.empty(PACK_TOKENS, HKV, D, dtype=torch.bfloat16)
         loc = torch.arange(PACK_TOKENS, dtype=torch.int64)
         grid, args = tk._launch_args(buf, loc, spec, D)
-        return lambda: tk._scatter_kernel[grid](x, loc, buf, stride_xt=x.stride(0),
-                                                stride_xh=x.stride(1), **args)  # fmt: skip
+        kernel = tk._scatter_kernel if spec.is_quantized else tk._scatter_fp16_kernel
+        return lambda: kernel[grid](x, loc, buf, stride_xt=x.stride(0), stride_xh=x.stride(1),
+                                    **args)  # fmt: skip
 
     def unpack(spec):
         buf = torch.empty(PACK_TOKENS, HKV, spec.row_bytes(D), dtype=torch.uint8)
         out = torch.empty(PACK_TOKENS, HKV, D, dtype=torch.bfloat16)
         loc = torch.arange(PACK_TOKENS, dtype=torch.int64)
         grid, args = tk._launch_args(buf, loc, spec, D)
-        return lambda: tk._gather_kernel[grid](buf, loc, out.view(torch.int16), OUT_BF16=True,
-                                               **args)  # fmt: skip
+        kernel = tk._gather_kernel if spec.is_quantized else tk._gather_fp16_kernel
+        return lambda: kernel[grid](buf, loc, out.view(torch.int16), OUT_BF16=True, **args)
 
-    four, had = QuantSpec(4), QuantSpec(4, rotation="hadamard")
-    return {"pack KV4 g32": pack(four), "pack KV4 g32 hadamard": pack(had),
-            "unpack KV4 g32": unpack(four)}  # fmt: skip
+    cases = {}
+    for label, kw in PACK_SPECS.items():
+        spec = QuantSpec(**kw)
+        cases[f"pack {label}"] = pack(spec)
+        cases[f"unpack {label}"] = unpack(spec)
+    return cases
 
 
 GROUPS = {"decode": decode_cases, "extend": extend_cases, "pack": pack_cases}
+
+
+def store_widths(sass: str) -> dict[str, int]:
+    """Global stores (``STG``) by width: ``128`` is sixteen bytes, ``32`` four, ``U8`` one."""
+    found = re.findall(r"\bSTG\.E(?:\.EF)?(?:\.(128|64|U8|U16|S8|S16))?\b", sass)
+    return dict(collections.Counter(w or "32" for w in found))
 
 
 def async_copy_widths(sass: str) -> dict[str, int]:
@@ -267,25 +288,28 @@ def collect(tool, groups: list[str]) -> list[dict]:
                 launch()
                 for i, row in enumerate(kernels.rows[seen:], seen):
                     sass = Path(sass_dir, f"{i:02d}_{row['kernel']}.sass").read_text()
-                    rows.append({"label": label, **row, "ldgsts_widths": async_copy_widths(sass)})
+                    widths = {"ldgsts_widths": async_copy_widths(sass),
+                              "stg_widths": store_widths(sass)}  # fmt: skip
+                    rows.append({"label": label, **row, **widths})
     return rows
 
 
 def table(rows: list[dict]) -> str:
     head = (
         "| label | kernel | warps | REG | spill B | shared B | programs/SM | cvt | int | mma "
-        "| ldg | ldgsts |"
+        "| ldg | ldgsts | stg |"
     )
-    lines = [head, "|" + "---|" * 12]
+    lines = [head, "|" + "---|" * 13]
     for r in rows:
-        ldg, ldgsts = (
+        ldg, ldgsts, stg = (
             ",".join(f"{w}x{n}" for w, n in sorted(r[key].items()))
-            for key in ("ldg_widths", "ldgsts_widths")
+            for key in ("ldg_widths", "ldgsts_widths", "stg_widths")
         )
         lines.append(
             f"| {r['label']} | {r['kernel']} | {r.get('num_warps')} | {r['reg']} | "
             f"{r['spill_bytes']} | {r.get('shared')} | {r['programs_per_sm']} | "
-            f"{r['sass']['cvt']} | {r['sass']['int']} | {r['sass']['mma']} | {ldg} | {ldgsts} |"
+            f"{r['sass']['cvt']} | {r['sass']['int']} | {r['sass']['mma']} | {ldg} | {ldgsts} "
+            f"| {stg} |"
         )
     return "\n".join(lines)
 

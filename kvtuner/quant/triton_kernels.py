@@ -225,9 +225,12 @@ def _launch_args(buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_
     """Grid and the keyword arguments shared by every kernel of one call."""
     n_rows = loc.shape[0] * buffer.shape[1]
     rotate = _rotates(spec)
-    # rotated rows: the butterflies hold a fp32 [BLOCK, D] tile several times; 32 rows keep it
-    # in registers on sm_90 (64 took 255 and spilled 96 B at head_dim 128)
-    block = min(32 if rotate else 64, triton.next_power_of_2(max(n_rows, 1)))
+    # 32 rows a program of 4 warps (sm_90a builds at head_dim 128): KV4 g32 pack takes 65
+    # registers (7 programs an SM; 64 rows took 140, 3 an SM), unpack 32, with 16-byte code
+    # moves and the same instructions a row; 16 rows narrow the moves to 8 bytes and add 12 %
+    # instructions a row. Rotated rows hold the fp32 tile through the butterflies: 168
+    # registers, 3 programs an SM (64 rows took 255 and spilled).
+    block = min(32, triton.next_power_of_2(max(n_rows, 1)))
     grid = (triton.cdiv(n_rows, block),)
     align = _row_align(buffer)
     common = dict(
