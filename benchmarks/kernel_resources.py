@@ -9,7 +9,8 @@ registers, spills, shared memory and SASS mix; nothing runs. One row per (case, 
   thread), ``spill_bytes``, ``shared`` (bytes a program), ``programs_per_sm`` (register and
   shared-memory limit), ``ldg_widths`` (global loads by width: ``U8`` is a byte a load,
   ``128`` sixteen), ``ldgsts_widths`` (the same for async copies into shared memory, what
-  Triton's pipelined loads become), ``stg_widths`` (global stores by width), ``sass`` (MMA, conversions, loads, spills...).
+  Triton's pipelined loads become), ``stg_widths`` (global stores by width), ``sass`` (MMA,
+  conversions, loads, spills...).
 
 A clean row does not prove speed (a GPU run does); a row that spills, converts every element or
 loads codes a byte at a time is slow there. Shapes: Llama-3-8B attention (32 query heads,

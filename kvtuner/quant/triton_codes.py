@@ -15,9 +15,11 @@ __all__ = [
     "grid_codes",
     "hadamard_tile",
     "load_code_ints",
+    "load_code_words",
     "load_codes",
     "load_fp16",
     "load_group_meta",
+    "store_code_words",
     "store_codes",
     "store_fp16",
     "store_group_meta",
@@ -183,6 +185,81 @@ def store_codes(dst, q, row_ok, NB: tl.constexpr, BITS: tl.constexpr):
         at = dst[:, None, None] + (w * BITS)[None, :, None] + k[None, None, :]
         ok = row_ok[:, None, None] & (w * BITS < NB)[None, :, None] & (k < BITS)[None, None, :]
         tl.store(at, byte.to(tl.uint8), mask=ok)
+
+
+@triton.jit
+def _code_word(w, GROUP: tl.constexpr, K: tl.constexpr, BITS: tl.constexpr):
+    """The bits of 8-code word GROUP of a 32-code chunk (int64 [..], BITS bytes) that int32
+    word K of the chunk holds, in place there (int64 in [0, 2**32); zero where they do not
+    meet)."""
+    SHIFT: tl.constexpr = 8 * BITS * GROUP - 32 * K  # where GROUP's bit 0 lands in word K
+    if SHIFT >= 32 or SHIFT <= -8 * BITS:
+        part = tl.zeros_like(w)
+    elif SHIFT >= 0:
+        part = (w << SHIFT) & 0xFFFFFFFF
+    else:
+        part = (w >> -SHIFT) & 0xFFFFFFFF
+    return part
+
+
+@triton.jit
+def _group_word(word, GROUP: tl.constexpr, K: tl.constexpr, BITS: tl.constexpr):
+    """Inverse of :func:`_code_word`: the bits of int32 word K (int64 in [0, 2**32)) that
+    8-code word GROUP holds, in place there."""
+    SHIFT: tl.constexpr = 8 * BITS * GROUP - 32 * K
+    if SHIFT >= 32 or SHIFT <= -8 * BITS:
+        part = tl.zeros_like(word)
+    elif SHIFT >= 0:
+        part = word >> SHIFT
+    else:
+        part = (word << -SHIFT) & ((1 << (8 * BITS)) - 1)
+    return part
+
+
+@triton.jit
+def store_code_words(dst, q, row_ok, NB: tl.constexpr, BITS: tl.constexpr):
+    """:func:`store_codes` for 3/5/6 bits where rows start 4-byte aligned, hold whole words
+    (NB % 4 == 0) and the tile whole 32-code chunks (NW_PAD % 4 == 0): a chunk's 4 words of
+    8 codes (BITS bytes each) are BITS int32 words of the same stream, stored 4 bytes at a
+    time (not a byte at a time, whose 64-bit addresses cost 255 registers and a spill)."""
+    BLOCK: tl.constexpr = q.shape[0]
+    NC: tl.constexpr = q.shape[1] // 4
+    k = tl.arange(0, 8)
+    word = tl.sum(q.to(tl.int64) << (k * BITS).to(tl.int64)[None, None, :], axis=2)
+    even, odd = tl.split(tl.reshape(word, [BLOCK, NC, 2, 2]))  # 8-code word 4c + 2i + j
+    w0, w2 = tl.split(even)
+    w1, w3 = tl.split(odd)  # [BLOCK, NC] each
+    words = dst.to(tl.pointer_type(tl.int32))
+    c = tl.arange(0, NC)
+    for kk in tl.static_range(BITS):
+        out = _code_word(w0, 0, kk, BITS) | _code_word(w1, 1, kk, BITS)
+        out = out | _code_word(w2, 2, kk, BITS) | _code_word(w3, 3, kk, BITS)
+        at = c * BITS + kk  # [NC] the row's int32 word
+        ok = row_ok[:, None] & (at < NB // 4)[None, :]
+        tl.store(words[:, None] + at[None, :], out.to(tl.int32), mask=ok)
+
+
+@triton.jit
+def load_code_words(src, row_ok, NB: tl.constexpr, NW_PAD: tl.constexpr, BITS: tl.constexpr):
+    """Inverse of :func:`store_code_words`: codes as int32 [BLOCK, NW_PAD, 8], read 4 bytes at
+    a time."""
+    BLOCK: tl.constexpr = row_ok.shape[0]
+    NC: tl.constexpr = NW_PAD // 4
+    words = src.to(tl.pointer_type(tl.int32))
+    c = tl.arange(0, NC)
+    w0 = tl.zeros([BLOCK, NC], tl.int64)
+    w1, w2, w3 = w0, w0, w0
+    for kk in tl.static_range(BITS):
+        at = c * BITS + kk
+        ok = row_ok[:, None] & (at < NB // 4)[None, :]
+        word = tl.load(words[:, None] + at[None, :], mask=ok, other=0).to(tl.int64) & 0xFFFFFFFF
+        w0 = w0 | _group_word(word, 0, kk, BITS)
+        w1 = w1 | _group_word(word, 1, kk, BITS)
+        w2 = w2 | _group_word(word, 2, kk, BITS)
+        w3 = w3 | _group_word(word, 3, kk, BITS)
+    word = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), [BLOCK, NW_PAD])
+    k = tl.arange(0, 8).to(tl.int64)
+    return ((word[:, :, None] >> (k * BITS)[None, None, :]) & ((1 << BITS) - 1)).to(tl.int32)
 
 
 @triton.jit

@@ -6,8 +6,10 @@
 rows; a row's codes are held as a tile [BLOCK, D/8, 8]: 8 consecutive codes are one word of
 ``bits`` bytes of the row's little-endian bit stream. 2/4/8 bits pack bytes of whole codes in
 int32 (the tile reshaped to [BLOCK, code_bytes, codes_per_byte]); 3/5/6 bits shift-and-OR a word
-into int64 (at most 48 bits) and store its ``bits`` low bytes, and read each code back from the
-one or two bytes it spans.
+into int64 (at most 48 bits); four such words (32 codes) are ``bits`` int32 words of the stream,
+stored and loaded 4 bytes at a time where rows are 4-byte aligned (else byte by byte). A row's
+bytes move in units of the power of two every row offset shares (``ALIGN``): 16 or 8 bytes a
+store where rows allow.
 
 The bytes equal :mod:`.reference` exactly: IEEE division (``div_rn``), no FMA contraction
 (``enable_fp_fusion=False``), half-up rounding, fp16 metadata rounded down/up by a one-ulp step
@@ -30,9 +32,11 @@ from .triton_codes import (
     NAN_FP16,
     grid_codes,
     hadamard_tile,
+    load_code_words,
     load_codes,
     load_fp16,
     load_group_meta,
+    store_code_words,
     store_codes,
     store_fp16,
     store_group_meta,
@@ -82,6 +86,7 @@ def _scatter_kernel(
     x_ptr, loc_ptr, buf_ptr, n_rows, heads, stride_slot, stride_head, stride_xt,
     stride_xh, D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr, SYMMETRIC: tl.constexpr,
     NW_PAD: tl.constexpr, BLOCK: tl.constexpr, ROTATE: tl.constexpr, ALIGN: tl.constexpr,
+    WORDS: tl.constexpr,
 ):  # fmt: skip
     rows, row_ok, dst = _row_bases(
         buf_ptr, loc_ptr, tl.program_id(0), n_rows, heads, stride_slot, stride_head, BLOCK, ALIGN
@@ -109,8 +114,11 @@ def _scatter_kernel(
         if not SYMMETRIC:
             store_fp16(meta + 2 * NG, zero, ok, meta_ok)
         store_fp16(meta, scale, ok, meta_ok)
-    q = q.to(tl.int32)
-    store_codes(dst, tl.reshape(q, [BLOCK, NW_PAD, 8]), row_ok, NB, BITS)
+    q = tl.reshape(q.to(tl.int32), [BLOCK, NW_PAD, 8])
+    if WORDS:
+        store_code_words(dst, q, row_ok, NB, BITS)
+    else:
+        store_codes(dst, q, row_ok, NB, BITS)
 
 
 @triton.jit
@@ -118,6 +126,7 @@ def _gather_kernel(
     buf_ptr, loc_ptr, out_ptr, n_rows, heads, stride_slot, stride_head, D: tl.constexpr,
     G: tl.constexpr, BITS: tl.constexpr, SYMMETRIC: tl.constexpr, NW_PAD: tl.constexpr,
     BLOCK: tl.constexpr, OUT_BF16: tl.constexpr, ROTATE: tl.constexpr, ALIGN: tl.constexpr,
+    WORDS: tl.constexpr,
 ):  # fmt: skip
     rows, row_ok, src = _row_bases(
         buf_ptr, loc_ptr, tl.program_id(0), n_rows, heads, stride_slot, stride_head, BLOCK, ALIGN
@@ -129,7 +138,10 @@ def _gather_kernel(
     HALF: tl.constexpr = (1 << (BITS - 1)) - 1
     w = tl.arange(0, NW_PAD)
     e = w[:, None] * 8 + tl.arange(0, 8)[None, :]  # [NW_PAD, 8]
-    q = load_codes(src, row_ok, NB, NW_PAD, BITS)  # [BLOCK, NW_PAD, 8]
+    if WORDS:
+        q = load_code_words(src, row_ok, NB, NW_PAD, BITS).to(tl.float32)  # [BLOCK, NW_PAD, 8]
+    else:
+        q = load_codes(src, row_ok, NB, NW_PAD, BITS)
     q = tl.reshape(q, [BLOCK, NG_PAD, G])
     if NG == NG_PAD:  # the row's scales and zeros in one vector load
         scale, zero = load_group_meta(src, row_ok, NB, NG, SYMMETRIC)
@@ -244,12 +256,16 @@ def _launch_args(buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_
         enable_fp_fusion=False,
     )
     if spec.is_quantized:
+        nw_pad = triton.next_power_of_2(head_dim // 8)
+        code_bytes = head_dim * spec.bits // 8
         common.update(
             G=spec.group_size,
             BITS=spec.bits,
             SYMMETRIC=spec.symmetric,
-            NW_PAD=triton.next_power_of_2(head_dim // 8),
+            NW_PAD=nw_pad,
             ROTATE=rotate,
+            # 3/5/6-bit codes as int32 words of whole 32-code chunks, where the rows allow
+            WORDS=8 % spec.bits != 0 and align % 4 == 0 and code_bytes % 4 == 0 and nw_pad % 4 == 0,
         )
     else:
         common.update(D_PAD=triton.next_power_of_2(head_dim))
