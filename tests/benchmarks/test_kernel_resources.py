@@ -1,8 +1,8 @@
 """The GPU-free loop (``benchmarks/kernel_resources.py``): every decode and extend kernel
-(pre-RoPE and KIVI keys' decode included) compiles for an H100 (sm_90a, Triton's ptxas) and
-holds what a fast kernel shows there, read off its build without a GPU: no spill, at most 168
-registers a thread, no code loaded a byte at a time. A regression in either fails here, in CI,
-before any GPU is lent.
+(pre-RoPE and KIVI keys' decode included) and every pack/unpack kernel compiles for an H100
+(sm_90a, Triton's ptxas) and holds what a fast kernel shows there, read off its build without a
+GPU: no spill, at most 168 registers a thread, no code loaded (or, packing, stored) a byte at a
+time. A regression in either fails here, in CI, before any GPU is lent.
 
 Needs the shared ``sm90_report.py`` beside the checkout (``../shared/tools``), as CI has it."""
 
@@ -27,7 +27,7 @@ def decode_rows(tmp_path_factory) -> list[dict]:
         pytest.skip(f"{TOOL} (the shared sm90_report tool) is not beside this checkout")
     out = tmp_path_factory.mktemp("resources") / "decode.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compile, not run
-    cmd = [sys.executable, str(BENCH / "kernel_resources.py"), "--only", "decode", "extend"]
+    cmd = [sys.executable, str(BENCH / "kernel_resources.py"), "--only", "decode", "extend", "pack"]
     res = subprocess.run([*cmd, "--output", str(out)], capture_output=True, text=True, env=env,
                          timeout=900, cwd=BENCH)  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
@@ -70,3 +70,20 @@ def test_the_general_kernel_is_still_the_slow_one_it_replaces(decode_rows):
     (row,) = (r for r in decode_rows if r["label"] == "decode KV4 g32 general kernel"
               and r["kernel"] == "_attention_kernel")  # fmt: skip
     assert row["spill_bytes"] > 0 or row["reg"] > MAX_REGISTERS
+
+
+def test_pack_and_unpack_move_rows_in_words_at_every_row_length(decode_rows):
+    """80-byte KV4 g32, 136-byte KV8 g64 (offsets multiples of 8 bytes), 3-bit codes that
+    straddle bytes and 16-bit rows: no byte-wide load or store, no spill, and at least 3
+    programs an SM (KV4 g32 pack took 140 registers at 64 rows a program; KV8 g64 255 and
+    1064 B spilled, with 68 byte stores)."""
+    rows = [r for r in decode_rows if r["label"].startswith(("pack ", "unpack "))]
+    assert {r["label"] for r in rows} >= {"pack KV8 g64", "unpack KV3 g32", "pack K16"}
+    for row in rows:
+        where = f"{row['label']}: {row['reg']} registers, {row['spill_bytes']} B spilled"
+        assert row["spill_bytes"] == 0 and row["reg"] <= MAX_REGISTERS, where
+        assert row["programs_per_sm"] >= 3, where
+        moves = {**row["ldg_widths"], **row["stg_widths"]}
+        assert "U8" not in moves, f"{row['label']} moves bytes one at a time: {moves}"
+    (kv4,) = (r for r in rows if r["label"] == "pack KV4 g32")
+    assert kv4["stg_widths"].get("128", 0) > 0 and kv4["programs_per_sm"] >= 6
