@@ -2,13 +2,13 @@
 
 ``triton_pack_channel_pages``: ``blocks[pages] = quantize(x, spec)`` for x ``[P, G, heads, D]``
 (P full pages of G tokens, G = the spec's group size), one program per (page, head). The
-program holds the page's [G, D] tile, takes each channel's min/max (or absmax) over the G
-tokens, and writes the format's channel-axis block: G code rows of the token-axis bit stream
+program holds the page's [G, D] tile, takes each channel's min/max (or absmax) over the G tokens,
+and writes the format's channel-axis block: G code rows of the token-axis bit stream
 (``store_codes``), then D fp16 scales, then D fp16 zeros. The bytes equal :mod:`.reference`
-exactly, with the same rules as :mod:`.triton_kernels` (IEEE division, no FMA contraction,
-half-up rounding, directed fp16 metadata, a non-finite value poisons its channel: NaN metadata,
-zero codes). The Hadamard rotation (``rotation="hadamard"``) is fp32 butterflies on the tile
-(:func:`.triton_codes.hadamard_tile`).
+exactly, with the same rules as :mod:`.triton_kernels` (an IEEE ``1 / scale`` a group, no FMA
+contraction, half-up rounding, directed fp16 metadata, a non-finite value poisons its channel: NaN
+metadata, zero codes). The Hadamard rotation (``rotation="hadamard"``) is fp32 butterflies on the
+tile (:func:`.triton_codes.hadamard_tile`).
 
 Importing this module imports triton: set ``TRITON_INTERPRET=1`` before that to run it on CPU
 tensors (tests).

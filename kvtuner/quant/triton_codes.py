@@ -62,16 +62,16 @@ def grid_codes(x, AXIS: tl.constexpr, BITS: tl.constexpr, SYMMETRIC: tl.constexp
         scale = fp16_directed(tl.max(tl.abs(safe), AXIS), True)
         zero = scale
         ok = (bad == 0) & (scale < float("inf"))
-        step = tl.expand_dims(tl.where(scale > 0, scale, 1.0), AXIS)
-        ratio = tl.where(tl.expand_dims(scale, AXIS) > 0, tl.math.div_rn(safe, step), 0.0)
+        inv = tl.expand_dims(tl.math.div_rn(1.0, tl.where(scale > 0, scale, 1.0)), AXIS)
+        ratio = tl.where(tl.expand_dims(scale, AXIS) > 0, safe * inv, 0.0)
         q = tl.floor(ratio * HALF + 0.5) + HALF
         q = tl.minimum(tl.maximum(q, 0.0), 2.0 * HALF)
     else:
         zero = fp16_directed(tl.min(safe, AXIS), False)
         scale = fp16_directed(tl.math.div_rn(tl.max(safe, AXIS) - zero, QMAX * 1.0), True)
         ok = (bad == 0) & (tl.abs(zero) < float("inf")) & (scale < float("inf"))
-        step = tl.expand_dims(tl.where(scale > 0, scale, 1.0), AXIS)
-        q = tl.floor(tl.math.div_rn(safe - tl.expand_dims(zero, AXIS), step) + 0.5)
+        inv = tl.expand_dims(tl.math.div_rn(1.0, tl.where(scale > 0, scale, 1.0)), AXIS)
+        q = tl.floor((safe - tl.expand_dims(zero, AXIS)) * inv + 0.5)
         q = tl.minimum(tl.maximum(q, 0.0), QMAX * 1.0)
     return tl.where(tl.expand_dims(ok, AXIS), q, 0.0), scale, zero, ok
 

@@ -11,11 +11,11 @@ stored and loaded 4 bytes at a time where rows are 4-byte aligned (else byte by 
 bytes move in units of the power of two every row offset shares (``ALIGN``): 16 or 8 bytes a
 store where rows allow.
 
-The bytes equal :mod:`.reference` exactly: IEEE division (``div_rn``), no FMA contraction
-(``enable_fp_fusion=False``), half-up rounding, fp16 metadata rounded down/up by a one-ulp step
-on its int16 bits (rotated rows: see :func:`.triton_codes.hadamard_tile`). The Hadamard
-rotation is fused: fp32 butterflies on the tile, after the load (scatter) or before the store
-(gather); a call is one launch.
+The bytes equal :mod:`.reference` exactly: IEEE ``1 / scale`` (``div_rn``) once a group, no FMA
+contraction (``enable_fp_fusion=False``), half-up rounding, fp16 metadata rounded down/up by a
+one-ulp step on its int16 bits (rotated rows: see :func:`.triton_codes.hadamard_tile`). The
+Hadamard rotation is fused: fp32 butterflies on the tile, after the load (scatter) or before the
+store (gather); a call is one launch.
 
 Importing this module imports triton and builds the kernels: set ``TRITON_INTERPRET=1`` before
 that to run them on CPU tensors (tests).
@@ -237,12 +237,12 @@ def _launch_args(buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_
     """Grid and the keyword arguments shared by every kernel of one call."""
     n_rows = loc.shape[0] * buffer.shape[1]
     rotate = _rotates(spec)
-    # 32 rows a program of 4 warps (sm_90a builds at head_dim 128): KV4 g32 pack takes 65
-    # registers (7 programs an SM; 64 rows took 140, 3 an SM), unpack 32, with 16-byte code
+    # 32 rows a program of 4 warps (sm_90a builds at head_dim 128): KV4 g32 pack takes 64
+    # registers (8 programs an SM; 64 rows took 140, 3 an SM), unpack 32, with 16-byte code
     # moves and the same instructions a row; 16 rows narrow the moves to 8 bytes and add 12 %
-    # instructions a row. Rotated rows hold the fp32 tile through the butterflies: 168
-    # registers, 3 programs an SM (64 rows took 255 and spilled).
-    block = min(32, triton.next_power_of_2(max(n_rows, 1)))
+    # instructions a row. Rotated rows hold the fp32 tile through the butterflies: 16 rows
+    # take 125 registers (4 programs an SM), 32 rows 173 (2), 64 rows spilled.
+    block = min(16 if rotate else 32, triton.next_power_of_2(max(n_rows, 1)))
     grid = (triton.cdiv(n_rows, block),)
     align = _row_align(buffer)
     common = dict(

@@ -47,7 +47,7 @@ def _half_step(spec: QuantSpec, scale: torch.Tensor) -> torch.Tensor:
 
 
 def _assert_within_half_step(x, out, half_step):
-    # fp32 rounding of (x - zero) / scale and of zero + code * scale: a few ulps of the values
+    # fp32 rounding of (x - zero) * (1 / scale) and of zero + code * scale: a few ulps of values
     slack = 4 * EPS * (x.abs() + out.abs()) + 1e-30
     excess = (out - x).abs() - (half_step * (1 + 4 * EPS) + slack)
     assert excess.max() <= 0, f"error exceeds half a step by {excess.max().item()}"

@@ -385,7 +385,8 @@ GPU_COMPILE = textwrap.dedent("""
 
 def test_kernels_compile_for_a_gpu_with_ieee_division_and_no_fma():
     """No GPU here: compile to PTX for sm_80 (Triton ships ptxas) and inspect the float ops that
-    decide the bytes: IEEE division (div.rn), no FMA contraction, no approximate division."""
+    decide the bytes: IEEE division (div.rn: a group's 1 / scale), no FMA contraction, no
+    approximate division."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run(
         [sys.executable, "-c", GPU_COMPILE], env=env, capture_output=True, text=True, timeout=300

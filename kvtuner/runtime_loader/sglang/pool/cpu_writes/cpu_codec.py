@@ -9,10 +9,10 @@ even when their bit widths differ (the per-head ``qmax`` is a broadcast array). 
 Exactness: this is a second implementation of ``kvtuner.quant.reference`` (the definition), for
 token-axis specs of 2..8 bits; the rows are the reference's bytes and the values are
 ``dequantize(rows)`` bit for bit (tests compare them on random, constant, signed-zero,
-fp16-subnormal and non-finite groups). Each step is the reference's IEEE fp32 operation in the
-same order (division, not a reciprocal; separate multiply and add, no FMA); fp16 conversions
-round to nearest even, corrected one step in the asked direction as in ``_fp16_round``. The
-Hadamard rotation stays the reference's torch matmul, on the same ``[n, heads, D]`` shapes.
+fp16-subnormal and non-finite groups). Each step is the reference's IEEE fp32 operation in the same
+order (a group's IEEE reciprocal, then a multiply; separate multiply and add, no FMA); fp16
+conversions round to nearest even, corrected one step in the asked direction as in ``_fp16_round``.
+The Hadamard rotation stays the reference's torch matmul, on the same ``[n, heads, D]`` shapes.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ __all__ = ["PairCodec"]
 
 _F16_DOWN, _F16_UP = np.float16(-np.inf), np.float16(np.inf)
 _NAN, _TINY = np.float32(np.nan), np.float32(1e-30)  # _TINY: below every nonzero fp16 scale
-_ZERO, _HALF = np.float32(0.0), np.float32(0.5)
+_ZERO, _HALF, _ONE = np.float32(0.0), np.float32(0.5), np.float32(1.0)
 _NUMPY_DTYPES = (torch.float16, torch.float32)  # torch dtypes numpy holds (not bfloat16)
 
 
@@ -61,7 +61,7 @@ class _Grid:
         g = x.reshape(n, heads, d // self.group, self.group)
         if self.symmetric:
             scale, zero = _fp16_directed(np.abs(g).max(-1, keepdims=True), down=False), None
-            codes = g / np.maximum(scale, _TINY)  # scale 0: an all-zero group, codes half
+            codes = g * (_ONE / np.maximum(scale, _TINY))  # scale 0: all-zero group, codes half
             codes *= self.top
             codes += _HALF
             np.floor(codes, out=codes)
@@ -72,7 +72,7 @@ class _Grid:
             zero = _fp16_directed(g.min(-1, keepdims=True), down=True)
             scale = _fp16_directed((g.max(-1, keepdims=True) - zero) / self.top, down=False)
             codes = g - zero
-            codes /= np.maximum(scale, _TINY)  # scale 0: a constant group, codes 0
+            codes *= _ONE / np.maximum(scale, _TINY)  # scale 0: a constant group, codes 0
             codes += _HALF
             np.floor(codes, out=codes)  # >= 0 already: g >= zero
             np.minimum(codes, self.top, out=codes)
