@@ -181,7 +181,8 @@ def rope_batches() -> dict:
 
 
 def extend_cases() -> dict:
-    """SGLang's extend: the extend kernel, and the general one for comparison."""
+    """SGLang's extend: the extend kernel (token-axis keys, KIVI pages), and the general one
+    for comparison."""
     import torch
 
     from kvtuner.attention import AttentionBatch
@@ -203,6 +204,7 @@ def extend_cases() -> dict:
     eight = QuantSpec(8, 64)
     ragged8 = dataclasses.replace(ragged, k_spec=eight, v_spec=eight, k_rows=rows8, v_rows=rows8)
     new = tuple(torch.empty(n_q, HKV, D, dtype=torch.bfloat16) for _ in range(2))  # in hand
+    kivi = dataclasses.replace(kivi_batch(), q=ragged.q, qo_indptr=indptr, max_q_len=512)
     return {
         "extend KV4 g32 (512 new tokens)": lambda: launch_extend(
             ragged, ragged.q, plan_extend(ragged, 1)
@@ -217,6 +219,12 @@ def extend_cases() -> dict:
             ragged8, ragged8.q, plan_extend(ragged8, 1), new
         ),
         "extend KV4 g32, the general kernel": lambda: launch(ragged, ragged.q, None, None, 1, 64),
+        "extend KIVI K4 g32 V4 g32, new tokens in hand": lambda: launch_extend(
+            kivi, kivi.q, plan_extend(kivi, 1), new
+        ),
+        "extend KIVI K4 g32 V4 g32 (general kernel)": lambda: launch(
+            kivi, kivi.q, None, None, 1, 64
+        ),
     }
 
 

@@ -7,10 +7,10 @@ fp32. Three kernels, each beside its launcher, chosen per call: :mod:`.decode_ke
 token a request over token-axis rows, pre-RoPE keys included where their rotary halves are at
 least 16 channels of whole words: :mod:`.rope_rows`, and KIVI keys in a pool's pages without a
 window, pre-RoPE or not), :mod:`.extend_kernel` (new tokens over a paged pool of token-axis
-rows: SGLang's extend), both with fp16 dots (:mod:`.packed_rows`); :mod:`.kernel`, the general
-one, for the rest (KIVI keys at extend, in the HF cache or with a window; pre-RoPE keys at
-extend or of narrower rotary halves; the HF cache's extend), with dots in q's dtype (what
-dequantize-then-SDPA does). The inputs are checked once by
+rows or KIVI pages without a window: SGLang's extend), both with fp16 dots
+(:mod:`.packed_rows`); :mod:`.kernel`, the general one, for the rest (KIVI keys in the HF
+cache or with a window; pre-RoPE keys at extend or of narrower rotary halves; the HF cache's
+extend), with dots in q's dtype (what dequantize-then-SDPA does). The inputs are checked once by
 :class:`.layout.AttentionBatch`.
 
 Hadamard-rotated keys are attended by rotating q, rotated values by un-rotating the output.

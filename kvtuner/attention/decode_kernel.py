@@ -6,7 +6,7 @@ them): q and each K tile are read as the two rotary halves and a pass-through sp
 rotated forward element-wise before their dots (:mod:`.rope_rows`). KIVI keys in a pool's
 pages (``K_CHANNEL``) are another: a tile lies inside one page, its codes dequantized with the
 page's per-channel scales and zeros; the request's filling page (staged fp values) is one more
-program's, as a tail is (:func:`pages_decodable`).
+program's, as a tail is (:func:`.packed_rows.pages_decodable`).
 
 Grid ``(B, Hkv, splits + tail)``: a program owns one KV head of one request and one slice of
 its packed tokens (flash decoding); the ``Hq / Hkv`` query heads of that KV head are the rows of
@@ -33,7 +33,10 @@ from .layout import AttentionBatch, choose_splits
 from .packed_rows import (
     FP16_MAX,
     decodable,
+    keys_decodable,
+    kivi_keys,
     packed_part,
+    page_tile,
     rope_scores,
     row_vec,
     rows_args,
@@ -44,7 +47,7 @@ from .rope_rows import rope_decodable, rope_query, spans
 from .splits import merge_splits, softmax_args, split_chunk, store_partial
 from .tiles import _dot, _softmax_step
 
-__all__ = ["DecodePlan", "launch_decode", "pages_decodable", "plan_decode", "serves"]
+__all__ = ["DecodePlan", "launch_decode", "plan_decode", "serves"]
 
 
 @triton.jit
@@ -180,47 +183,28 @@ def plan_decode(batch: AttentionBatch, *, sms: int | None = None) -> DecodePlan:
 
 
 def _within_pages(batch: AttentionBatch, plan: DecodePlan) -> DecodePlan:
-    """KIVI pages: tiles of at most a page (G >= 16, both powers of two: a tile inside one)."""
-    if _kivi(batch) and plan.block_tokens > batch.k_spec.group_size:
-        plan = dataclasses.replace(plan, block_tokens=batch.k_spec.group_size)
-    return plan
+    """KIVI pages: tiles of at most a page (:func:`.packed_rows.page_tile`)."""
+    return dataclasses.replace(plan, block_tokens=page_tile(batch, plan.block_tokens))
 
 
 def serves(batch: AttentionBatch) -> bool:
-    """Whether :func:`launch_decode` runs this batch: one query token per request (not
-    ragged), token-axis (or 16-bit) K and V as :func:`.packed_rows.decodable` says, rows
-    aligned to 4 bytes, pre-RoPE keys only as :func:`.rope_rows.rope_decodable` says (R/2 >=
-    16, halves of whole words or chunks, keys neither smoothed nor Hadamard-rotated), KIVI
-    keys only in a pool's pages as :func:`pages_decodable` says. The rest (extend, the HF
-    cache's KIVI blocks, KIVI pages with a window, 2/4/8 bits in groups smaller
-    than a word's codes, 3/5/6 bits at a head_dim not a multiple of 32, narrower rotary
-    halves) runs :mod:`.kernel`."""
+    """Whether :func:`launch_decode` runs this batch: one query token per request (not ragged),
+    token-axis (or 16-bit) K and V as :func:`.packed_rows.decodable` says, rows aligned to 4
+    bytes, pre-RoPE keys only as :func:`.rope_rows.rope_decodable` says (R/2 >= 16, halves of
+    whole words or chunks, keys neither smoothed nor Hadamard-rotated), KIVI keys only in a
+    pool's pages as :func:`.packed_rows.pages_decodable` says. The rest (extend, the HF cache's
+    KIVI blocks, KIVI pages with a window, 2/4/8 bits in groups smaller than a word's codes,
+    3/5/6 bits at a head_dim not a multiple of 32, narrower rotary halves) runs :mod:`.kernel`."""
     return (
         batch.q_tokens == 1
         and batch.qo_indptr is None
         and rope_decodable(batch)
         and batch.k_delta == 0
-        and (pages_decodable(batch) if _kivi(batch) else decodable(batch.k_spec, batch.head_dim))
+        and keys_decodable(batch)
         and decodable(batch.v_spec, batch.head_dim)
         and row_vec(batch.k_rows) > 0
         and row_vec(batch.v_rows) > 0
     )
-
-
-def _kivi(batch: AttentionBatch) -> bool:
-    return batch.k_spec.is_quantized and batch.k_spec.axis == "channel"
-
-
-def pages_decodable(batch: AttentionBatch) -> bool:
-    """KIVI keys the decode kernel reads a page at a time: a pool's pages as SGLang's pages
-    of G slots hold them (a request's token t in slot ``page·G + t % G``; every page before
-    its last packed, the last staged until full), G >= 16 (one tile inside a page), code rows
-    of whole words (3/5/6 bits: whole chunks of 32 channels), no window (tiles start at
-    pages). Pre-RoPE pages are read in spans as token rows are (:func:`.rope_rows.
-    rope_decodable`)."""
-    spec, dim = batch.k_spec, batch.head_dim
-    words = (dim * spec.bits) % 32 == 0 and (32 % spec.bits == 0 or dim % 32 == 0)
-    return batch.k_stage is not None and spec.group_size >= 16 and words and batch.window is None
 
 
 def launch_decode(
@@ -239,7 +223,7 @@ def launch_decode(
     paged, group = batch.slot_table is not None, hq // batch.kv_heads
     chunk, splits = split_chunk(batch, plan.splits, plan.block_tokens)
     tail_len = 0 if k_tail is None else k_tail.shape[2]
-    parts = splits + (1 if tail_len or _kivi(batch) else 0)  # the tail or the filling page
+    parts = splits + (1 if tail_len or kivi_keys(batch) else 0)  # the tail or the filling page
     dev = q.device
     partial = torch.empty(bsz, hq, parts, dim, dtype=torch.float32, device=dev)
     lse = torch.empty(bsz, hq, parts, dtype=torch.float32, device=dev)
@@ -265,7 +249,7 @@ def launch_decode(
         K_G=k.group_size, K_SYM=k.symmetric and k.is_quantized, K_VEC=k_vec, V_BITS=v.bits,
         V_G=v.group_size, V_SYM=v.symmetric and v.is_quantized, V_VEC=v_vec, PAGED=paged,
         HAS_START=batch.starts is not None, DOT_IEEE=q.dtype == torch.float32,
-        HAS_TAIL=parts > splits, ROPE_HALF=rope_half, K_CHANNEL=_kivi(batch),
+        HAS_TAIL=parts > splits, ROPE_HALF=rope_half, K_CHANNEL=kivi_keys(batch),
         num_warps=plan.num_warps, **tuning,
     )  # fmt: skip
     return merge_splits(partial, lse, batch.sinks).view(bsz, 1, hq, dim)

@@ -8,8 +8,11 @@ of them. The rows are read as the decode kernel reads them (:mod:`.packed_rows`)
 row. With the new tokens in hand (``HAND``: K and V as the model computed them, one row a query
 row) only the prefix comes from packed rows: the new positions are read from those values,
 exact, by the same online softmax (:func:`_hand_part`), as SGLang's own extend reads them.
+KIVI keys in a pool's pages are read a page a tile as the decode kernel reads them: full pages'
+blocks in the splits' programs, the filling page's staged values in one more program.
 Partials merge in :func:`.splits.merge_splits` (sinks there). Everything else an extend can be
-(KIVI pages, pre-RoPE keys, contiguous rows, left padding) runs the general kernel.
+(KIVI pages with a window, pre-RoPE keys, contiguous rows, left padding) runs the general
+kernel.
 """
 
 from __future__ import annotations
@@ -26,7 +29,10 @@ from .packed_rows import (
     FP16_MAX,
     _seen,
     decodable,
+    keys_decodable,
+    kivi_keys,
     packed_part,
+    page_tile,
     row_vec,
     rows_args,
     table_rows,
@@ -40,15 +46,17 @@ __all__ = ["ExtendPlan", "launch_extend", "plan_extend", "serves_extend"]
 @triton.jit
 def _extend_kernel(
     q_ptr, k_words, k_half, v_words, v_half, table_ptr, rows_ptr, len_ptr, qo_ptr, o_ptr, lse_ptr,
-    k_new, v_new, stride_qn, stride_qh, k_st, k_sh, v_st, v_sh, stride_table, k_nn, k_nh, v_nn,
-    v_nh, chunk, num_splits, window, score_scale, cap_log2, D: tl.constexpr, GROUP: tl.constexpr,
+    k_new, v_new, stage_ptr, srows_ptr, stride_qn, stride_qh, k_st, k_sh, v_st, v_sh,
+    stride_table, k_nn, k_nh, v_nn, v_nh, s_sr, s_sg, s_sh, chunk, num_splits, window,
+    score_scale, cap_log2, D: tl.constexpr, GROUP: tl.constexpr,
     GP: tl.constexpr, BQ: tl.constexpr, BT: tl.constexpr, K_BITS: tl.constexpr,
     K_G: tl.constexpr, K_SYM: tl.constexpr, K_VEC: tl.constexpr, V_BITS: tl.constexpr,
     V_G: tl.constexpr, V_SYM: tl.constexpr, V_VEC: tl.constexpr, WINDOW: tl.constexpr,
-    SOFTCAP: tl.constexpr, HAND: tl.constexpr, DOT_IEEE: tl.constexpr,
+    SOFTCAP: tl.constexpr, HAND: tl.constexpr, DOT_IEEE: tl.constexpr, K_CHANNEL: tl.constexpr,
 ):  # fmt: skip
     b, h = tl.program_id(0), tl.program_id(1)
-    qb, split = tl.program_id(2) // num_splits, tl.program_id(2) % num_splits
+    parts = num_splits + 1 if K_CHANNEL else num_splits  # KIVI: the filling page's program last
+    qb, split = tl.program_id(2) // parts, tl.program_id(2) % parts
     h64 = h.to(tl.int64)
     DT: tl.constexpr = tl.float32 if DOT_IEEE else tl.float16
     q0 = tl.load(qo_ptr + b).to(tl.int64)  # request b's new tokens: q rows q0 .. q0 + n_q
@@ -70,19 +78,39 @@ def _extend_kernel(
     hi = tl.minimum(tl.minimum(lo + chunk, total), last + 1)
     row = tl.load(rows_ptr + b).to(tl.int64)
     prefix = total - n_q  # positions from here on are the new tokens
-    m, denom, acc = packed_part(
-        q, k_words, k_half, v_words, v_half, table_ptr, row, h64 * k_sh * K_VEC,
-        h64 * v_sh * V_VEC, k_st, v_st, stride_table, lo, tl.minimum(hi, prefix) if HAND else hi,
-        0, qpos, window, score_scale, cap_log2, 0, 0, D, BT, K_BITS, K_G, K_SYM, K_VEC, V_BITS,
-        V_G, V_SYM, V_VEC, True, False, WINDOW, SOFTCAP, True, DOT_IEEE, 0, False,
-    )  # fmt: skip
-    if HAND:  # row q0 + i of k_new / v_new is position prefix + i
+    known = prefix if HAND else total  # positions read from the pool end here
+    k_at0, v_at0 = h64 * k_sh * K_VEC, h64 * v_sh * V_VEC
+    if K_CHANNEL:  # KIVI keys: full pages' blocks; the filling page's staged values
+        pages = (stage_ptr, srows_ptr, s_sr, s_sg, h64 * s_sh)
+        full = total // K_G * K_G
+        if split < num_splits:
+            m, denom, acc = packed_part(
+                q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at0, k_st, v_st,
+                stride_table, lo, tl.minimum(tl.minimum(hi, known), full), 0, qpos, window,
+                score_scale, cap_log2, 0, pages, D, BT, K_BITS, K_G, K_SYM, K_VEC, V_BITS, V_G,
+                V_SYM, V_VEC, True, False, WINDOW, SOFTCAP, True, DOT_IEEE, 0, 1,
+            )  # fmt: skip
+        else:
+            m, denom, acc = packed_part(
+                q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at0, k_st, v_st,
+                stride_table, full, tl.minimum(last + 1, known), 0, qpos, window, score_scale,
+                cap_log2, 0, pages, D, BT, K_BITS, K_G, K_SYM, K_VEC, V_BITS, V_G, V_SYM, V_VEC,
+                True, False, WINDOW, SOFTCAP, True, DOT_IEEE, 0, 2,
+            )  # fmt: skip
+    else:
+        m, denom, acc = packed_part(
+            q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at0, k_st, v_st,
+            stride_table, lo, tl.minimum(hi, known), 0, qpos, window, score_scale, cap_log2, 0,
+            0, D, BT, K_BITS, K_G, K_SYM, K_VEC, V_BITS, V_G, V_SYM, V_VEC, True, False, WINDOW,
+            SOFTCAP, True, DOT_IEEE, 0, 0,
+        )  # fmt: skip
+    if HAND and split < num_splits:  # row q0 + i of k_new / v_new is position prefix + i
         m, denom, acc = _hand_part(
             q, m, denom, acc, k_new + (q0 - prefix) * k_nn + h64 * k_nh,
             v_new + (q0 - prefix) * v_nn + h64 * v_nh, k_nn, v_nn, tl.maximum(lo, prefix), hi,
             qpos, window, score_scale, cap_log2, BT, WINDOW, SOFTCAP, DOT_IEEE,
         )  # fmt: skip
-    at = ((q0 + qi) * (GROUP * tl.num_programs(1)) + qh) * num_splits + split  # [N, Hq, splits]
+    at = ((q0 + qi) * (GROUP * tl.num_programs(1)) + qh) * parts + split  # [N, Hq, parts]
     store_partial(o_ptr, lse_ptr, at, m, denom, acc, q_ok)
 
 
@@ -143,13 +171,13 @@ def plan_extend(batch: AttentionBatch, splits: int) -> ExtendPlan:
 def serves_extend(batch: AttentionBatch) -> bool:
     """Whether :func:`launch_extend` runs this batch: queries over a paged pool (SGLang's ragged
     extend, or Tq a request), token-axis (or 16-bit) K and V as the decode kernel reads them,
-    rows aligned to 4 bytes, no pre-RoPE keys, no left padding."""
+    KIVI keys in a pool's pages as it reads them (:func:`.packed_rows.pages_decodable`: no
+    window), rows aligned to 4 bytes, no pre-RoPE keys, no left padding."""
     return (
         batch.slot_table is not None
         and batch.rope_freq is None
         and batch.starts is None
-        and batch.k_stage is None
-        and decodable(batch.k_spec, batch.head_dim)
+        and keys_decodable(batch)
         and decodable(batch.v_spec, batch.head_dim)
         and row_vec(batch.k_rows) > 0
         and row_vec(batch.v_rows) > 0
@@ -177,22 +205,28 @@ def launch_extend(
     group = hq // hkv
     gp = triton.next_power_of_2(group)
     bq = max(1, plan.rows // gp)  # new tokens a program
-    chunk, splits = split_chunk(batch, plan.splits, plan.block_tokens)
-    partial = torch.empty(q.shape[0], hq, splits, dim, dtype=torch.float32, device=q.device)
-    lse = torch.empty(q.shape[0], hq, splits, dtype=torch.float32, device=q.device)
+    block_tokens = page_tile(batch, plan.block_tokens)
+    chunk, splits = split_chunk(batch, plan.splits, block_tokens)
+    kivi = kivi_keys(batch)
+    parts = splits + (1 if kivi else 0)  # KIVI: the filling page's program
+    partial = torch.empty(q.shape[0], hq, parts, dim, dtype=torch.float32, device=q.device)
+    lse = torch.empty(q.shape[0], hq, parts, dtype=torch.float32, device=q.device)
     k_args, k_vec = rows_args(batch.k_rows, True)
     v_args, v_vec = rows_args(batch.v_rows, True)
     table, rows = batch.slot_table, table_rows(batch)
+    stage = batch.k_stage if kivi else q.new_zeros(1, 1, 1, 1)  # [rows, G, Hkv, D]
+    stage_rows = batch.k_stage_rows if kivi else batch.lengths
     k, v = batch.k_spec, batch.v_spec
-    grid = (batch.batch_size, hkv, triton.cdiv(batch.q_tokens, bq) * splits)
+    grid = (batch.batch_size, hkv, triton.cdiv(batch.q_tokens, bq) * parts)
     _extend_kernel[grid](
         q, k_args[0], k_args[1], v_args[0], v_args[1], table, rows, batch.lengths,
-        batch.qo_indptr, partial, lse, k_new, v_new, q.stride(0), q.stride(1), *k_args[3:],
-        *v_args[3:], table.stride(0), *k_new.stride()[:2], *v_new.stride()[:2], chunk, splits,
-        **softmax_args(batch), D=dim, GROUP=group, GP=gp, BQ=bq, BT=plan.block_tokens,
-        K_BITS=k.bits, K_G=k.group_size, K_SYM=k.symmetric and k.is_quantized, K_VEC=k_vec,
-        V_BITS=v.bits, V_G=v.group_size, V_SYM=v.symmetric and v.is_quantized, V_VEC=v_vec,
-        HAND=new is not None, DOT_IEEE=q.dtype == torch.float32, num_warps=plan.num_warps,
+        batch.qo_indptr, partial, lse, k_new, v_new, stage, stage_rows, q.stride(0),
+        q.stride(1), *k_args[3:], *v_args[3:], table.stride(0), *k_new.stride()[:2],
+        *v_new.stride()[:2], *stage.stride()[:3], chunk, splits, **softmax_args(batch), D=dim,
+        GROUP=group, GP=gp, BQ=bq, BT=block_tokens, K_BITS=k.bits, K_G=k.group_size,
+        K_SYM=k.symmetric and k.is_quantized, K_VEC=k_vec, V_BITS=v.bits, V_G=v.group_size,
+        V_SYM=v.symmetric and v.is_quantized, V_VEC=v_vec, HAND=new is not None,
+        DOT_IEEE=q.dtype == torch.float32, K_CHANNEL=kivi, num_warps=plan.num_warps,
         num_stages=plan.num_stages,
     )  # fmt: skip
     return merge_splits(partial, lse, batch.sinks)

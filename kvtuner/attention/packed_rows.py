@@ -31,7 +31,18 @@ from triton.language.extra import libdevice
 from ..quant.spec import QuantSpec
 from .tiles import _dot, _softmax_step
 
-__all__ = ["FP16_MAX", "decodable", "packed_part", "row_vec", "rows_args", "table_rows"]
+__all__ = [
+    "FP16_MAX",
+    "decodable",
+    "keys_decodable",
+    "kivi_keys",
+    "packed_part",
+    "page_tile",
+    "pages_decodable",
+    "row_vec",
+    "rows_args",
+    "table_rows",
+]
 
 FP16_MAX = tl.constexpr(65504.0)  # q is clamped to fp16's range before it becomes fp16
 
@@ -438,6 +449,37 @@ def decodable(spec: QuantSpec, head_dim: int) -> bool:
     if 32 % spec.bits == 0:
         return spec.group_size >= 32 // spec.bits
     return head_dim % 32 == 0
+
+
+def kivi_keys(batch) -> bool:
+    """Whether the batch's keys are channel-axis (KIVI) codes."""
+    return batch.k_spec.is_quantized and batch.k_spec.axis == "channel"
+
+
+def pages_decodable(batch) -> bool:
+    """KIVI keys the decode and extend kernels read a page at a time: a pool's pages as
+    SGLang's pages of G slots hold them (a request's token t in slot ``page·G + t % G``; every
+    page before its last packed, the last staged until full), G >= 16 (one tile inside a
+    page), code rows of whole words (3/5/6 bits: whole chunks of 32 channels), no window
+    (tiles start at pages). Pre-RoPE pages are read in spans as token rows are
+    (:func:`.rope_rows.rope_decodable`)."""
+    spec, dim = batch.k_spec, batch.head_dim
+    words = (dim * spec.bits) % 32 == 0 and (32 % spec.bits == 0 or dim % 32 == 0)
+    return batch.k_stage is not None and spec.group_size >= 16 and words and batch.window is None
+
+
+def keys_decodable(batch) -> bool:
+    """Keys the decode and extend kernels read: KIVI pages as :func:`pages_decodable` says,
+    token rows as :func:`decodable` does."""
+    if kivi_keys(batch):
+        return pages_decodable(batch)
+    return decodable(batch.k_spec, batch.head_dim)
+
+
+def page_tile(batch, block_tokens: int) -> int:
+    """Tokens a tile: at most a KIVI page (G >= 16 and tiles both powers of two: a tile lies
+    inside one page)."""
+    return min(block_tokens, batch.k_spec.group_size) if kivi_keys(batch) else block_tokens
 
 
 def rows_args(rows: torch.Tensor, paged: bool) -> tuple[tuple, int]:

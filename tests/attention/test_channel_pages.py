@@ -1,8 +1,8 @@
 """Channel-axis (KIVI) keys in a paged pool: one block per full page of G slots, the filling
 pages' fp values staged (the SGLang pool's ChannelPages), read by the fused kernels under
-TRITON_INTERPRET against the reference (decode: the decode kernel, a page a tile; extend and
-windows: the general kernel), and the reference against SDPA over what the page store itself
-reads back."""
+TRITON_INTERPRET against the reference (decode and extend: the decode and extend kernels, a
+page a tile; windows: the general kernel), and the reference against SDPA over what the page
+store itself reads back."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from kvtuner.attention import (
     extend_attention_reference,
 )
 from kvtuner.attention.decode_kernel import serves
+from kvtuner.attention.extend_kernel import serves_extend
 from kvtuner.quant import QuantSpec, dequantize, quantize
 from kvtuner.runtime_loader.sglang.pool.channel_pages import ChannelPages
 from kvtuner.runtime_loader.sglang.pool.geometry import PoolGeometry
@@ -88,6 +89,58 @@ def test_ragged_extend_with_a_window():
     got = extend_attention(q, *rows, **index, block_tokens=16, num_splits=2)
     ref = extend_attention_reference(q, *rows, **index)
     torch.testing.assert_close(got, ref, atol=2e-5, rtol=2e-5)
+
+
+def extend_batch(q, rows, index) -> AttentionBatch:
+    return AttentionBatch(q=q, k_rows=rows[0], v_rows=rows[1], k_spec=rows[2], v_spec=rows[3],
+                          **index)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "k_spec,v_spec",
+    [
+        (QuantSpec(4, group_size=G, axis="channel"), QuantSpec(4)),
+        (QuantSpec(3, group_size=G, axis="channel", symmetric=True), QuantSpec(8, group_size=16)),
+    ],
+    ids=lambda s: s.short(),
+)
+def test_the_extend_kernel_reads_full_pages_and_the_filling_page(k_spec, v_spec):
+    """SGLang's ragged extend over KIVI pages on the extend kernel (no window): new tokens
+    inside the filling page, across pages, a whole request new, none; requests ending on a
+    page's end (the second lengths)."""
+    keys, v_rows, table = pool(k_spec, v_spec, seed=7)
+    rows, index = args(keys, v_rows, table, k_spec, v_spec)
+    q, indptr = ragged_q([5, 9, 12, 0], 4, seed=8)
+    index.update(qo_indptr=indptr, max_q_len=12)
+    assert serves_extend(extend_batch(q, rows, index))
+    for lengths in (LENGTHS, [32, 9, 16, 33]):
+        index["lengths"] = torch.tensor(lengths, dtype=torch.int32)
+        ref = extend_attention_reference(q, *rows, **index)
+        for launch in (dict(block_tokens=16, num_splits=3), {}):
+            got = extend_attention(q, *rows, **index, **launch)
+            torch.testing.assert_close(got, ref, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("attention_variant", ["baseline"], indirect=True)
+def test_the_extend_kernel_attends_new_tokens_in_hand_over_pages(attention_variant):
+    """The prefix from the pages (packed or staged, as the pool holds it), the new tokens from
+    the values in hand, exact; a window leaves the batch to the general kernel (which reads
+    them from the pool: the baseline variant only)."""
+    k_spec, v_spec = QuantSpec(4, group_size=G, axis="channel"), QuantSpec(4)
+    keys, v_rows, table = pool(k_spec, v_spec, seed=9)
+    rows, index = args(keys, v_rows, table, k_spec, v_spec)
+    new = [5, 9, 20, 0]
+    q, indptr = ragged_q(new, 4, seed=10)
+    g = gen(11)
+    hand = dict(k_new=torch.randn(sum(new), HEADS, D, generator=g) * 3,
+                v_new=torch.randn(sum(new), HEADS, D, generator=g))  # fmt: skip
+    index.update(qo_indptr=indptr, max_q_len=20)
+    got = extend_attention(q, *rows, **index, **hand, block_tokens=16, num_splits=3)
+    ref = extend_attention_reference(q, *rows, **index, **hand)
+    torch.testing.assert_close(got, ref, atol=2e-5, rtol=2e-5)
+    rows_only = extend_attention_reference(q, *rows, **index)
+    assert not torch.allclose(got, rows_only, atol=1e-2)  # the values in hand were read
+    assert not serves_extend(extend_batch(q, rows, dict(index, window=12)))
 
 
 def test_stage_arguments_are_checked_with_one_line():

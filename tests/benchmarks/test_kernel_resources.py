@@ -45,16 +45,17 @@ def test_decode_and_extend_kernels_fit_the_registers_without_spill_or_byte_loads
         assert "U8" not in widths, f"{row['label']} loads bytes one at a time: {widths}"
 
 
-def test_pre_rope_and_kivi_keys_decode_on_the_decode_kernel_within_the_same_limits(decode_rows):
-    """Pre-RoPE keys (full and partial rotary widths) and KIVI pages (pre-RoPE or not): the
-    specialised kernel, not the general one, and the limits above (the loop there covers
-    them; this pins the rows)."""
+def test_pre_rope_and_kivi_keys_run_the_specialised_kernels_within_the_same_limits(decode_rows):
+    """Pre-RoPE keys (full and partial rotary widths) and KIVI pages (pre-RoPE or not; and at
+    extend): the specialised kernels, not the general one, and the limits above (the loop
+    there covers them; this pins the rows)."""
     labels = {"decode KV4 g32 pre-RoPE", "decode KV4 g32 pre-RoPE R=D/4", "decode KV8 g64 pre-RoPE",
-              "decode KIVI K4 g32 V4 g32", "decode KIVI K4 g32 V4 g32 pre-RoPE"}  # fmt: skip
+              "decode KIVI K4 g32 V4 g32", "decode KIVI K4 g32 V4 g32 pre-RoPE",
+              "extend KIVI K4 g32 V4 g32, new tokens in hand"}  # fmt: skip
     rows = [r for r in decode_rows if r["label"] in labels and r["kernel"] != "_reduce_kernel"]
     assert {r["label"] for r in rows} == labels
     for row in rows:
-        assert row["kernel"] == "_decode_kernel", row["label"]
+        assert row["kernel"] in ("_decode_kernel", "_extend_kernel"), row["label"]
         assert row["spill_bytes"] == 0 and row["reg"] <= MAX_REGISTERS, row["label"]
         assert "U8" not in {**row["ldg_widths"], **row["ldgsts_widths"]}, row["label"]
 

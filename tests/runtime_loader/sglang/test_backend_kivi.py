@@ -121,9 +121,9 @@ def test_kivi_keys_match_torch_native_over_the_dequantized_pool(parts, mode):
         k, v = (torch.randn(sum(new), HEADS, D, generator=g) for _ in range(2))
         got = ours.forward(q, k, v, radix(layer_id), fb)  # stores the new tokens, attends
         stock.k_buffer[layer_id][:], stock.v_buffer[layer_id][:] = packed.read_kv(layer_id, every)
-        # extend over token-axis keys (the extend kernel) attends the new tokens as computed;
-        # KIVI layers (the general kernel) read them back from the pool
-        exact = mode == "extend" and SPECS[layer_id][0].axis == "token"
+        # extend on the extend kernel (token-axis keys, KIVI pages) attends the new tokens as
+        # computed; pre-RoPE KIVI keys (the general kernel) read them back from the pool
+        exact = mode == "extend" and not SPECS[layer_id][0].pre_rope
         want = theirs.forward(q, k, v, radix(layer_id), fb, save_kv_cache=exact)
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
