@@ -2,8 +2,8 @@
 
 ``triton_scatter_quantized``: ``buffer[loc] = quantize(x)``; ``triton_gather_dequantized``:
 ``dequantize(buffer[loc])``. Token axis only (what a slot pool stores), every bits value of
-``SUPPORTED_BITS`` (2/3/4/5/6/8, and 16 = fp16 bytes). Each program handles ``BLOCK`` token-head
-rows; a row's codes are held as a tile [BLOCK, D/8, 8]: 8 consecutive codes are one word of
+``SUPPORTED_BITS`` (2/3/4/5/6/8, and 16 = fp16 bytes). Each program handles ``BLOCK`` tokens of
+one KV head; a row's codes are held as a tile [BLOCK, D/8, 8]: 8 consecutive codes are one word of
 ``bits`` bytes of the row's little-endian bit stream. 2/4/8 bits pack bytes of whole codes in
 int32 (the tile reshaped to [BLOCK, code_bytes, codes_per_byte]); 3/5/6 bits shift-and-OR a word
 into int64 (at most 48 bits); four such words (32 codes) are ``bits`` int32 words of the stream,
@@ -60,36 +60,43 @@ def _store_out(ptr, v, mask, OUT_BF16: tl.constexpr):
 
 
 @triton.jit
-def _x_offsets(rows, heads, stride_xt, stride_xh):
-    """Offsets [BLOCK] of token-head rows (token * heads + head) in x [N, heads, D] (any
-    token/head strides: e.g. K sliced out of a fused QKV projection, read without a copy)."""
-    return (rows // heads) * stride_xt + (rows % heads) * stride_xh
+def _x_offsets(tokens, stride_xt, stride_xh):
+    """Offsets [BLOCK] of this program's rows in x [N, heads, D] (any token/head strides: e.g.
+    K sliced out of a fused QKV projection, read without a copy)."""
+    return tokens * stride_xt + tl.program_id(1).to(tl.int64) * stride_xh
+
+
+@triton.jit
+def _out_rows(tokens):
+    """Rows [BLOCK] of this program in the [N * heads] rows of a gather's output."""
+    return tokens * tl.num_programs(1) + tl.program_id(1)
 
 
 @triton.jit
 def _row_bases(
-    buf_ptr, loc_ptr, pid, n_rows, heads, stride_slot, stride_head, BLOCK: tl.constexpr,
+    buf_ptr, loc_ptr, n_tokens, stride_slot, stride_head, BLOCK: tl.constexpr,
     ALIGN: tl.constexpr,
 ):  # fmt: skip
-    """Rows [BLOCK] of this program (token * heads + head), their mask and buffer row pointers.
+    """This program's rows: BLOCK tokens of one KV head (grid: token blocks × heads, so no row
+    index is divided by the head count) -> tokens [BLOCK], their mask and buffer row pointers.
     Strides come in ``ALIGN``-byte units: a row offset is then a known multiple of ALIGN, so a
     row's bytes move 8 or 16 at a time where the rows allow (136-byte KV8 g64 rows: 8)."""
-    rows = pid * BLOCK + tl.arange(0, BLOCK)
-    row_ok = rows < n_rows
-    slot = tl.load(loc_ptr + rows // heads, mask=row_ok, other=0).to(tl.int64)
-    unit = slot * stride_slot + (rows % heads).to(tl.int64) * stride_head
-    return rows.to(tl.int64), row_ok, buf_ptr + unit * ALIGN
+    tokens = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    row_ok = tokens < n_tokens
+    slot = tl.load(loc_ptr + tokens, mask=row_ok, other=0).to(tl.int64)
+    unit = slot * stride_slot + tl.program_id(1).to(tl.int64) * stride_head
+    return tokens.to(tl.int64), row_ok, buf_ptr + unit * ALIGN
 
 
 @triton.jit
 def _scatter_kernel(
-    x_ptr, loc_ptr, buf_ptr, n_rows, heads, stride_slot, stride_head, stride_xt,
+    x_ptr, loc_ptr, buf_ptr, n_tokens, stride_slot, stride_head, stride_xt,
     stride_xh, D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr, SYMMETRIC: tl.constexpr,
     NW_PAD: tl.constexpr, BLOCK: tl.constexpr, ROTATE: tl.constexpr, ALIGN: tl.constexpr,
     WORDS: tl.constexpr,
 ):  # fmt: skip
     rows, row_ok, dst = _row_bases(
-        buf_ptr, loc_ptr, tl.program_id(0), n_rows, heads, stride_slot, stride_head, BLOCK, ALIGN
+        buf_ptr, loc_ptr, n_tokens, stride_slot, stride_head, BLOCK, ALIGN
     )
     NW: tl.constexpr = D // 8  # words of 8 codes per row
     NB: tl.constexpr = NW * BITS  # code bytes per row
@@ -98,7 +105,7 @@ def _scatter_kernel(
     w = tl.arange(0, NW_PAD)
     e = w[:, None] * 8 + tl.arange(0, 8)[None, :]  # [NW_PAD, 8] element index inside the row
     mask = row_ok[:, None, None] & (w < NW)[None, :, None]
-    at = _x_offsets(rows, heads, stride_xt, stride_xh)
+    at = _x_offsets(rows, stride_xt, stride_xh)
     x = tl.load(x_ptr + at[:, None, None] + e[None], mask=mask, other=0.0)
     x = x.to(tl.float32)  # [BLOCK, NW_PAD, 8]
     if ROTATE:
@@ -123,13 +130,13 @@ def _scatter_kernel(
 
 @triton.jit
 def _gather_kernel(
-    buf_ptr, loc_ptr, out_ptr, n_rows, heads, stride_slot, stride_head, D: tl.constexpr,
+    buf_ptr, loc_ptr, out_ptr, n_tokens, stride_slot, stride_head, D: tl.constexpr,
     G: tl.constexpr, BITS: tl.constexpr, SYMMETRIC: tl.constexpr, NW_PAD: tl.constexpr,
     BLOCK: tl.constexpr, OUT_BF16: tl.constexpr, ROTATE: tl.constexpr, ALIGN: tl.constexpr,
     WORDS: tl.constexpr,
 ):  # fmt: skip
     rows, row_ok, src = _row_bases(
-        buf_ptr, loc_ptr, tl.program_id(0), n_rows, heads, stride_slot, stride_head, BLOCK, ALIGN
+        buf_ptr, loc_ptr, n_tokens, stride_slot, stride_head, BLOCK, ALIGN
     )
     NW: tl.constexpr = D // 8
     NB: tl.constexpr = NW * BITS
@@ -160,20 +167,20 @@ def _gather_kernel(
     if ROTATE:  # undo the rotation: H is its own inverse
         out = hadamard_tile(out, D)
     mask = row_ok[:, None, None] & (w < NW)[None, :, None]
-    _store_out(out_ptr + rows[:, None, None] * D + e[None], out, mask, OUT_BF16)
+    _store_out(out_ptr + _out_rows(rows)[:, None, None] * D + e[None], out, mask, OUT_BF16)
 
 
 @triton.jit
 def _scatter_fp16_kernel(
-    x_ptr, loc_ptr, buf_ptr, n_rows, heads, stride_slot, stride_head, stride_xt, stride_xh,
+    x_ptr, loc_ptr, buf_ptr, n_tokens, stride_slot, stride_head, stride_xt, stride_xh,
     D: tl.constexpr, D_PAD: tl.constexpr, BLOCK: tl.constexpr, ALIGN: tl.constexpr,
 ):  # fmt: skip
     rows, row_ok, dst = _row_bases(
-        buf_ptr, loc_ptr, tl.program_id(0), n_rows, heads, stride_slot, stride_head, BLOCK, ALIGN
+        buf_ptr, loc_ptr, n_tokens, stride_slot, stride_head, BLOCK, ALIGN
     )
     e = tl.arange(0, D_PAD)
     mask = row_ok[:, None] & (e < D)[None]
-    at = _x_offsets(rows, heads, stride_xt, stride_xh)
+    at = _x_offsets(rows, stride_xt, stride_xh)
     x = tl.load(x_ptr + at[:, None] + e[None], mask=mask, other=0.0).to(tl.float32)
     bits = x.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)  # [BLOCK, D_PAD]
     bits = tl.where(x == x, bits, NAN_FP16)  # the format's NaN, whatever the GPU's cvt gives
@@ -183,18 +190,18 @@ def _scatter_fp16_kernel(
 
 @triton.jit
 def _gather_fp16_kernel(
-    buf_ptr, loc_ptr, out_ptr, n_rows, heads, stride_slot, stride_head, D: tl.constexpr,
+    buf_ptr, loc_ptr, out_ptr, n_tokens, stride_slot, stride_head, D: tl.constexpr,
     D_PAD: tl.constexpr, BLOCK: tl.constexpr, OUT_BF16: tl.constexpr, ALIGN: tl.constexpr,
 ):  # fmt: skip
     rows, row_ok, src = _row_bases(
-        buf_ptr, loc_ptr, tl.program_id(0), n_rows, heads, stride_slot, stride_head, BLOCK, ALIGN
+        buf_ptr, loc_ptr, n_tokens, stride_slot, stride_head, BLOCK, ALIGN
     )
     e = tl.arange(0, D_PAD)
     mask = row_ok[:, None] & (e < D)[None]
     halves = src.to(tl.pointer_type(tl.int16))
     x = tl.load(halves[:, None] + e[None], mask=mask, other=0)
     x = x.to(tl.float16, bitcast=True).to(tl.float32)
-    _store_out(out_ptr + rows[:, None] * D + e[None], x, mask, OUT_BF16)
+    _store_out(out_ptr + _out_rows(rows)[:, None] * D + e[None], x, mask, OUT_BF16)
 
 
 def interpreted() -> bool:
@@ -235,19 +242,19 @@ def _check(buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_dim: i
 
 def _launch_args(buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_dim: int):
     """Grid and the keyword arguments shared by every kernel of one call."""
-    n_rows = loc.shape[0] * buffer.shape[1]
+    n_tokens = loc.shape[0]
     rotate = _rotates(spec)
-    # 32 rows a program of 4 warps (sm_90a builds at head_dim 128): KV4 g32 pack takes 64
-    # registers (8 programs an SM; 64 rows took 140, 3 an SM), unpack 32, with 16-byte code
-    # moves and the same instructions a row; 16 rows narrow the moves to 8 bytes and add 12 %
-    # instructions a row. Rotated rows hold the fp32 tile through the butterflies: 16 rows
-    # take 125 registers (4 programs an SM), 32 rows 173 (2), 64 rows spilled.
-    block = min(16 if rotate else 32, triton.next_power_of_2(max(n_rows, 1)))
-    grid = (triton.cdiv(n_rows, block),)
+    # A program: 32 tokens of one KV head on 4 warps (sm_90a builds at head_dim 128). KV4 g32
+    # pack takes 64 registers (8 programs an SM; 64 rows took 140, 3 an SM), unpack 32, with
+    # 16-byte code moves; 16 rows narrow the moves to 8 bytes and add 12 % instructions a row.
+    # One head a program: no row index divided by the head count (pack 48 -> 40 instructions a
+    # row). Rotated rows hold the fp32 tile through the butterflies: 16 rows take 125
+    # registers (4 programs an SM), 32 rows 173 (2), 64 rows spilled.
+    block = min(16 if rotate else 32, triton.next_power_of_2(max(n_tokens, 1)))
+    grid = (triton.cdiv(n_tokens, block), buffer.shape[1])  # token blocks × heads
     align = _row_align(buffer)
     common = dict(
-        n_rows=n_rows,
-        heads=buffer.shape[1],
+        n_tokens=n_tokens,
         stride_slot=buffer.stride(0) // align,
         stride_head=buffer.stride(1) // align,
         D=head_dim,

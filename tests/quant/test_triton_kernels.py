@@ -348,7 +348,7 @@ GPU_COMPILE = textwrap.dedent("""
 
     def compile_ptx(kernel, pointers, args, strides=()):
         options = {"enable_fp_fusion": args.pop("enable_fp_fusion")}
-        sig = {**pointers, "n_rows": "i32", "heads": "i32", "stride_slot": "i64",
+        sig = {**pointers, "n_tokens": "i32", "stride_slot": "i64",
                "stride_head": "i64", **{k: "i64" for k in strides},
                **{k: "constexpr" for k in args if k.isupper()}}
         consts = {k: v for k, v in args.items() if k.isupper()}
