@@ -50,9 +50,11 @@ def fp16_directed(v, UP: tl.constexpr):
 @triton.jit
 def grid_codes(x, AXIS: tl.constexpr, BITS: tl.constexpr, SYMMETRIC: tl.constexpr):
     """Groups of fp32 ``x`` running along ``AXIS`` on the reference's grid (``_group_grid``):
-    codes (fp32 holding integers, x's shape), fp16-exact scale and zero (zero = scale when
-    symmetric: unused) and ``ok``. A non-finite input, or metadata beyond fp16, poisons its
-    group: not ok, codes 0."""
+    codes (int32, x's shape), fp16-exact scale and zero (zero = scale when symmetric: unused)
+    and ``ok``. A non-finite input, or metadata beyond fp16, poisons its group: not ok, codes
+    0. The reference's clamp changes no code here: zero <= x <= zero + QMAX·scale (scale
+    rounded up), so (x - zero)·(1/scale) + 0.5 lies in [0.5, QMAX + 0.5 + QMAX·2^-23) and its
+    truncation is its floor; symmetric |x|·(1/amax) <= 1 + 2^-23 likewise."""
     QMAX: tl.constexpr = (1 << BITS) - 1
     HALF: tl.constexpr = (1 << (BITS - 1)) - 1
     finite = (x == x) & (tl.abs(x) < float("inf"))
@@ -64,16 +66,14 @@ def grid_codes(x, AXIS: tl.constexpr, BITS: tl.constexpr, SYMMETRIC: tl.constexp
         ok = (bad == 0) & (scale < float("inf"))
         inv = tl.expand_dims(tl.math.div_rn(1.0, tl.where(scale > 0, scale, 1.0)), AXIS)
         ratio = tl.where(tl.expand_dims(scale, AXIS) > 0, safe * inv, 0.0)
-        q = tl.floor(ratio * HALF + 0.5) + HALF
-        q = tl.minimum(tl.maximum(q, 0.0), 2.0 * HALF)
+        q = tl.floor(ratio * HALF + 0.5) + HALF  # in [0, 2·HALF]
     else:
         zero = fp16_directed(tl.min(safe, AXIS), False)
         scale = fp16_directed(tl.math.div_rn(tl.max(safe, AXIS) - zero, QMAX * 1.0), True)
         ok = (bad == 0) & (tl.abs(zero) < float("inf")) & (scale < float("inf"))
         inv = tl.expand_dims(tl.math.div_rn(1.0, tl.where(scale > 0, scale, 1.0)), AXIS)
-        q = tl.floor((safe - tl.expand_dims(zero, AXIS)) * inv + 0.5)
-        q = tl.minimum(tl.maximum(q, 0.0), QMAX * 1.0)
-    return tl.where(tl.expand_dims(ok, AXIS), q, 0.0), scale, zero, ok
+        q = (safe - tl.expand_dims(zero, AXIS)) * inv + 0.5  # >= 0.5: truncation is floor
+    return tl.where(tl.expand_dims(ok, AXIS), q, 0.0).to(tl.int32), scale, zero, ok
 
 
 @triton.jit
