@@ -56,14 +56,14 @@ def args(keys, v_rows, table, k_spec, v_spec):
     return (keys.blocks, v_rows, k_spec, v_spec), index
 
 
-@pytest.mark.parametrize(
-    "k_spec,v_spec",
-    [
-        (QuantSpec(4, group_size=G, axis="channel"), QuantSpec(4)),
-        (QuantSpec(2, group_size=G, axis="channel", symmetric=True), QuantSpec(8, group_size=16)),
-    ],
-    ids=lambda s: s.short(),
-)
+PAGE_SPECS = [  # KIVI keys with token-axis values; symmetric 2-bit keys; 3-bit codes straddle
+    (QuantSpec(4, group_size=G, axis="channel"), QuantSpec(4)),
+    (QuantSpec(2, group_size=G, axis="channel", symmetric=True), QuantSpec(8, group_size=16)),
+    (QuantSpec(3, group_size=G, axis="channel", symmetric=True), QuantSpec(8, group_size=16)),
+]
+
+
+@pytest.mark.parametrize("k_spec,v_spec", PAGE_SPECS, ids=lambda s: s.short())
 def test_decode_reads_full_and_filling_pages(k_spec, v_spec):
     keys, v_rows, table = pool(k_spec, v_spec)
     assert keys.staged_pages > 0 and (keys.stage_rows >= 0).sum() == keys.staged_pages
@@ -96,14 +96,7 @@ def extend_batch(q, rows, index) -> AttentionBatch:
                           **index)  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    "k_spec,v_spec",
-    [
-        (QuantSpec(4, group_size=G, axis="channel"), QuantSpec(4)),
-        (QuantSpec(3, group_size=G, axis="channel", symmetric=True), QuantSpec(8, group_size=16)),
-    ],
-    ids=lambda s: s.short(),
-)
+@pytest.mark.parametrize("k_spec,v_spec", PAGE_SPECS, ids=lambda s: s.short())
 def test_the_extend_kernel_reads_full_pages_and_the_filling_page(k_spec, v_spec):
     """SGLang's ragged extend over KIVI pages on the extend kernel (no window): new tokens
     inside the filling page, across pages, a whole request new, none; requests ending on a
