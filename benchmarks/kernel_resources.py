@@ -171,11 +171,13 @@ def pre_rope(batch, rotary: int):
 
 
 def rope_batches() -> dict:
-    """The decode kernel's pre-RoPE keys: full rotary (Llama), a quarter (GPT-NeoX-style
-    partial rotary: the pass-through span is the whole row), and KV8 g64."""
+    """The decode kernel's pre-RoPE keys: full rotary (Llama), a half and a quarter
+    (GPT-NeoX-style partial rotary: a pass-through span), and KV8 g64 and g32."""
     return {
         "decode KV4 g32 pre-RoPE": pre_rope(paged_batch("KV4 g32"), D),
+        "decode KV4 g32 pre-RoPE R=D/2": pre_rope(paged_batch("KV4 g32"), D // 2),
         "decode KV4 g32 pre-RoPE R=D/4": pre_rope(paged_batch("KV4 g32"), D // 4),
+        "decode KV8 g32 pre-RoPE": pre_rope(paged_batch("KV8 g32"), D),
         "decode KV8 g64 pre-RoPE": pre_rope(paged_batch("KV8 g64"), D),
     }
 

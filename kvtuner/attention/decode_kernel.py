@@ -170,15 +170,23 @@ class DecodePlan:
 
 def plan_decode(batch: AttentionBatch, *, sms: int | None = None) -> DecodePlan:
     """Splits from batch × KV heads × context × SMs (``sms`` None: the device's own; on CPU
-    the interpreter's 1–2). Tiles as the sm_90 build reads best (``benchmarks/
-    kernel_resources.py``): 32 tokens on 4 warps, 2 stages, where rows load 16 bytes at a
-    time; else 16 tokens on 8 warps, unpipelined (narrower loads take Triton to layouts that
-    cost registers: KV8 g64's 136-byte rows took 244 at 32 tokens on 4 warps)."""
+    the interpreter's 1–2). Tiles as the sm_90a build reads best (``benchmarks/
+    kernel_resources.py``, warps an SM at d 128): 32 tokens on 4 warps, 2 stages, where rows
+    load 16 bytes at a time; else 16 tokens on 8 warps, unpipelined (narrower loads take
+    Triton to layouts that cost registers: KV8 g64's 136-byte rows took 244 at 32 tokens on 4
+    warps). Pre-RoPE token rows whose rotary halves span at least half the row hold two
+    turned half-spans a tile: 16 tokens on 8 warps there (KV4 g32 at R = D: 137 registers and
+    12 warps an SM -> 80 and 24 with 2 stages; R = D/2: 182 and 8 -> 108 and 16, unpipelined:
+    2 stages spilled)."""
     splits = choose_splits(batch.batch_size, batch.kv_heads, batch.span, batch.q.device, sms=sms)
-    if min(row_vec(batch.k_rows), row_vec(batch.v_rows)) == 4:
-        plan = DecodePlan(splits, block_tokens=32, num_warps=4, num_stages=2)
-    else:
+    rotary = 0 if batch.rope_freq is None or kivi_keys(batch) else 2 * batch.rope_freq.shape[0]
+    if min(row_vec(batch.k_rows), row_vec(batch.v_rows)) < 4:
         plan = DecodePlan(splits, block_tokens=16, num_warps=8, num_stages=1)
+    elif 2 * rotary >= batch.head_dim:
+        stages = 2 if rotary == batch.head_dim else 1
+        plan = DecodePlan(splits, block_tokens=16, num_warps=8, num_stages=stages)
+    else:
+        plan = DecodePlan(splits, block_tokens=32, num_warps=4, num_stages=2)
     return _within_pages(batch, plan)
 
 

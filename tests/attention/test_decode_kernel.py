@@ -143,3 +143,25 @@ def test_plans_fill_the_device_and_reject_bad_tiles():
     for bad in (dict(splits=0), dict(splits=1, block_tokens=24), dict(splits=1, num_warps=3)):
         with pytest.raises(ValueError):
             DecodePlan(**bad)
+
+
+def test_plans_follow_the_row_alignment_and_the_rotary_width():
+    """16-byte rows: 32 tokens on 4 warps; pre-RoPE keys rotated over at least half the row:
+    16 tokens on 8 warps (2 stages at a full rotary width); 8-byte rows: 16 on 8, unpipelined
+    (the tiles the sm_90a build reads best: benchmarks/kernel_resources.py)."""
+    spec, rope = QuantSpec(4, 16), QuantSpec(4, 16, pre_rope=True)
+
+    def plan(k_spec, v_spec=spec, rotary=0):
+        args, kw = pool(k_spec, v_spec)
+        freq = torch.ones(rotary // 2) if rotary else None
+        batch = AttentionBatch(q=torch.randn(3, 1, 4, D), k_rows=args[0], v_rows=args[1],
+                               k_spec=k_spec, v_spec=v_spec, rope_freq=freq, **kw)  # fmt: skip
+        p = plan_decode(batch)
+        return p.block_tokens, p.num_warps, p.num_stages
+
+    assert spec.row_bytes(D) % 16 == 0 and QuantSpec(4).row_bytes(D) % 16 == 8
+    assert plan(spec) == (32, 4, 2)
+    assert plan(rope, rotary=D) == (16, 8, 2)
+    assert plan(rope, rotary=D // 2) == (16, 8, 1)
+    assert plan(rope, rotary=D // 4) == (32, 4, 2)
+    assert plan(spec, QuantSpec(4)) == (16, 8, 1)  # 8-byte value rows
