@@ -189,7 +189,7 @@ def test_kernels_write_the_golden_bytes(tk, name):
 
 
 def test_many_rows_span_several_programs(tk):
-    """More rows than one BLOCK (32): program boundaries and the tail mask."""
+    """More tokens than one BLOCK (32): program boundaries and the tail mask."""
     spec = QuantSpec(4, 32)
     loc = torch.randperm(400)[:70]
     x = torch.randn(70, 2, 64)
