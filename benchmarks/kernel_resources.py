@@ -17,6 +17,7 @@ loads codes a byte at a time is slow there. Shapes: Llama-3-8B attention (32 que
 8 KV heads, head_dim 128), decode at batch 16 × 8192 tokens; pack/unpack 65536 tokens.
 
     python benchmarks/kernel_resources.py [--only decode] [--output FILE]
+    python benchmarks/kernel_resources.py --only tiles --output /tmp/tiles.json  # plan sweep
 
 Exit 2 with one line where the shared tool is missing (``--tool`` names another copy).
 """
@@ -273,7 +274,29 @@ def pack_cases() -> dict:
     return cases
 
 
-GROUPS = {"decode": decode_cases, "extend": extend_cases, "pack": pack_cases}
+TILES = [(32, 4, 2), (32, 4, 1), (16, 8, 1), (16, 8, 2), (16, 4, 1)]  # tokens, warps, stages
+
+
+def tile_cases() -> dict:
+    """The decode kernel of every spec at each tile of ``TILES`` (a sweep for the plan's rules;
+    not in the default run): label ``decode <spec> at <tokens>x<warps>w<stages>s``."""
+    from kvtuner.attention.decode_kernel import DecodePlan, launch_decode, plan_decode
+
+    def decode(batch, tile):
+        plan = DecodePlan(plan_decode(batch, sms=SMS).splits, *tile)
+        return lambda: launch_decode(batch, batch.q, None, None, plan)
+
+    batches = {label: paged_batch(label) for label in SPECS}
+    batches.update(rope_batches())
+    return {
+        f"{label.removeprefix('decode ')} at {t}x{w}w{st}s": decode(batch, (t, w, st))
+        for label, batch in batches.items()
+        for t, w, st in TILES
+    }
+
+
+GROUPS = {"decode": decode_cases, "extend": extend_cases, "pack": pack_cases, "tiles": tile_cases}
+DEFAULT_GROUPS = ["decode", "extend", "pack"]
 
 
 def store_widths(sass: str) -> dict[str, int]:
@@ -327,7 +350,13 @@ def table(rows: list[dict]) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--only", nargs="+", choices=list(GROUPS), default=list(GROUPS))
+    p.add_argument(
+        "--only",
+        nargs="+",
+        choices=list(GROUPS),
+        default=DEFAULT_GROUPS,
+        help="groups to build (default: decode extend pack; tiles: a plan sweep)",
+    )
     p.add_argument("--tool", type=Path, default=TOOL, help="sm90_report.py (the shared tool)")
     p.add_argument("--output", type=Path, default=OUT)
     args = p.parse_args()
