@@ -30,6 +30,7 @@ from hypothesis import strategies as st  # noqa: E402
 from test_golden import GOLDEN, X  # noqa: E402  (tests/quant is on sys.path)
 
 from kvtuner.quant import QuantSpec, dequantize, quantize  # noqa: E402
+from kvtuner.quant.reference import _group_grid  # noqa: E402
 
 # the interpreter runs numpy: fp16 overflow (7e4) and NaN arithmetic are expected here
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -174,6 +175,88 @@ def test_scatter_matches_reference_on_any_float(tk, data, spec):
     assert _same_values(
         tk.triton_gather_dequantized(buf, loc, spec, 32), dequantize(buf[loc], spec, 32)
     )
+
+
+def _adversarial(kind: int, g: torch.Generator) -> torch.Tensor:
+    """x[6, 2, 64] of one kind: any magnitude, ties on a 1/7 grid, fp16's whole range, tiny,
+    bf16 values, or infinities and values beyond fp16."""
+    shape = (6, 2, 64)
+    if kind == 0:
+        return torch.randn(shape, generator=g) * 10.0 ** torch.randint(-40, 38, (1,), generator=g)
+    if kind == 1:
+        return torch.randint(-300, 300, shape, generator=g).float() / 7
+    if kind == 2:
+        return torch.rand(shape, generator=g) * 131008 - 65504
+    if kind == 3:
+        return torch.randn(shape, generator=g) * 1e-6
+    if kind == 4:
+        return torch.randn(shape, generator=g).bfloat16().float() * 3
+    x = torch.randn(shape, generator=g)
+    x[0, 0, :5], x[1, 1, 3] = float("inf"), 7e4
+    return x
+
+
+def test_codes_match_the_reference_on_adversarial_batches(tk):
+    """The encoder's rule (one 1/scale a group) and the kernel's clamp-free truncation give the
+    reference's bytes on every width, symmetric or not, at every kind of input."""
+    g = torch.Generator().manual_seed(0)
+    widths = itertools.product((2, 3, 4, 5, 6, 8), (8, 32), (False, True))
+    for i, (bits, group, sym) in enumerate(widths):
+        spec, x = QuantSpec(bits, group, sym), _adversarial(i % 6, g)
+        buf = torch.zeros(6, 2, spec.row_bytes(64), dtype=torch.uint8)
+        loc = torch.randperm(6, generator=g)
+        tk.triton_scatter_quantized(buf, loc, x, spec)
+        assert torch.equal(buf[loc], quantize(x, spec)), (spec.short(), i % 6)
+
+
+# fp32 bits of a 4-bit g32 group where (x - zero) / scale and (x - zero) * (1 / scale) round
+# one element to different codes (found by search over random groups)
+RULE_ROW = [
+    -1089746586,
+    -1100460916,
+    -1097161766,
+    -1085048191,
+    -1086653795,
+    1060163248,
+    1079939868,
+    1053807026,
+    -1071743552,
+    -1066585550,
+    -1085086192,
+    1082254580,
+    1080077662,
+    1079256584,
+    -1087313505,
+    1076675003,
+    1081121944,
+    -1077299530,
+    1049487366,
+    -1080320404,
+    -1066939982,
+    -1089514008,
+    1069056607,
+    1073251570,
+    1082633215,
+    1084033179,
+    1089766939,
+    1080288870,
+    -1074334148,
+    1077839024,
+    1057634896,
+    1077588306,
+]
+
+
+def test_codes_follow_the_groups_reciprocal_where_division_differs(tk):
+    """One IEEE 1/scale a group, then a multiply: the kernel's bytes are the reference's on a
+    group where dividing each element would pick another code."""
+    spec = QuantSpec(4, 32)
+    x = torch.tensor(RULE_ROW, dtype=torch.int32).view(torch.float32).view(1, 1, 32)
+    buf = torch.zeros(1, 1, spec.row_bytes(32), dtype=torch.uint8)
+    tk.triton_scatter_quantized(buf, torch.tensor([0]), x, spec)
+    assert torch.equal(buf, quantize(x, spec))
+    codes, scale, zero = _group_grid(x.view(1, 32).clone(), spec, -1)
+    assert not torch.equal(codes, ((x.view(1, 32) - zero) / scale + 0.5).floor())
 
 
 @pytest.mark.parametrize("name", [n for n in sorted(GOLDEN) if GOLDEN[n][0].axis == "token"])
