@@ -80,29 +80,22 @@ def _extend_kernel(
     prefix = total - n_q  # positions from here on are the new tokens
     known = prefix if HAND else total  # positions read from the pool end here
     k_at0, v_at0 = h64 * k_sh * K_VEC, h64 * v_sh * V_VEC
-    if K_CHANNEL:  # KIVI keys: full pages' blocks; the filling page's staged values
-        pages = (stage_ptr, srows_ptr, s_sr, s_sg, h64 * s_sh)
-        full = total // K_G * K_G
-        if split < num_splits:
-            m, denom, acc = packed_part(
-                q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at0, k_st, v_st,
-                stride_table, lo, tl.minimum(tl.minimum(hi, known), full), 0, qpos, window,
-                score_scale, cap_log2, 0, pages, D, BT, K_BITS, K_G, K_SYM, K_VEC, V_BITS, V_G,
-                V_SYM, V_VEC, True, False, WINDOW, SOFTCAP, True, DOT_IEEE, 0, 1,
-            )  # fmt: skip
-        else:
-            m, denom, acc = packed_part(
-                q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at0, k_st, v_st,
-                stride_table, full, tl.minimum(last + 1, known), 0, qpos, window, score_scale,
-                cap_log2, 0, pages, D, BT, K_BITS, K_G, K_SYM, K_VEC, V_BITS, V_G, V_SYM, V_VEC,
-                True, False, WINDOW, SOFTCAP, True, DOT_IEEE, 0, 2,
-            )  # fmt: skip
-    else:
+    # KIVI keys: the splits read full pages' blocks, one more program the filling page's staging
+    pages = (stage_ptr, srows_ptr, s_sr, s_sg, h64 * s_sh) if K_CHANNEL else 0
+    full = total // K_G * K_G if K_CHANNEL else total  # positions in full pages (or rows)
+    if not K_CHANNEL or split < num_splits:
         m, denom, acc = packed_part(
             q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at0, k_st, v_st,
-            stride_table, lo, tl.minimum(hi, known), 0, qpos, window, score_scale, cap_log2, 0,
-            0, D, BT, K_BITS, K_G, K_SYM, K_VEC, V_BITS, V_G, V_SYM, V_VEC, True, False, WINDOW,
-            SOFTCAP, True, DOT_IEEE, 0, 0,
+            stride_table, lo, tl.minimum(tl.minimum(hi, known), full), 0, qpos, window,
+            score_scale, cap_log2, 0, pages, D, BT, K_BITS, K_G, K_SYM, K_VEC, V_BITS, V_G, V_SYM,
+            V_VEC, True, False, WINDOW, SOFTCAP, True, DOT_IEEE, 0, 1 if K_CHANNEL else 0,
+        )  # fmt: skip
+    else:  # the filling page's program
+        m, denom, acc = packed_part(
+            q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at0, k_st, v_st,
+            stride_table, full, tl.minimum(last + 1, known), 0, qpos, window, score_scale,
+            cap_log2, 0, pages, D, BT, K_BITS, K_G, K_SYM, K_VEC, V_BITS, V_G, V_SYM, V_VEC, True,
+            False, WINDOW, SOFTCAP, True, DOT_IEEE, 0, 2,
         )  # fmt: skip
     if HAND and split < num_splits:  # row q0 + i of k_new / v_new is position prefix + i
         m, denom, acc = _hand_part(

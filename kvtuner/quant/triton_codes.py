@@ -166,6 +166,14 @@ def _code_bytes_ok(row_ok, j, NB: tl.constexpr):
 
 
 @triton.jit
+def _eight_code_words(q, BITS: tl.constexpr):
+    """Codes int32 [BLOCK, NW, 8] -> int64 [BLOCK, NW]: each 8 codes' BITS bytes of the
+    little-endian stream (at most 48 bits)."""
+    k = tl.arange(0, 8).to(tl.int64)
+    return tl.sum(q.to(tl.int64) << (k * BITS)[None, None, :], axis=2)
+
+
+@triton.jit
 def store_codes(dst, q, row_ok, NB: tl.constexpr, BITS: tl.constexpr):
     """Codes q int32 [BLOCK, NW_PAD, 8] -> the little-endian bit stream at ``dst`` [BLOCK]:
     code i of a row at stream bits [i*BITS, (i+1)*BITS), NB bytes."""
@@ -179,7 +187,7 @@ def store_codes(dst, q, row_ok, NB: tl.constexpr, BITS: tl.constexpr):
         tl.store(dst[:, None] + j[None, :], packed.to(tl.uint8), mask=_code_bytes_ok(row_ok, j, NB))
     else:  # 3/5/6 bits: 8 codes make one word of BITS bytes (at most 48 bits)
         k = tl.arange(0, 8)
-        word = tl.sum(q.to(tl.int64) << (k * BITS).to(tl.int64)[None, None, :], axis=2)
+        word = _eight_code_words(q, BITS)
         byte = (word[:, :, None] >> (k * 8).to(tl.int64)[None, None, :]) & 0xFF  # k < BITS used
         w = tl.arange(0, NW_PAD)
         at = dst[:, None, None] + (w * BITS)[None, :, None] + k[None, None, :]
@@ -224,8 +232,7 @@ def store_code_words(dst, q, row_ok, NB: tl.constexpr, BITS: tl.constexpr):
     time (not a byte at a time, whose 64-bit addresses cost 255 registers and a spill)."""
     BLOCK: tl.constexpr = q.shape[0]
     NC: tl.constexpr = q.shape[1] // 4
-    k = tl.arange(0, 8)
-    word = tl.sum(q.to(tl.int64) << (k * BITS).to(tl.int64)[None, None, :], axis=2)
+    word = _eight_code_words(q, BITS)
     even, odd = tl.split(tl.reshape(word, [BLOCK, NC, 2, 2]))  # 8-code word 4c + 2i + j
     w0, w2 = tl.split(even)
     w1, w3 = tl.split(odd)  # [BLOCK, NC] each
