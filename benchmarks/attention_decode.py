@@ -141,15 +141,34 @@ def timer(device: str):
         import triton.testing
 
         return lambda f: triton.testing.do_bench(f, warmup=25, rep=100) / 1e3
+    return host_seconds
 
-    def wall(f, calls: int = 3) -> float:
+
+def host_seconds(f, calls: int = 3) -> float:
+    """Wall seconds per call, nothing synchronized inside: on a GPU, the host's cost of issuing
+    the call (what the device waits for where its own work is shorter); on CPU, the call."""
+    f()
+    start = time.perf_counter()
+    for _ in range(calls):
         f()
-        start = time.perf_counter()
-        for _ in range(calls):
-            f()
-        return (time.perf_counter() - start) / calls
+    return (time.perf_counter() - start) / calls
 
-    return wall
+
+def graphed(f):
+    """A zero-argument CUDA function captured in a CUDA graph -> its replay (what a server that
+    captures its decode step runs: the kernels, no host work)."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up off the capture: compiles, allocator pools
+        for _ in range(3):
+            f()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        f()
+    return graph.replay
 
 
 def copy_gbps(device: str, seconds) -> float:
@@ -191,6 +210,7 @@ def measure(args, seconds, batch: int, context: int, label: str) -> list[dict]:
     """One row per variant: the kernel's time at this point, and bf16 SDPA's (shared)."""
     import torch
     import torch.nn.functional as F
+    from triton.runtime.errors import OutOfResources
 
     from kvtuner.attention import decode_attention
 
@@ -203,12 +223,15 @@ def measure(args, seconds, batch: int, context: int, label: str) -> list[dict]:
     dtype = getattr(torch, args.dtype)
     q = torch.randn(batch, args.heads, d, device=dev, dtype=dtype)
     kw = dict(lengths=lengths, slot_table=table, **rope_kw(k_spec, d, dev))
-    fused = {
-        (name, *launch): seconds(lambda variant=VARIANTS[name], launch=launch: decode_attention(
+    fused = {}
+    for launch, name in itertools.product(launch_grid(args), args.variants):
+        call = lambda variant=VARIANTS[name], launch=launch: decode_attention(  # noqa: E731
             q, k_rows, v_rows, k_spec, v_spec, **kw, **dict(zip(LAUNCH, launch, strict=True)),
-            **variant))
-        for launch in launch_grid(args) for name in args.variants
-    }  # fmt: skip
+            **variant)  # fmt: skip
+        try:
+            fused[(name, *launch)] = seconds(call)
+        except OutOfResources as exc:  # a sweep's tile too big for the device: the rest go on
+            print(f"skipped {label} {name} {launch}: {exc}", flush=True)
     k, v = (torch.randn(batch, hkv, context, d, device=dev, dtype=dtype) for _ in "kv")
     q4 = q.unsqueeze(2)
     sdpa = seconds(lambda: F.scaled_dot_product_attention(q4, k, v, enable_gqa=True))

@@ -183,31 +183,37 @@ def rope_batches() -> dict:
     }
 
 
+def ragged_batch(spec, n_q: int):
+    """SGLang's extend batch: BATCH requests of CONTEXT stored tokens, the last 512 new."""
+    import torch
+
+    from kvtuner.attention import AttentionBatch
+
+    slots = BATCH * CONTEXT
+    rows = torch.empty(slots, HKV, spec.row_bytes(D), dtype=torch.uint8)
+    return AttentionBatch(
+        q=torch.empty(n_q, HQ, D, dtype=torch.bfloat16), k_rows=rows, v_rows=rows, k_spec=spec,
+        v_spec=spec, slot_table=torch.arange(slots, dtype=torch.int32).view(BATCH, CONTEXT),
+        lengths=torch.full((BATCH,), CONTEXT, dtype=torch.int32),
+        qo_indptr=torch.arange(0, n_q + 1, 512, dtype=torch.int32), max_q_len=512,
+    )  # fmt: skip
+
+
 def extend_cases() -> dict:
     """SGLang's extend: the extend kernel (token-axis keys, KIVI pages), and the general one
     for comparison."""
     import torch
 
-    from kvtuner.attention import AttentionBatch
     from kvtuner.attention.extend_kernel import launch_extend, plan_extend
     from kvtuner.attention.kernel import launch
     from kvtuner.quant import QuantSpec
 
-    spec = QuantSpec(4)
-    n_q, slots = BATCH * 512, BATCH * CONTEXT
-    rows = torch.empty(slots, HKV, spec.row_bytes(D), dtype=torch.uint8)
-    rows8 = torch.empty(slots, HKV, QuantSpec(8, 64).row_bytes(D), dtype=torch.uint8)
-    table = torch.arange(slots, dtype=torch.int32).view(BATCH, CONTEXT)
-    lengths = torch.full((BATCH,), CONTEXT, dtype=torch.int32)
-    indptr = torch.arange(0, n_q + 1, 512, dtype=torch.int32)
-    ragged = AttentionBatch(
-        q=torch.empty(n_q, HQ, D, dtype=torch.bfloat16), k_rows=rows, v_rows=rows, k_spec=spec,
-        v_spec=spec, slot_table=table, lengths=lengths, qo_indptr=indptr, max_q_len=512,
-    )  # fmt: skip
-    eight = QuantSpec(8, 64)
-    ragged8 = dataclasses.replace(ragged, k_spec=eight, v_spec=eight, k_rows=rows8, v_rows=rows8)
+    n_q = BATCH * 512
+    ragged, ragged8 = ragged_batch(QuantSpec(4), n_q), ragged_batch(QuantSpec(8, 64), n_q)
+    mixed = dataclasses.replace(ragged8, v_spec=ragged.v_spec, v_rows=ragged.v_rows)
     new = tuple(torch.empty(n_q, HKV, D, dtype=torch.bfloat16) for _ in range(2))  # in hand
-    kivi = dataclasses.replace(kivi_batch(), q=ragged.q, qo_indptr=indptr, max_q_len=512)
+    kivi = dataclasses.replace(kivi_batch(), q=ragged.q, qo_indptr=ragged.qo_indptr,
+                               max_q_len=512)  # fmt: skip
     return {
         "extend KV4 g32 (512 new tokens)": lambda: launch_extend(
             ragged, ragged.q, plan_extend(ragged, 1)
@@ -220,6 +226,9 @@ def extend_cases() -> dict:
         ),
         "extend KV8 g64, new tokens in hand": lambda: launch_extend(
             ragged8, ragged8.q, plan_extend(ragged8, 1), new
+        ),
+        "extend K8V4 g64/g32, new tokens in hand": lambda: launch_extend(
+            mixed, mixed.q, plan_extend(mixed, 1), new
         ),
         "extend KV4 g32, the general kernel": lambda: launch(ragged, ragged.q, None, None, 1, 64),
         "extend KIVI K4 g32 V4 g32, new tokens in hand": lambda: launch_extend(
@@ -274,7 +283,8 @@ def pack_cases() -> dict:
     return cases
 
 
-TILES = [(32, 4, 2), (32, 4, 1), (16, 8, 1), (16, 8, 2), (16, 4, 1)]  # tokens, warps, stages
+# tokens, warps, stages
+TILES = [(32, 4, 2), (64, 4, 2), (64, 4, 3), (128, 4, 2), (128, 4, 3), (16, 8, 1)]
 
 
 def tile_cases() -> dict:
@@ -295,7 +305,33 @@ def tile_cases() -> dict:
     }
 
 
-GROUPS = {"decode": decode_cases, "extend": extend_cases, "pack": pack_cases, "tiles": tile_cases}
+# query rows, tokens, warps, stages
+EXTEND_TILES = [(16, 32, 4, 2), (64, 32, 4, 2), (64, 64, 4, 2), (128, 64, 8, 2), (128, 32, 4, 2)]
+
+
+def extend_tile_cases() -> dict:
+    """The extend kernel (new tokens in hand) at each tile of ``EXTEND_TILES``, KV4 g32 and KV8
+    g64: label ``extend <spec> at q<rows>x<tokens>x<warps>w<stages>s``."""
+    import torch
+
+    from kvtuner.attention.extend_kernel import ExtendPlan, launch_extend
+    from kvtuner.quant import QuantSpec
+
+    n_q = BATCH * 512
+    new = tuple(torch.empty(n_q, HKV, D, dtype=torch.bfloat16) for _ in range(2))
+    cases = {}
+    for label, spec in (("KV4 g32", QuantSpec(4)), ("KV8 g64", QuantSpec(8, 64))):
+        batch = ragged_batch(spec, n_q)
+        for rows, t, w, st in EXTEND_TILES:
+            plan = ExtendPlan(1, rows=rows, block_tokens=t, num_warps=w, num_stages=st)
+            cases[f"extend {label} at q{rows}x{t}x{w}w{st}s"] = lambda batch=batch, plan=plan: (
+                launch_extend(batch, batch.q, plan, new)
+            )
+    return cases
+
+
+GROUPS = {"decode": decode_cases, "extend": extend_cases, "pack": pack_cases, "tiles": tile_cases,
+          "extend-tiles": extend_tile_cases}  # fmt: skip
 DEFAULT_GROUPS = ["decode", "extend", "pack"]
 
 

@@ -9,6 +9,10 @@ SGLang's own ``ReqToTokenPool``; the GPU machine has no sglang, so there it is t
 built with torch. Baselines over the same tokens, same run: bf16 SDPA over contiguous K/V, and
 the retired CUDA read (``gather_dequantized`` of the batch's slots, then SDPA). Extend: each
 request adds ``--new-tokens`` (odd requests half as many: a ragged batch), attended causally.
+``host µs``: the host's time to issue one kvtuner step (metadata, checks, launches; nothing
+synchronized), which bounds an eager step where the kernels are shorter. ``graphs``: decode
+steps captured in CUDA graphs and replayed, kvtuner's and bf16 SDPA's, as SGLang serves decode
+(CUDA only).
 
     python benchmarks/sglang_backend_step.py --device cuda
     python benchmarks/sglang_backend_step.py --device cpu --smoke   # proves the script only
@@ -17,14 +21,24 @@ request adds ``--new-tokens`` (odd requests half as many: a ragged batch), atten
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from attention_decode import copy_gbps, hardware, random_rows, specs_for, timer
+from attention_decode import (
+    copy_gbps,
+    graphed,
+    hardware,
+    host_seconds,
+    random_rows,
+    specs_for,
+    timer,
+)
 from bench_device import prepare_device
 
 OUT = Path(__file__).parent / "results" / "sglang_backend_step.json"
+LAUNCH = ("query_rows", "block_tokens", "num_warps", "num_stages")  # None: the plans' own
 
 
 def parse_args() -> argparse.Namespace:
@@ -35,6 +49,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--context", type=int, nargs="+", default=[1024, 8192, 32768])
     p.add_argument("--new-tokens", type=int, default=128, help="extend: new tokens per request")
     p.add_argument("--specs", nargs="+", default=["KV4 g32", "KV8 g64", "K8V4 (mixed)"])
+    p.add_argument("--modes", nargs="+", choices=["decode", "extend"], default=["decode", "extend"])
+    for name in LAUNCH:  # several values each: every combination timed (a sweep; extend for rows)
+        p.add_argument(f"--{name.replace('_', '-')}", type=int, nargs="+", default=[None])
     p.add_argument("--output", type=Path, default=OUT)
     args = p.parse_args()
     args.heads, args.kv_heads, args.head_dim = (4, 2, 32) if args.smoke else (32, 8, 128)
@@ -69,9 +86,11 @@ def paged_batch(args, batch: int, context: int, new: list[int]):
     return table, rows, torch.tensor(totals, device=args.device), source
 
 
-def measure(args, seconds, batch: int, context: int, label: str, mode: str) -> dict:
+def measure(args, seconds, batch: int, context: int, label: str, mode: str) -> list[dict]:
+    """One row a launch of the grid (``--query-rows`` ...: one, the plans', by default)."""
     import torch
     import torch.nn.functional as F
+    from triton.runtime.errors import OutOfResources
 
     from kvtuner.attention import decode_attention, extend_attention
     from kvtuner.quant import gather_dequantized
@@ -92,12 +111,13 @@ def measure(args, seconds, batch: int, context: int, label: str, mode: str) -> d
     specs = (k_rows, v_rows, k_spec, v_spec)
     k_new, v_new = (torch.randn(sum(new), hkv, d, device=dev, dtype=torch.bfloat16) for _ in "kv")
 
-    def kvtuner_step():  # extend: the new tokens in hand, as the backend passes them
+    def kvtuner_step(launch: dict):  # extend: the new tokens in hand, as the backend passes them
         if mode == "decode":
             md = PackedMetadata.decode(seq_lens, rows, table, hkv)
-            return decode_attention(q, *specs, **md.kernel_args())
+            return decode_attention(q, *specs, **md.kernel_args(), **launch)
         md = PackedMetadata.extend(seq_lens, rows, table, hkv, new_t, max(new))
-        return extend_attention(q, *specs, k_new=k_new, v_new=v_new, **md.kernel_args())
+        return extend_attention(q, *specs, k_new=k_new, v_new=v_new, **md.kernel_args(),
+                                **launch)  # fmt: skip
 
     total = int(seq_lens.max())
     k, v = (torch.randn(batch, hkv, total, d, device=dev, dtype=torch.bfloat16) for _ in "kv")
@@ -120,31 +140,60 @@ def measure(args, seconds, batch: int, context: int, label: str, mode: str) -> d
 
     tokens = int(seq_lens.sum())
     packed_bytes = tokens * hkv * (k_spec.row_bytes(d) + v_spec.row_bytes(d))
-    steps = {"kvtuner": kvtuner_step, "bf16_sdpa": lambda: sdpa(k, v), "dequant_sdpa": retired_step}
-    times = {name: seconds(f) for name, f in steps.items()}
-    return {
-        "mode": mode, "batch": batch, "context": context, "new_tokens": new, "spec": label,
-        "req_to_token": source, "packed_bytes": packed_bytes, "bf16_bytes": tokens * hkv * d * 4,
-        **{f"{name}_us": t * 1e6 for name, t in times.items()},
-        "kvtuner_gbps": packed_bytes / times["kvtuner"] / 1e9,
-        "x_bf16": times["bf16_sdpa"] / times["kvtuner"],
-        "x_dequant_sdpa": times["dequant_sdpa"] / times["kvtuner"],
-    }  # fmt: skip
+    bf16, retired = seconds(lambda: sdpa(k, v)), seconds(retired_step)
+    in_graphs = mode == "decode" and dev == "cuda"  # SGLang captures its decode steps
+    bf16_graph = seconds(graphed(lambda: sdpa(k, v))) if in_graphs else None
+    calls = 20 if dev == "cuda" else 1  # issuing a step: metadata, checks, launches
+    out = []
+    for values in itertools.product(*(getattr(args, name) for name in LAUNCH)):
+        launch = {k: v for k, v in zip(LAUNCH, values, strict=True) if v is not None}
+        if mode == "decode":
+            launch.pop("query_rows", None)  # the decode kernel's rows are the query heads
+        try:
+            t = seconds(lambda launch=launch: kvtuner_step(launch))
+        except OutOfResources as exc:  # a sweep's tile too big for the device: the rest go on
+            print(f"skipped {mode} {label} {launch}: {exc}", flush=True)
+            continue
+        host = host_seconds(lambda launch=launch: kvtuner_step(launch), calls=calls)
+        graph = seconds(graphed(lambda launch=launch: kvtuner_step(launch))) if in_graphs else None
+        out.append({
+            "mode": mode, "batch": batch, "context": context, "new_tokens": new, "spec": label,
+            "req_to_token": source, "launch": launch, "packed_bytes": packed_bytes,
+            "bf16_bytes": tokens * hkv * d * 4, "kvtuner_us": t * 1e6,
+            "kvtuner_host_us": host * 1e6, "bf16_sdpa_us": bf16 * 1e6,
+            "dequant_sdpa_us": retired * 1e6, "kvtuner_gbps": packed_bytes / t / 1e9,
+            "x_bf16": bf16 / t, "x_dequant_sdpa": retired / t,
+            "kvtuner_graph_us": graph and graph * 1e6,
+            "bf16_sdpa_graph_us": bf16_graph and bf16_graph * 1e6,
+            "x_bf16_graph": graph and bf16_graph / graph,
+        })  # fmt: skip
+        print(table_md(out[-1:]), flush=True)  # a time limit keeps what is done
+    return out
 
 
 def table_md(rows: list[dict]) -> str:
     lines = [
-        "| step | batch × context | spec | kvtuner µs (GB/s) | bf16 SDPA µs | × bf16 | "
-        "dequant+SDPA µs | × dequant+SDPA |",
-        "|---|---|---|---:|---:|---:|---:|---:|",
+        "| step | batch × context | spec | launch | kvtuner µs (GB/s) | host µs | bf16 SDPA µs | "
+        "× bf16 | graphs: kvtuner µs | bf16 µs | × bf16 | dequant+SDPA µs | × dequant+SDPA |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
+        graphs = [_cell(r[key], digits) for key, digits in GRAPH_CELLS]
         lines.append(
             f"| {r['mode']} | {r['batch']} × {r['context']} | {r['spec']} | "
-            f"{r['kvtuner_us']:.1f} ({r['kvtuner_gbps']:.1f}) | {r['bf16_sdpa_us']:.1f} | "
-            f"{r['x_bf16']:.2f} | {r['dequant_sdpa_us']:.1f} | {r['x_dequant_sdpa']:.2f} |"
+            f"{'/'.join(f'{k[0]}{v}' for k, v in r['launch'].items()) or '-'} | "
+            f"{r['kvtuner_us']:.1f} ({r['kvtuner_gbps']:.1f}) | {r['kvtuner_host_us']:.1f} | "
+            f"{r['bf16_sdpa_us']:.1f} | {r['x_bf16']:.2f} | {' | '.join(graphs)} | "
+            f"{r['dequant_sdpa_us']:.1f} | {r['x_dequant_sdpa']:.2f} |"
         )
     return "\n".join(lines)
+
+
+GRAPH_CELLS = (("kvtuner_graph_us", 1), ("bf16_sdpa_graph_us", 1), ("x_bf16_graph", 2))
+
+
+def _cell(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
 
 
 def main() -> None:
@@ -155,10 +204,10 @@ def main() -> None:
 
     seconds = timer(args.device)
     bandwidth = copy_gbps(args.device, seconds)
-    grid = [(b, c, s, m) for m in ("decode", "extend") for b in args.batch
+    grid = [(b, c, s, m) for m in args.modes for b in args.batch
             for c in args.context for s in args.specs]  # fmt: skip
     try:
-        rows = [measure(args, seconds, *point) for point in grid]
+        rows = [row for point in grid for row in measure(args, seconds, *point)]
     except (ValueError, KeyError) as exc:  # shapes or specs refused: one line, exit 2
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)

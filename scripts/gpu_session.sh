@@ -13,6 +13,10 @@
 #                                         # resources, decode kernel vs general vs bf16 SDPA at
 #                                         # 16/64 x 8k/32k, pack/unpack, the SGLang step
 #   bash scripts/gpu_session.sh tune      # fused decode tile sweep: block, warps, stages
+#   bash scripts/gpu_session.sh profile   # the GPU-only tests again, the decode tile sweep of
+#                                         # KV8 g64 / KV4 g32 / K8V4, ncu on the decode kernel
+#   bash scripts/gpu_session.sh plans     # the decode plans against bf16, pre-RoPE decode tiles,
+#                                         # extend rows and tiles, the step's host time
 #   bash scripts/gpu_session.sh kernels   # pytest -m cuda, pack/unpack, fused decode, SGLang step
 #   bash scripts/gpu_session.sh attention # fused decode: baseline vs scale-after-dot, bf16 + fp16
 #   bash scripts/gpu_session.sh hf        # HF generate with the packed cache vs Dynamic/Static
@@ -24,8 +28,8 @@ cd "$(dirname "$0")/.."
 
 stage=${1:-}
 case "$stage" in
-  first | tune | kernels | attention | hf | search) ;;
-  *) echo "usage: scripts/gpu_session.sh {first|tune|kernels|attention|hf|search}" >&2 && exit 2 ;;
+  first | tune | profile | plans | kernels | attention | hf | search) ;;
+  *) echo "usage: scripts/gpu_session.sh {first|tune|profile|plans|kernels|attention|hf|search}" >&2 && exit 2 ;;
 esac
 out=${OUT:-/tmp/kvtuner-gpu}
 mkdir -p "$out"
@@ -35,6 +39,7 @@ if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 fi
 export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
 
 step() {  # step SECONDS COMMAND...: run it under a time limit, log it, never stop the stage
   local limit=$1
@@ -47,31 +52,64 @@ step() {  # step SECONDS COMMAND...: run it under a time limit, log it, never st
 cuda_tests=$(grep -rl "mark\.cuda" tests)  # only these: other test files need sglang/vllm
 
 case "$stage" in
-  first)  # issue 43's first stage, under 10 minutes: correctness, the CPU proxy cross-checked
-    # on the GPU's own build, the decode kernel against the general one and bf16 SDPA, the
-    # SGLang backend step, pack and unpack (HF generate waits for `hf`)
+  first)  # issue 43's first stage, under 10 minutes, the speed targets first (a device lease
+    # can end early): the decode kernel against the general one and bf16 SDPA, pack and unpack,
+    # the SGLang backend step; then correctness, then the CPU proxy cross-checked on the GPU's
+    # own build (HF generate waits for `hf`)
     nvidia-smi -L >>"$log" 2>&1
-    step 200 python3 -m pytest -m cuda -q -n 8 -p no:cacheprovider $cuda_tests
-    tool=$(ls .whl/sm90_report.py ../shared/tools/sm90_report.py 2>/dev/null | head -1)
-    if [ -n "$tool" ]; then
-      step 60 python3 benchmarks/kernel_resources.py --tool "$tool" \
-        --output "$out/kernel_resources_gpu_machine.json"
-    else
-      echo "== kernel_resources: no sm90_report.py beside the checkout, skipped" | tee -a "$log"
-    fi
-    step 150 python3 benchmarks/attention_decode.py --device cuda --batch 16 64 \
+    step 170 python3 benchmarks/attention_decode.py --device cuda --batch 16 64 \
       --context 8192 32768 --specs "KV4 g32" "KV8 g64" "KV4 g128" \
       --variants decode-kernel,baseline --output "$out/attention_decode.json"
     step 60 python3 benchmarks/quant_throughput.py --device cuda --rounds 3 \
       --output "$out/quant_throughput_kernels.json"
-    step 90 python3 benchmarks/sglang_backend_step.py --device cuda \
+    step 80 python3 benchmarks/sglang_backend_step.py --device cuda \
       --output "$out/sglang_backend_step.json"
+    step 170 python3 -m pytest -m cuda -q -n 8 -p no:cacheprovider $cuda_tests
+    tool=$(ls .whl/sm90_report.py ../shared/tools/sm90_report.py 2>/dev/null | head -1)
+    if [ -n "$tool" ]; then
+      step 45 python3 benchmarks/kernel_resources.py --tool "$tool" \
+        --output "$out/kernel_resources_gpu_machine.json"
+    else
+      echo "== kernel_resources: no sm90_report.py beside the checkout, skipped" | tee -a "$log"
+    fi
     ;;
   tune)  # the decode kernel's tiles: 18 launch configurations, each compiled once
     step 540 python3 benchmarks/attention_decode.py --device cuda --batch 16 --context 8192 \
       --specs "KV4 g32" --variants decode-kernel --block-tokens 16 32 64 --num-warps 2 4 8 \
       --num-stages 1 2 \
       --output "$out/attention_decode_tune.json"
+    ;;
+  profile)  # after `first`: where the decode kernel's time goes, under 8 minutes
+    nvidia-smi -L >>"$log" 2>&1
+    step 60 python3 -m pytest -m cuda -q -n 4 -p no:cacheprovider \
+      tests/attention/test_decode_cuda.py -k "new_tokens_in_hand"
+    step 220 python3 benchmarks/attention_decode.py --device cuda --batch 16 64 --context 8192 \
+      --specs "KV8 g64" "KV4 g32" "K8V4 (mixed)" --variants decode-kernel \
+      --block-tokens 16 32 64 --num-warps 4 8 --num-stages 1 2 3 \
+      --output "$out/attention_decode_sweep.json"
+    for spec in "KV8 g64" "KV4 g32"; do  # one launch at 16 x 8192, after the check's and a warm one
+      name=$(echo "$spec" | tr -cd 'A-Za-z0-9')
+      step 70 ncu --target-processes all -k regex:_decode_kernel --launch-skip 2 --launch-count 1 \
+        --section SpeedOfLight --section Occupancy --section LaunchStats \
+        --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats \
+        --log-file "$out/ncu_decode_$name.txt" \
+        python3 benchmarks/attention_decode.py --device cuda --batch 16 --context 8192 \
+        --specs "$spec" --variants decode-kernel --output /tmp/ncu_unused.json
+    done
+    ;;
+  plans)  # the plans the sweeps chose, checked and timed; the tiles still unmeasured, swept
+    nvidia-smi -L >>"$log" 2>&1
+    step 60 python3 benchmarks/attention_decode.py --device cuda --batch 16 64 \
+      --context 8192 32768 --specs "KV4 g32" "KV8 g64" "K8V4 (mixed)" "KV4 g128" \
+      --variants decode-kernel --output "$out/attention_decode_plans.json"
+    step 45 python3 benchmarks/attention_decode.py --device cuda --batch 16 64 --context 8192 \
+      --specs "KV4 g32 pre-RoPE" --variants decode-kernel --block-tokens 16 32 64 \
+      --num-warps 4 8 --num-stages 2 --output "$out/attention_decode_prerope.json"
+    step 80 python3 benchmarks/sglang_backend_step.py --device cuda --modes extend --batch 16 \
+      --context 8192 --specs "KV4 g32" "KV8 g64" --query-rows 16 64 128 --block-tokens 32 64 \
+      --num-warps 4 8 --output "$out/sglang_extend_sweep.json"
+    step 40 python3 benchmarks/sglang_backend_step.py --device cuda --modes decode \
+      --batch 1 16 64 --context 1024 8192 --output "$out/sglang_decode_host.json"
     ;;
   kernels)
     nvidia-smi -L >>"$log" 2>&1

@@ -90,10 +90,12 @@ def attention_variant(request, monkeypatch):
     general kernel alone in its scale-after-dot variant (the launcher's environment variable)."""
     monkeypatch.setenv("KVTUNER_SCALE_AFTER_DOT", "1" if request.param != "baseline" else "0")
     if request.param != "baseline":
-        from kvtuner.attention import decode
+        from kvtuner.attention import decode, reference
 
         monkeypatch.setattr(decode, "serves", lambda batch: False)
         monkeypatch.setattr(decode, "serves_extend", lambda batch: False)
+        # new tokens in hand are read from their rows off the extend kernel, by both
+        monkeypatch.setattr(reference, "serves_extend", lambda batch: False)
     return request.param
 
 

@@ -86,6 +86,7 @@ def extend_attention(
     scale_after_dot: bool | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    query_rows: int | None = None,
     specialized: bool = True,
     **fields: Any,
 ) -> torch.Tensor:
@@ -123,11 +124,12 @@ def extend_attention(
       layout, :mod:`.rope`) before its dot; such keys always run element-wise (at decode
       the decode kernel where :func:`.rope_rows.rope_decodable` says, else the general one).
     num_splits (default: from the device, batch and length), block_tokens (default: the decode
-    and extend kernels' plans, the general kernel's 64), and Triton's num_warps and num_stages
-    tune the launch; one query token per request over token-axis rows runs the decode kernel
-    (:mod:`.decode_kernel`), queries over a paged pool of such rows the extend kernel
-    (:mod:`.extend_kernel`); ``specialized=False`` forces the general one, for comparison;
-    ``scale_after_dot`` picks the kernel variant (default None: the environment variable
+    and extend kernels' plans, the general kernel's 64), Triton's num_warps and num_stages, and
+    query_rows (the extend kernel's rows a program: new tokens × a KV head's query heads, a
+    power of two >= 16) tune the launch; one query token per request over token-axis rows runs
+    the decode kernel (:mod:`.decode_kernel`), queries over a paged pool of such rows the
+    extend kernel (:mod:`.extend_kernel`); ``specialized=False`` forces the general one, for
+    comparison; ``scale_after_dot`` picks the kernel variant (default None: the environment variable
     ``KVTUNER_SCALE_AFTER_DOT=1`` turns it on, else off): on, packed token-axis rows with
     groups >= 16 channels are not dequantized element-wise, their codes go into ``tl.dot``
     and the scales and zeros are applied per group after it (:mod:`.after_dot`).
@@ -143,6 +145,7 @@ def extend_attention(
         scale_after_dot=scale_after_dot,
         num_warps=num_warps,
         num_stages=num_stages,
+        query_rows=query_rows,
         specialized=specialized,
     )
 
@@ -155,6 +158,7 @@ def attend(
     scale_after_dot: bool | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    query_rows: int | None = None,
     specialized: bool = True,
 ) -> torch.Tensor:
     """The fused attention of one checked batch (build it by keyword) -> [B, Tq, Hq, D]
@@ -174,7 +178,8 @@ def attend(
         programs = batch.batch_size * batch.q_tokens  # about: rows of queries per KV head
         splits = num_splits or choose_splits(programs, batch.kv_heads, batch.span, q.device)
         if specialized and serves_extend(batch):
-            plan = dataclasses.replace(plan_extend(batch, splits), **options)
+            rows = {"rows": query_rows} if query_rows else {}
+            plan = dataclasses.replace(plan_extend(batch, splits), **options, **rows)
             new = None if batch.k_new is None else _new_inputs(batch)
             out = launch_extend(batch, inputs[0], plan, new)
         else:  # new tokens in hand or not, the general kernel reads them from their rows

@@ -41,6 +41,7 @@ from .packed_rows import (
     row_vec,
     rows_args,
     table_rows,
+    wide_rows,
 )
 from .rope import kernel_rope
 from .rope_rows import rope_decodable, rope_query, spans
@@ -170,17 +171,22 @@ class DecodePlan:
 
 def plan_decode(batch: AttentionBatch, *, sms: int | None = None) -> DecodePlan:
     """Splits from batch × KV heads × context × SMs (``sms`` None: the device's own; on CPU
-    the interpreter's 1–2). Tiles as the sm_90a build reads best (``benchmarks/
-    kernel_resources.py``, warps an SM at d 128): 32 tokens on 4 warps, 2 stages, where rows
-    load 16 bytes at a time; else 16 tokens on 8 warps, unpipelined (narrower loads take
-    Triton to layouts that cost registers: KV8 g64's 136-byte rows took 244 at 32 tokens on 4
-    warps). Pre-RoPE token rows whose rotary halves span at least half the row hold two
-    turned half-spans a tile: 16 tokens on 8 warps there (KV4 g32 at R = D: 137 registers and
-    12 warps an SM -> 80 and 24 with 2 stages; R = D/2: 182 and 8 -> 108 and 16, unpipelined:
-    2 stages spilled)."""
+    the interpreter's 1–2). Tiles as timed on an H200 (``scripts/gpu_session.sh profile`` and
+    ``plans``; docs/results/gpu.md): 64 tokens on 4 warps where K and V are
+    :func:`.packed_rows.wide_rows` at d <= 128, 3 stages where rows load 16 bytes at a time
+    and keys are stored rotated, else 2 (tiles of 16 tokens ran at 0.10-0.19× bf16 SDPA, of
+    32 at 0.30-0.57×, of 64 at 0.36-0.69×; the sm_90a build: at most 139 registers, 3
+    programs an SM). Else, as the sm_90a build reads best: 32 tokens on 4 warps, 2 stages,
+    where rows load 16 bytes at a time; else 16 tokens on 8 warps, unpipelined; pre-RoPE keys
+    rotated over at least half the row, 16 tokens on 8 warps (2 stages at a full width)."""
     splits = choose_splits(batch.batch_size, batch.kv_heads, batch.span, batch.q.device, sms=sms)
     rotary = 0 if batch.rope_freq is None or kivi_keys(batch) else 2 * batch.rope_freq.shape[0]
-    if min(row_vec(batch.k_rows), row_vec(batch.v_rows)) < 4:
+    vec = min(row_vec(batch.k_rows), row_vec(batch.v_rows))
+    wide = batch.head_dim <= 128 and wide_rows(batch.k_spec, batch.v_spec)
+    if wide and (not rotary or batch.k_spec.bits == 4):  # pre-RoPE: 4-bit keys measured
+        stages = 3 if vec == 4 and not rotary else 2
+        plan = DecodePlan(splits, block_tokens=64, num_warps=4, num_stages=stages)
+    elif vec < 4:
         plan = DecodePlan(splits, block_tokens=16, num_warps=8, num_stages=1)
     elif 2 * rotary >= batch.head_dim:
         stages = 2 if rotary == batch.head_dim else 1

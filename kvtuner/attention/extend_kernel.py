@@ -36,6 +36,7 @@ from .packed_rows import (
     row_vec,
     rows_args,
     table_rows,
+    wide_rows,
 )
 from .splits import merge_splits, softmax_args, split_chunk, store_partial
 from .tiles import _dot, _softmax_step
@@ -151,12 +152,26 @@ class ExtendPlan:
 
 
 def plan_extend(batch: AttentionBatch, splits: int) -> ExtendPlan:
-    """Tiles as the sm_90a build reads best (``benchmarks/kernel_resources.py``): 16 rows (4 new
-    tokens of a 4-head group) and 32 tokens on 4 warps, 2 stages, where rows load 16 bytes at
-    a time (KV4 g32: 128 registers, with the new tokens in hand too; 32 rows took 175, 64 took
-    235); else 16 tokens on 8 warps, 2 stages (KV8 g64's 136-byte rows: 148 registers, 166 with
-    the new tokens in hand; unpipelined 150 and 174; 4 warps 240)."""
-    if min(row_vec(batch.k_rows), row_vec(batch.v_rows)) == 4:
+    """Tiles as timed on an H200 (``scripts/gpu_session.sh plans``: 16 requests × 8192 stored,
+    128 new; docs/results/gpu.md), where K and V are :func:`.packed_rows.wide_rows` at d <=
+    128 (KIVI keys aside), 64 tokens a tile:
+    - rows loading 16 bytes at a time: 128 query rows on 8 warps (KV4 g32: 1.05× bf16 SDPA,
+      from 0.28× at 16 rows; 232 registers, no spill);
+    - else 64 rows on 4 warps (KV8 g64: 0.83×, from 0.05×; 246 registers, no spill);
+    - K and V of different widths: 64 rows on 8 warps (the sm_90a build: K8V4, K4V8 and K16V4
+      spill on 4 warps; not yet timed);
+    rows cut to the batch's queries × its query heads (4 warps below the cap), so short
+    extends stay decode-sized. Else, as the sm_90a build reads best: 16 rows and 32 tokens on
+    4 warps, 2 stages, where rows load 16 bytes at a time; else 16 tokens on 8 warps."""
+    vec = min(row_vec(batch.k_rows), row_vec(batch.v_rows))
+    k, v = batch.k_spec, batch.v_spec
+    if batch.head_dim <= 128 and wide_rows(k, v) and not kivi_keys(batch):
+        cap = 128 if vec == 4 and k.bits == v.bits else 64
+        group = triton.next_power_of_2(batch.q.shape[-2] // batch.kv_heads)
+        rows = max(16, min(cap, triton.next_power_of_2(batch.q_tokens * group)))
+        warps = 8 if rows == cap and (cap == 128 or k.bits != v.bits) else 4
+        return ExtendPlan(splits, rows=rows, block_tokens=64, num_warps=warps, num_stages=2)
+    if vec == 4:
         return ExtendPlan(splits, rows=16, block_tokens=32, num_warps=4, num_stages=2)
     return ExtendPlan(splits, rows=16, block_tokens=16, num_warps=8, num_stages=2)
 

@@ -42,6 +42,7 @@ __all__ = [
     "row_vec",
     "rows_args",
     "table_rows",
+    "wide_rows",
 ]
 
 FP16_MAX = tl.constexpr(65504.0)  # q is clamped to fp16's range before it becomes fp16
@@ -449,6 +450,17 @@ def decodable(spec: QuantSpec, head_dim: int) -> bool:
     if 32 % spec.bits == 0:
         return spec.group_size >= 32 // spec.bits
     return head_dim % 32 == 0
+
+
+def wide_rows(*specs: QuantSpec) -> bool:
+    """Rows a tile of 64 tokens (decode) or 64-128 query rows (extend) holds in registers at
+    d <= 128 (the sm_90a build): 16-bit, or token-axis asymmetric codes of 2, 4 or 8 bits
+    (3/5/6-bit chunks and symmetric rows took 157-210 registers at 64 decode tokens; KIVI keys
+    are read a page a tile)."""
+    return all(
+        not s.is_quantized or (s.axis == "token" and 32 % s.bits == 0 and not s.symmetric)
+        for s in specs
+    )
 
 
 def kivi_keys(batch) -> bool:

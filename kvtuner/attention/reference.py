@@ -133,7 +133,7 @@ def extend_attention_reference(
     -> [B, Tq, Hq, D] (ragged: [N, Hq, D]) in q's dtype; a query with nothing to attend gets
     zeros. New tokens in hand (``k_new``, ``v_new``) replace their stored rows where the extend
     kernel runs the batch, as there."""
-    for launch_option in ("num_splits", "block_tokens", "num_warps", "num_stages"):
+    for launch_option in ("num_splits", "block_tokens", "num_warps", "num_stages", "query_rows"):
         kwargs.pop(launch_option, None)
     batch = AttentionBatch(
         q=q, k_rows=k_rows, v_rows=v_rows, k_spec=k_spec, v_spec=v_spec, **kwargs

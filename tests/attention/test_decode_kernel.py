@@ -146,10 +146,13 @@ def test_plans_fill_the_device_and_reject_bad_tiles():
 
 
 def test_plans_follow_the_row_alignment_and_the_rotary_width():
-    """16-byte rows: 32 tokens on 4 warps; pre-RoPE keys rotated over at least half the row:
-    16 tokens on 8 warps (2 stages at a full rotary width); 8-byte rows: 16 on 8, unpipelined
-    (the tiles the sm_90a build reads best: benchmarks/kernel_resources.py)."""
+    """Asymmetric 2/4/8-bit (and 16-bit) rows: 64 tokens on 4 warps, 3 stages at 16-byte rows,
+    2 at narrower ones or 4-bit keys stored pre-RoPE (the H200's fastest, within the sm_90a
+    build's limits). Other rows (symmetric here): 32 tokens on 4 warps at 16-byte rows; pre-RoPE
+    keys rotated over at least half the row, 16 on 8 warps (2 stages at a full rotary width);
+    narrower rows, 16 on 8, unpipelined."""
     spec, rope = QuantSpec(4, 16), QuantSpec(4, 16, pre_rope=True)
+    sym, sym_rope = QuantSpec(4, 8, symmetric=True), QuantSpec(4, 8, symmetric=True, pre_rope=True)
 
     def plan(k_spec, v_spec=spec, rotary=0):
         args, kw = pool(k_spec, v_spec)
@@ -160,8 +163,15 @@ def test_plans_follow_the_row_alignment_and_the_rotary_width():
         return p.block_tokens, p.num_warps, p.num_stages
 
     assert spec.row_bytes(D) % 16 == 0 and QuantSpec(4).row_bytes(D) % 16 == 8
-    assert plan(spec) == (32, 4, 2)
-    assert plan(rope, rotary=D) == (16, 8, 2)
-    assert plan(rope, rotary=D // 2) == (16, 8, 1)
-    assert plan(rope, rotary=D // 4) == (32, 4, 2)
-    assert plan(spec, QuantSpec(4)) == (16, 8, 1)  # 8-byte value rows
+    assert sym.row_bytes(D) % 16 == 0 and QuantSpec(4, 16, symmetric=True).row_bytes(D) % 16 == 8
+    assert plan(spec) == (64, 4, 3)
+    assert plan(spec, QuantSpec(4)) == (64, 4, 2)  # 8-byte value rows
+    assert plan(QuantSpec(16), QuantSpec(8, 16)) == (64, 4, 3)
+    for rotary in (D, D // 2, D // 4):
+        assert plan(rope, rotary=rotary) == (64, 4, 2)
+    assert plan(sym, sym) == (32, 4, 2)
+    assert plan(sym_rope, sym, rotary=D) == (16, 8, 2)
+    assert plan(sym_rope, sym, rotary=D // 2) == (16, 8, 1)
+    assert plan(sym_rope, sym, rotary=D // 4) == (32, 4, 2)
+    assert plan(sym, QuantSpec(4, 16, symmetric=True)) == (16, 8, 1)  # 8-byte value rows
+    assert plan(QuantSpec(3), QuantSpec(3)) == (32, 4, 2)  # 3-bit chunks: not wide

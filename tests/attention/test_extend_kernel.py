@@ -68,13 +68,26 @@ def test_what_the_extend_kernel_leaves_to_the_general_one():
 
     assert serves_extend(batch())
     assert not serves_extend(batch(rope_freq=torch.ones(32), k_spec=QuantSpec(4, pre_rope=True)))
-    assert args[0].shape[-1] == 40  # rows not a multiple of 16 bytes: 8 warps, 16 tokens
-    assert plan_extend(batch(), 2) == ExtendPlan(2, 16, 16, num_warps=8, num_stages=2)
+    # asymmetric 4-bit rows: 64 tokens; rows up to 64 (8-byte rows) or 128 on 8 warps (16-byte
+    # rows), cut to the batch's queries × its query heads (here 5 × 2: 16 rows, 4 warps)
+    assert args[0].shape[-1] == 40
+    assert plan_extend(batch(), 2) == ExtendPlan(2, 16, 64, num_warps=4, num_stages=2)
+    assert plan_extend(batch(max_q_len=64), 2) == ExtendPlan(2, 64, 64, num_warps=4, num_stages=2)
     g16 = QuantSpec(4, group_size=16)
     rows16, _ = pool(g16, g16)
     assert rows16[0].shape[-1] == 48  # 16-byte rows
     wide = batch(k_rows=rows16[0], v_rows=rows16[1], k_spec=g16, v_spec=g16)
-    assert plan_extend(wide, 2) == ExtendPlan(2, 16, 32, num_warps=4, num_stages=2)
+    assert plan_extend(wide, 2) == ExtendPlan(2, 16, 64, num_warps=4, num_stages=2)
+    long = batch(k_rows=rows16[0], v_rows=rows16[1], k_spec=g16, v_spec=g16, max_q_len=64)
+    assert plan_extend(long, 2) == ExtendPlan(2, 128, 64, num_warps=8, num_stages=2)
+    k8 = QuantSpec(8, 16)  # K and V of different widths: 64 rows on 8 warps
+    rows8, _ = pool(k8, g16)
+    mixed = batch(k_rows=rows8[0], v_rows=rows16[1], k_spec=k8, v_spec=g16, max_q_len=64)
+    assert plan_extend(mixed, 2) == ExtendPlan(2, 64, 64, num_warps=8, num_stages=2)
+    sym = QuantSpec(4, 8, symmetric=True)  # not wide: 16 rows, 32 tokens at 16-byte rows
+    rows_sym, _ = pool(sym, sym)
+    narrow = batch(k_rows=rows_sym[0], v_rows=rows_sym[1], k_spec=sym, v_spec=sym, max_q_len=64)
+    assert plan_extend(narrow, 2) == ExtendPlan(2, 16, 32, num_warps=4, num_stages=2)
     with pytest.raises(ValueError, match="power of two"):
         ExtendPlan(1, rows=24)
     contiguous = AttentionBatch(q=q[None, :4], k_rows=args[0][None, :, :].expand(1, -1, -1, -1)

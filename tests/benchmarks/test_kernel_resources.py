@@ -1,8 +1,11 @@
 """The GPU-free loop (``benchmarks/kernel_resources.py``): every decode and extend kernel
 (pre-RoPE and KIVI keys' decode included) and every pack/unpack kernel compiles for an H100
 (sm_90a, Triton's ptxas) and holds what a fast kernel shows there, read off its build without a
-GPU: no spill, at most 168 registers a thread, no code loaded (or, packing, stored) a byte at a
-time. A regression in either fails here, in CI, before any GPU is lent.
+GPU: no spill, no code loaded (or, packing, stored) a byte at a time, and (decode, pack) at
+most 168 registers a thread. The extend kernel's tiles are MMA tiles of 64-128 query rows:
+232-246 registers and 1-2 programs an SM ran 3-4× faster on an H200 than 16 rows at 128
+(docs/results/gpu.md), so extend is held to no spill only. A regression fails here, in CI,
+before any GPU is lent.
 
 Needs the shared ``sm90_report.py`` beside the checkout (``../shared/tools``), as CI has it."""
 
@@ -40,7 +43,8 @@ def test_decode_and_extend_kernels_fit_the_registers_without_spill_or_byte_loads
     assert len(decode) >= 9 and len(extend) >= 2  # every spec, the window, the HF path
     for row in decode + extend:
         where = f"{row['label']}: {row['reg']} registers, {row['spill_bytes']} B spilled"
-        assert row["spill_bytes"] == 0 and row["reg"] <= MAX_REGISTERS, where
+        assert row["spill_bytes"] == 0, where
+        assert row in extend or row["reg"] <= MAX_REGISTERS, where
         widths = {**row["ldg_widths"], **row["ldgsts_widths"]}
         assert "U8" not in widths, f"{row['label']} loads bytes one at a time: {widths}"
 
@@ -56,14 +60,15 @@ def test_pre_rope_and_kivi_keys_run_the_specialised_kernels_within_the_same_limi
     assert {r["label"] for r in rows} == labels
     for row in rows:
         assert row["kernel"] in ("_decode_kernel", "_extend_kernel"), row["label"]
-        assert row["spill_bytes"] == 0 and row["reg"] <= MAX_REGISTERS, row["label"]
+        assert row["spill_bytes"] == 0, row["label"]
+        assert row["kernel"] == "_extend_kernel" or row["reg"] <= MAX_REGISTERS, row["label"]
         assert "U8" not in {**row["ldg_widths"], **row["ldgsts_widths"]}, row["label"]
 
 
 def test_rows_of_16_byte_multiples_load_codes_16_bytes_at_a_time(decode_rows):
-    """KV4 g32's 80-byte rows: the codes come in 16-byte async copies, 4 programs an SM."""
+    """KV4 g32's 80-byte rows: the codes come in 16-byte async copies, 3 programs an SM."""
     (row,) = (r for r in decode_rows if r["label"] == "decode KV4 g32" and "decode" in r["kernel"])
-    assert row["ldgsts_widths"].get("128", 0) > 0 and row["programs_per_sm"] >= 4
+    assert row["ldgsts_widths"].get("128", 0) > 0 and row["programs_per_sm"] >= 3
 
 
 def test_the_general_kernel_is_still_the_slow_one_it_replaces(decode_rows):
