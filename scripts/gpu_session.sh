@@ -57,17 +57,18 @@ case "$stage" in
     # the SGLang backend step; then correctness, then the CPU proxy cross-checked on the GPU's
     # own build (HF generate waits for `hf`)
     nvidia-smi -L >>"$log" 2>&1
-    step 170 python3 benchmarks/attention_decode.py --device cuda --batch 16 64 \
-      --context 8192 32768 --specs "KV4 g32" "KV8 g64" "KV4 g128" \
+    # (limits: twice what each step took on the H200 of 2026-11-26, whose stage took 303 s)
+    step 100 python3 benchmarks/attention_decode.py --device cuda --batch 16 64 \
+      --context 8192 32768 --specs "KV4 g32" "KV8 g64" "K8V4 (mixed)" "KV4 g128" \
       --variants decode-kernel,baseline --output "$out/attention_decode.json"
-    step 60 python3 benchmarks/quant_throughput.py --device cuda --rounds 3 \
+    step 50 python3 benchmarks/quant_throughput.py --device cuda --rounds 3 \
       --output "$out/quant_throughput_kernels.json"
-    step 80 python3 benchmarks/sglang_backend_step.py --device cuda \
+    step 140 python3 benchmarks/sglang_backend_step.py --device cuda \
       --output "$out/sglang_backend_step.json"
     step 170 python3 -m pytest -m cuda -q -n 8 -p no:cacheprovider $cuda_tests
     tool=$(ls .whl/sm90_report.py ../shared/tools/sm90_report.py 2>/dev/null | head -1)
     if [ -n "$tool" ]; then
-      step 45 python3 benchmarks/kernel_resources.py --tool "$tool" \
+      step 90 python3 benchmarks/kernel_resources.py --tool "$tool" \
         --output "$out/kernel_resources_gpu_machine.json"
     else
       echo "== kernel_resources: no sm90_report.py beside the checkout, skipped" | tee -a "$log"
