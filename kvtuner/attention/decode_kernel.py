@@ -174,11 +174,11 @@ def plan_decode(batch: AttentionBatch, *, sms: int | None = None) -> DecodePlan:
     the interpreter's 1–2). Tiles as timed on an H200 (``scripts/gpu_session.sh profile`` and
     ``plans``; docs/results/gpu.md): 64 tokens on 4 warps where K and V are
     :func:`.packed_rows.wide_rows` at d <= 128, 3 stages where rows load 16 bytes at a time
-    and keys are stored rotated, else 2 (tiles of 16 tokens ran at 0.10-0.19× bf16 SDPA, of
-    32 at 0.30-0.57×, of 64 at 0.36-0.69×; the sm_90a build: at most 139 registers, 3
-    programs an SM). Else, as the sm_90a build reads best: 32 tokens on 4 warps, 2 stages,
-    where rows load 16 bytes at a time; else 16 tokens on 8 warps, unpipelined; pre-RoPE keys
-    rotated over at least half the row, 16 tokens on 8 warps (2 stages at a full width)."""
+    and keys are not stored pre-RoPE, else 2 (tiles of 16 tokens ran at 0.10-0.19× bf16 SDPA,
+    these at 0.34-0.69×; the sm_90a build: at most 139 registers, 3 programs an SM). Else, as
+    the sm_90a build reads best: 32 tokens on 4 warps, 2 stages, where rows load 16 bytes at a
+    time; else 16 tokens on 8 warps, unpipelined; pre-RoPE keys rotated over at least half the
+    row, 16 tokens on 8 warps (2 stages at a full width)."""
     splits = choose_splits(batch.batch_size, batch.kv_heads, batch.span, batch.q.device, sms=sms)
     rotary = 0 if batch.rope_freq is None or kivi_keys(batch) else 2 * batch.rope_freq.shape[0]
     vec = min(row_vec(batch.k_rows), row_vec(batch.v_rows))

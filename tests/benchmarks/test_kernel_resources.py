@@ -44,7 +44,7 @@ def test_decode_and_extend_kernels_fit_the_registers_without_spill_or_byte_loads
     for row in decode + extend:
         where = f"{row['label']}: {row['reg']} registers, {row['spill_bytes']} B spilled"
         assert row["spill_bytes"] == 0, where
-        assert row in extend or row["reg"] <= MAX_REGISTERS, where
+        assert row["kernel"] == "_extend_kernel" or row["reg"] <= MAX_REGISTERS, where
         widths = {**row["ldg_widths"], **row["ldgsts_widths"]}
         assert "U8" not in widths, f"{row['label']} loads bytes one at a time: {widths}"
 
