@@ -15,7 +15,9 @@ is timed at every point of the same run; ``× base`` = baseline µs / variant µ
 every combination is timed at every point (a tile sweep; the ``tile`` column, ``-`` = default).
 ``--dtype float16`` runs q (and SDPA's K/V, same bytes as bf16: the ``*_bf16_*`` keys keep
 their names) in fp16. ``--specs "KV4 g32 pre-RoPE"`` (not in the default list) times keys
-stored pre-RoPE: every K tile rotated forward in the kernel, element-wise in both variants.
+stored pre-RoPE: every K tile rotated forward in the kernel, element-wise in both variants;
+``"KV3 g32"`` and ``"KV4 g32 sym"`` (not in it either) the rows the plans still tile by the
+sm_90a build alone.
 Before timing, each spec's kernel output (every variant) is checked against the torch
 reference (dequantize, then SDPA) at the smallest shape.
 
@@ -43,9 +45,11 @@ SPECS = {  # label: (K spec kwargs, V spec kwargs)
     "KV8 g64": (dict(bits=8, group_size=64), dict(bits=8, group_size=64)),
     "KV4 g128": (dict(bits=4, group_size=128), dict(bits=4, group_size=128)),  # per token-head
     "K8V4 (mixed)": (dict(bits=8, group_size=64), dict(bits=4)),
-    "KV4 g32 pre-RoPE": (dict(bits=4, pre_rope=True), dict(bits=4)),  # opt-in (--specs)
+    "KV4 g32 pre-RoPE": (dict(bits=4, pre_rope=True), dict(bits=4)),  # opt-in from here on
+    "KV3 g32": (dict(bits=3), dict(bits=3)),  # the plans' other rows: 3/5/6-bit chunks,
+    "KV4 g32 sym": (dict(bits=4, symmetric=True), dict(bits=4, symmetric=True)),  # symmetric
 }
-DEFAULT_SPECS = [label for label in SPECS if "pre-RoPE" not in label]
+DEFAULT_SPECS = ["KV2 g32", "KV4 g32", "KV8 g64", "KV4 g128", "K8V4 (mixed)"]
 VARIANTS = {  # label: the launcher's keywords
     "decode-kernel": dict(),  # the decode kernel (kvtuner.attention.decode_kernel) where it serves
     "baseline": dict(specialized=False, scale_after_dot=False),  # the general kernel

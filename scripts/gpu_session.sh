@@ -12,7 +12,7 @@
 #   bash scripts/gpu_session.sh first     # the first call: pytest -m cuda, the sm_90 build's
 #                                         # resources, decode kernel vs general vs bf16 SDPA at
 #                                         # 16/64 x 8k/32k, pack/unpack, the SGLang step
-#   bash scripts/gpu_session.sh tune      # fused decode tile sweep: block, warps, stages
+#   bash scripts/gpu_session.sh tune      # tiles of the rows the plans have not timed yet
 #   bash scripts/gpu_session.sh profile   # the GPU-only tests again, the decode tile sweep of
 #                                         # KV8 g64 / KV4 g32 / K8V4, ncu on the decode kernel
 #   bash scripts/gpu_session.sh plans     # the decode plans against bf16, pre-RoPE decode tiles,
@@ -74,11 +74,15 @@ case "$stage" in
       echo "== kernel_resources: no sm90_report.py beside the checkout, skipped" | tee -a "$log"
     fi
     ;;
-  tune)  # the decode kernel's tiles: 18 launch configurations, each compiled once
-    step 540 python3 benchmarks/attention_decode.py --device cuda --batch 16 --context 8192 \
-      --specs "KV4 g32" --variants decode-kernel --block-tokens 16 32 64 --num-warps 2 4 8 \
-      --num-stages 1 2 \
-      --output "$out/attention_decode_tune.json"
+  tune)  # what the plans still take from the sm_90a build alone, timed: decode tiles of
+    # 3-bit and symmetric rows, extend rows and tiles of K8V4 (mixed widths) and symmetric rows
+    nvidia-smi -L >>"$log" 2>&1
+    step 200 python3 benchmarks/attention_decode.py --device cuda --batch 16 64 --context 8192 \
+      --specs "KV3 g32" "KV4 g32 sym" --variants decode-kernel --block-tokens 16 32 64 \
+      --num-warps 4 8 --num-stages 1 2 3 --output "$out/attention_decode_tune.json"
+    step 200 python3 benchmarks/sglang_backend_step.py --device cuda --modes extend --batch 16 \
+      --context 8192 --specs "K8V4 (mixed)" "KV4 g32 sym" --query-rows 16 32 64 128 \
+      --block-tokens 32 64 --num-warps 4 8 --output "$out/sglang_extend_tune.json"
     ;;
   profile)  # after `first`: where the decode kernel's time goes, under 8 minutes
     nvidia-smi -L >>"$log" 2>&1
