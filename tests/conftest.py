@@ -65,6 +65,18 @@ def _gemma3_layer_types(num_layers: int) -> list[str]:
     return ["full_attention" if i % 3 == 2 else "sliding_attention" for i in range(num_layers)]
 
 
+def cuda_kernel_launches(fn) -> int:
+    """CUDA kernels one call of ``fn`` launches (torch's profiler), after a warm-up call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()  # compile and warm the caches first
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
 def tiny_model(family: str = "llama", seed: int = 0, **overrides):
     import transformers
 

@@ -31,8 +31,8 @@ import triton.language as tl
 
 from .layout import AttentionBatch, choose_splits
 from .packed_rows import (
-    FP16_MAX,
     decodable,
+    dot_operand,
     keys_decodable,
     kivi_keys,
     packed_part,
@@ -104,8 +104,7 @@ def _decode_kernel(
     r, d = tl.arange(0, QP), tl.arange(0, D)
     q_ok = r < GROUP
     q_row = q_ptr + b64 * stride_qb + (h64 * GROUP + r)[:, None] * stride_qh  # [QP, 1]
-    q = tl.load(q_row + d[None, :], mask=q_ok[:, None], other=0.0).to(tl.float32)
-    q = tl.minimum(tl.maximum(q, -FP16_MAX), FP16_MAX).to(DT)  # [QP, D]
+    q = dot_operand(tl.load(q_row + d[None, :], mask=q_ok[:, None], other=0.0), DT)  # [QP, D]
     if ROPE_HALF:  # pre-RoPE keys: q's spans, the frequencies, stored key 0's position
         pos0 = tl.load(roff_ptr + b)
         rope = rope_query(q, freq_ptr, pos0, ROPE_HALF, K_BITS)
@@ -243,7 +242,9 @@ def launch_decode(
     lse = torch.empty(bsz, hq, parts, dtype=torch.float32, device=dev)
     k_args, k_vec = rows_args(batch.k_rows, paged)
     v_args, v_vec = rows_args(batch.v_rows, paged)
-    empty = torch.zeros(1, 1, 1, dim, dtype=q.dtype, device=dev)
+    # pointers the kernel never reads (no tail, no KIVI stage): a [1, 1, 1, D] view of q, not
+    # a buffer (strides as a buffer's, so the build does not change with q's)
+    empty = q.as_strided((1, 1, 1, dim), (dim, dim, dim, 1))
     k_tail, v_tail = (empty, empty) if k_tail is None else (k_tail, v_tail)
     table = batch.slot_table if paged else batch.lengths  # unused pointers: any int tensor
     rows = table_rows(batch) if paged else batch.lengths

@@ -26,9 +26,9 @@ import triton.language as tl
 
 from .layout import AttentionBatch
 from .packed_rows import (
-    FP16_MAX,
     _seen,
     decodable,
+    dot_operand,
     keys_decodable,
     kivi_keys,
     packed_part,
@@ -68,8 +68,7 @@ def _extend_kernel(
     qh = h64 * GROUP + r % GP
     q_ok = (r % GP < GROUP) & (qi < n_q) & (r < BQ * GP)
     q_at = q_ptr + (q0 + qi)[:, None] * stride_qn + qh[:, None] * stride_qh + d[None, :]
-    q = tl.load(q_at, mask=q_ok[:, None], other=0.0).to(tl.float32)
-    q = tl.minimum(tl.maximum(q, -FP16_MAX), FP16_MAX).to(DT)  # [QP, D]
+    q = dot_operand(tl.load(q_at, mask=q_ok[:, None], other=0.0), DT)  # [QP, D]
     total = tl.load(len_ptr + b)  # stored tokens, the new ones last
     qpos = total - n_q + qi  # [QP]
     last = tl.max(tl.where(q_ok, qpos, -1), 0)  # no row of ours attends past it
@@ -114,19 +113,19 @@ def _hand_part(q, m, denom, acc, k_at, v_at, k_nn, v_nn, lo, hi, qpos, window, s
                IEEE: tl.constexpr):  # fmt: skip
     """The online softmax (m, denom [QP], acc [QP, D] channel order) carried on over positions
     [lo, hi) whose K and V are float rows in hand (position t at ``k_at + t·k_nn``: the kernel
-    shifts the pointers so), causally per row like :func:`.packed_rows.packed_part`. Rows come
-    in q's dtype (fp16 on the GPU, clamped to its range as q is: the launcher's caller)."""
+    shifts the pointers so), causally per row like :func:`.packed_rows.packed_part`. Rows of
+    any float dtype become q's as q did (:func:`.packed_rows.dot_operand`)."""
     D: tl.constexpr = q.shape[1]
     d = tl.arange(0, D)
     for t0 in range(lo, hi, BT):
         t = t0 + tl.arange(0, BT)
         ok = t < hi
         tok = tl.minimum(t, hi - 1).to(tl.int64)  # past the end: the last row again, masked
-        k = tl.load(k_at + tok[:, None] * k_nn + d[None, :])  # [BT, D]
+        k = dot_operand(tl.load(k_at + tok[:, None] * k_nn + d[None, :]), q.dtype)  # [BT, D]
         seen = _seen(t, ok, qpos, window, WINDOW, True)
         m, denom, alpha, p = _softmax_step(_dot(q, tl.trans(k), IEEE), seen, m, denom,
                                            score_scale, cap_log2, SOFTCAP)  # fmt: skip
-        v = tl.load(v_at + tok[:, None] * v_nn + d[None, :])
+        v = dot_operand(tl.load(v_at + tok[:, None] * v_nn + d[None, :]), q.dtype)
         acc = acc * alpha[:, None] + _dot(p.to(q.dtype), v, IEEE)
     return m, denom, acc
 
@@ -222,7 +221,8 @@ def launch_extend(
     k_args, k_vec = rows_args(batch.k_rows, True)
     v_args, v_vec = rows_args(batch.v_rows, True)
     table, rows = batch.slot_table, table_rows(batch)
-    stage = batch.k_stage if kivi else q.new_zeros(1, 1, 1, 1)  # [rows, G, Hkv, D]
+    unread = q.as_strided((1, 1, 1, 1), (1, 1, 1, 1))  # a view of q, not a buffer
+    stage = batch.k_stage if kivi else unread  # [rows, G, Hkv, D]
     stage_rows = batch.k_stage_rows if kivi else batch.lengths
     k, v = batch.k_spec, batch.v_spec
     grid = (batch.batch_size, hkv, triton.cdiv(batch.q_tokens, bq) * parts)
@@ -241,9 +241,9 @@ def launch_extend(
 
 
 def _hand_rows(q: torch.Tensor, batch: AttentionBatch, new) -> tuple[torch.Tensor, torch.Tensor]:
-    """(k_new, v_new) [N, Hkv, D] for the kernel's pointers: the ones in hand in the dtype of
-    its dots (q's; fp16 clamped to its range where q is bf16), or q itself twice (never read:
-    HAND is off)."""
+    """(k_new, v_new) [N, Hkv, D] for the kernel's pointers: the ones in hand as they are (the
+    kernel turns them to its dots' dtype; fp32 under the interpreter, whose numpy has no bf16),
+    or q itself twice (never read: HAND is off)."""
     if new is None:
         return q, q
     want = (q.shape[0], batch.kv_heads, batch.head_dim)
@@ -251,8 +251,7 @@ def _hand_rows(q: torch.Tensor, batch: AttentionBatch, new) -> tuple[torch.Tenso
         raise ValueError(f"launch_extend: new tokens must be [N, Hkv, D] = {list(want)}")
     if q.dtype == torch.float32:
         return new[0].float(), new[1].float()
-    top = torch.finfo(torch.float16).max
-    return tuple(x.clamp(-top, top).to(torch.float16) for x in new)
+    return new[0], new[1]
 
 
 def _ragged(batch: AttentionBatch, q: torch.Tensor) -> AttentionBatch:

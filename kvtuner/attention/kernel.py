@@ -226,7 +226,9 @@ def launch(
     partial = torch.empty(rows_of_q, hq, splits, dim, dtype=torch.float32, device=dev)
     lse = torch.empty(rows_of_q, hq, splits, dtype=torch.float32, device=dev)
     k_rows, v_rows = _rows_view(batch.k_rows, batch.k_spec), _rows_view(batch.v_rows, batch.v_spec)
-    empty = torch.zeros(1, 1, 1, dim, dtype=q.dtype, device=dev)
+    # pointers the kernel never reads (no tail, no KIVI stage): a [1, 1, 1, D] view of q, not
+    # a buffer (strides as a buffer's, so the build does not change with q's)
+    empty = q.as_strided((1, 1, 1, dim), (dim, dim, dim, 1))
     k_tail, v_tail = (empty, empty) if k_tail is None else (k_tail, v_tail)
     table = batch.slot_table if paged else batch.lengths  # unused pointers: any int tensor
     rows = batch.table_rows if batch.table_rows is not None else batch.lengths

@@ -32,8 +32,8 @@ from ..quant.spec import QuantSpec
 from .tiles import _dot, _softmax_step
 
 __all__ = [
-    "FP16_MAX",
     "decodable",
+    "dot_operand",
     "keys_decodable",
     "kivi_keys",
     "packed_part",
@@ -46,6 +46,13 @@ __all__ = [
 ]
 
 FP16_MAX = tl.constexpr(65504.0)  # q is clamped to fp16's range before it becomes fp16
+
+
+@triton.jit
+def dot_operand(x, DT: tl.constexpr):
+    """Float values (q, or new tokens in hand; any float dtype) -> ``DT``, the dots' dtype,
+    clamped to fp16's range first: on the GPU bf16 becomes fp16 here, not in a torch op."""
+    return tl.minimum(tl.maximum(x.to(tl.float32), -FP16_MAX), FP16_MAX).to(DT)
 
 
 @triton.jit

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import cuda_kernel_launches, tiny_model
 
 from kvtuner import ModelFingerprint, Profile, QuantSpec
 from kvtuner.attention import (
@@ -99,6 +99,26 @@ def test_compiled_extend_with_the_new_tokens_in_hand_matches_the_reference(spec)
     got = extend_attention(q, *args, **kw).float()
     torch.testing.assert_close(got, extend_attention_reference(q, *args, **kw).float(),
                                atol=2e-2, rtol=2e-2)  # fmt: skip
+
+
+def test_a_step_launches_its_kernels_and_one_cast():
+    """Eager steps pay a host launch a kernel: a decode step as SGLang's backend runs it (table
+    rows given) is its kernel, the reduce and the output's cast to q's dtype; so is an extend
+    step with the new tokens in hand (bf16, made fp16 inside the kernel). No dummy buffers, no
+    conversions around them."""
+    spec, lengths, new = QuantSpec(4), [3000, 512, 777, 4096], [33, 512, 1, 100]
+    k_rows, v_rows = (quantize(torch.randn(16448, 8, D, device="cuda"), spec) for _ in range(2))
+    table = torch.randperm(16448, device="cuda").to(torch.int32)[: 4 * 4096].view(4, 4096)
+    kw = dict(lengths=torch.tensor(lengths, dtype=torch.int32, device="cuda"), slot_table=table,
+              table_rows=torch.arange(4, dtype=torch.int32, device="cuda"))  # fmt: skip
+    args = (k_rows, v_rows, spec, spec)
+    q = torch.randn(4, 32, D, device="cuda", dtype=torch.bfloat16)
+    assert cuda_kernel_launches(lambda: decode_attention(q, *args, **kw)) == 3
+    indptr = torch.tensor([0, *torch.tensor(new).cumsum(0).tolist()], dtype=torch.int32)
+    kw.update(qo_indptr=indptr.cuda(), max_q_len=max(new))
+    q = torch.randn(sum(new), 32, D, device="cuda", dtype=torch.bfloat16)
+    kw["k_new"], kw["v_new"] = (torch.randn(sum(new), 8, D, device="cuda").bfloat16() for _ in "kv")
+    assert cuda_kernel_launches(lambda: extend_attention(q, *args, **kw)) == 3
 
 
 @torch.inference_mode()

@@ -9,6 +9,7 @@ import itertools
 
 import pytest
 import torch
+from conftest import cuda_kernel_launches
 
 from kvtuner.quant import QuantSpec, dequantize, gather_dequantized, quantize, scatter_quantized
 
@@ -62,17 +63,6 @@ def test_gpu_bytes_equal_the_cpu_reference(spec, head_dim, dtype):
         assert _same_values(out, ref)
 
 
-def _kernel_launches(fn) -> int:
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()  # compile and warm the caches first
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
-
-
 @pytest.mark.parametrize(
     "spec",
     [QuantSpec(4, 32), QuantSpec(16), QuantSpec(4, 32, rotation="hadamard"), QuantSpec(3, 32)],
@@ -85,8 +75,9 @@ def test_decode_sized_write_and_read_are_one_launch(spec):
     k = qkv[:, HEADS : 2 * HEADS]
     buf = torch.zeros(4096, HEADS, spec.row_bytes(128), dtype=torch.uint8, device="cuda")
     loc = torch.randperm(4096, device="cuda")[:64]
-    assert _kernel_launches(lambda: scatter_quantized(buf, loc, k, spec)) == 1
-    assert _kernel_launches(lambda: gather_dequantized(buf, loc, spec, 128, torch.bfloat16)) == 1
+    assert cuda_kernel_launches(lambda: scatter_quantized(buf, loc, k, spec)) == 1
+    read = lambda: gather_dequantized(buf, loc, spec, 128, torch.bfloat16)  # noqa: E731
+    assert cuda_kernel_launches(read) == 1
 
 
 @pytest.mark.parametrize("bits", [2, 3, 4, 8])
