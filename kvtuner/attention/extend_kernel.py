@@ -156,7 +156,7 @@ def plan_extend(batch: AttentionBatch, splits: int) -> ExtendPlan:
     128 (KIVI keys aside), 64 tokens a tile:
     - rows loading 16 bytes at a time: 128 query rows on 8 warps (KV4 g32: 1.05× bf16 SDPA,
       from 0.28× at 16 rows; 232 registers, no spill);
-    - else 64 rows on 4 warps (KV8 g64: 0.83×, from 0.05×; 246 registers, no spill);
+    - else 64 rows on 4 warps (KV8 g64: 0.83×, from 0.05×; 251 registers, no spill);
     - K and V of different widths: 64 rows on 8 warps (the sm_90a build: K8V4, K4V8 and K16V4
       spill on 4 warps; not yet timed);
     rows cut to the batch's queries × its query heads (4 warps below the cap), so short
