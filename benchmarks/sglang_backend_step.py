@@ -21,6 +21,7 @@ steps captured in CUDA graphs and replayed, kvtuner's and bf16 SDPA's, as SGLang
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import sys
 from datetime import UTC, datetime
@@ -149,13 +150,14 @@ def measure(args, seconds, batch: int, context: int, label: str, mode: str) -> l
         launch = {k: v for k, v in zip(LAUNCH, values, strict=True) if v is not None}
         if mode == "decode":
             launch.pop("query_rows", None)  # the decode kernel's rows are the query heads
+        step = functools.partial(kvtuner_step, launch)
         try:
-            t = seconds(lambda launch=launch: kvtuner_step(launch))
+            t = seconds(step)
         except OutOfResources as exc:  # a sweep's tile too big for the device: the rest go on
             print(f"skipped {mode} {label} {launch}: {exc}", flush=True)
             continue
-        host = host_seconds(lambda launch=launch: kvtuner_step(launch), calls=calls)
-        graph = seconds(graphed(lambda launch=launch: kvtuner_step(launch))) if in_graphs else None
+        host = host_seconds(step, calls=calls)
+        graph = seconds(graphed(step)) if in_graphs else None
         out.append({
             "mode": mode, "batch": batch, "context": context, "new_tokens": new, "spec": label,
             "req_to_token": source, "launch": launch, "packed_bytes": packed_bytes,

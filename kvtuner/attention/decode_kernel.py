@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .layout import AttentionBatch, choose_splits
+from .layout import AttentionBatch, choose_splits, placeholder
 from .packed_rows import (
     decodable,
     dot_operand,
@@ -242,9 +242,7 @@ def launch_decode(
     lse = torch.empty(bsz, hq, parts, dtype=torch.float32, device=dev)
     k_args, k_vec = rows_args(batch.k_rows, paged)
     v_args, v_vec = rows_args(batch.v_rows, paged)
-    # pointers the kernel never reads (no tail, no KIVI stage): a [1, 1, 1, D] view of q, not
-    # a buffer (strides as a buffer's, so the build does not change with q's)
-    empty = q.as_strided((1, 1, 1, dim), (dim, dim, dim, 1))
+    empty = placeholder(q, dim)  # no tail, no KIVI stage: pointers never read
     k_tail, v_tail = (empty, empty) if k_tail is None else (k_tail, v_tail)
     table = batch.slot_table if paged else batch.lengths  # unused pointers: any int tensor
     rows = table_rows(batch) if paged else batch.lengths

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .layout import AttentionBatch
+from .layout import AttentionBatch, placeholder
 from .packed_rows import (
     _seen,
     decodable,
@@ -221,8 +221,7 @@ def launch_extend(
     k_args, k_vec = rows_args(batch.k_rows, True)
     v_args, v_vec = rows_args(batch.v_rows, True)
     table, rows = batch.slot_table, table_rows(batch)
-    unread = q.as_strided((1, 1, 1, 1), (1, 1, 1, 1))  # a view of q, not a buffer
-    stage = batch.k_stage if kivi else unread  # [rows, G, Hkv, D]
+    stage = batch.k_stage if kivi else placeholder(q, 1)  # [rows, G, Hkv, D]
     stage_rows = batch.k_stage_rows if kivi else batch.lengths
     k, v = batch.k_spec, batch.v_spec
     grid = (batch.batch_size, hkv, triton.cdiv(batch.q_tokens, bq) * parts)

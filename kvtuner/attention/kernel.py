@@ -40,7 +40,7 @@ from .after_dot import (
     takes_after_dot,
     wanted,
 )
-from .layout import AttentionBatch
+from .layout import AttentionBatch, placeholder
 from .rope import kernel_rope
 from .splits import merge_splits, softmax_args, split_chunk, store_partial
 from .tiles import (
@@ -226,9 +226,7 @@ def launch(
     partial = torch.empty(rows_of_q, hq, splits, dim, dtype=torch.float32, device=dev)
     lse = torch.empty(rows_of_q, hq, splits, dtype=torch.float32, device=dev)
     k_rows, v_rows = _rows_view(batch.k_rows, batch.k_spec), _rows_view(batch.v_rows, batch.v_spec)
-    # pointers the kernel never reads (no tail, no KIVI stage): a [1, 1, 1, D] view of q, not
-    # a buffer (strides as a buffer's, so the build does not change with q's)
-    empty = q.as_strided((1, 1, 1, dim), (dim, dim, dim, 1))
+    empty = placeholder(q, dim)  # no tail, no KIVI stage: pointers never read
     k_tail, v_tail = (empty, empty) if k_tail is None else (k_tail, v_tail)
     table = batch.slot_table if paged else batch.lengths  # unused pointers: any int tensor
     rows = batch.table_rows if batch.table_rows is not None else batch.lengths

@@ -9,7 +9,7 @@ import torch
 from ..quant.spec import QuantSpec
 from .rope import check_rope
 
-__all__ = ["AttentionBatch", "choose_splits"]
+__all__ = ["AttentionBatch", "choose_splits", "placeholder"]
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 _INTS = (torch.int32, torch.int64)
@@ -298,6 +298,12 @@ class AttentionBatch:
     @property
     def v_tail_tokens(self) -> int:
         return 0 if self.v_tail is None else self.v_tail.shape[2]
+
+
+def placeholder(q: torch.Tensor, width: int) -> torch.Tensor:
+    """A [1, 1, 1, width] view of q (strides a buffer's own, so a kernel's build does not
+    change with q's) for a pointer the kernel never reads: no allocation, no fill."""
+    return q.as_strided((1, 1, 1, width), (width, width, width, 1))
 
 
 def choose_splits(
