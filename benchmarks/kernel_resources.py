@@ -10,7 +10,9 @@ registers, spills, shared memory and SASS mix; nothing runs. One row per (case, 
   shared-memory limit), ``ldg_widths`` (global loads by width: ``U8`` is a byte a load,
   ``128`` sixteen), ``ldgsts_widths`` (the same for async copies into shared memory, what
   Triton's pipelined loads become), ``stg_widths`` (global stores by width), ``sass`` (MMA,
-  conversions, loads, spills...).
+  conversions, loads, spills...), ``loop_sass`` (instructions a warp issues per trip of the
+  kernel's main loop: one K/V tile for attention; the cost of a tile where the schedulers, not
+  DRAM, set the pace, as Nsight Compute found for decode on the H200).
 
 A clean row does not prove speed (a GPU run does); a row that spills, converts every element or
 loads codes a byte at a time is slow there. Shapes: Llama-3-8B attention (32 query heads,
@@ -348,6 +350,31 @@ def async_copy_widths(sass: str) -> dict[str, int]:
     return dict(collections.Counter(w or "32" for w in found))
 
 
+def loop_instructions(sass: str) -> int:
+    """SASS instructions in the kernel's largest loop (the span from a backward branch's
+    target to the branch): what every warp issues per K/V tile, so the cost of a tile when
+    the schedulers, not DRAM, are the limit (0 where the kernel has no loop)."""
+    ops = [
+        (int(addr, 16), op, rest)
+        for addr, op, rest in re.findall(
+            r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);", sass
+        )
+    ]
+    spans = [
+        (int(target, 16), addr)
+        for addr, op, rest in ops
+        if op.startswith("BRA") and (target := _branch_target(rest)) and int(target, 16) < addr
+    ]
+    if not spans:
+        return 0
+    return max(sum(lo <= a <= hi for a, _, _ in ops) for lo, hi in spans)
+
+
+def _branch_target(operands: str) -> str | None:
+    found = re.search(r"0x([0-9a-f]+)", operands)
+    return found.group(1) if found else None
+
+
 def collect(tool, groups: list[str]) -> list[dict]:
     """Compile every case of ``groups`` for sm_90a -> one row per (case, kernel compiled)."""
     rows: list[dict] = []
@@ -360,16 +387,17 @@ def collect(tool, groups: list[str]) -> list[dict]:
                     sass = Path(sass_dir, f"{i:02d}_{row['kernel']}.sass").read_text()
                     widths = {"ldgsts_widths": async_copy_widths(sass),
                               "stg_widths": store_widths(sass)}  # fmt: skip
-                    rows.append({"label": label, **row, **widths})
+                    rows.append({"label": label, **row, **widths,
+                                 "loop_sass": loop_instructions(sass)})  # fmt: skip
     return rows
 
 
 def table(rows: list[dict]) -> str:
     head = (
-        "| label | kernel | warps | REG | spill B | shared B | programs/SM | cvt | int | mma "
-        "| ldg | ldgsts | stg |"
+        "| label | kernel | warps | REG | spill B | shared B | programs/SM | loop | cvt | int "
+        "| mma | ldg | ldgsts | stg |"
     )
-    lines = [head, "|" + "---|" * 13]
+    lines = [head, "|" + "---|" * 14]
     for r in rows:
         ldg, ldgsts, stg = (
             ",".join(f"{w}x{n}" for w, n in sorted(r[key].items()))
@@ -378,8 +406,8 @@ def table(rows: list[dict]) -> str:
         lines.append(
             f"| {r['label']} | {r['kernel']} | {r.get('num_warps')} | {r['reg']} | "
             f"{r['spill_bytes']} | {r.get('shared')} | {r['programs_per_sm']} | "
-            f"{r['sass']['cvt']} | {r['sass']['int']} | {r['sass']['mma']} | {ldg} | {ldgsts} "
-            f"| {stg} |"
+            f"{r['loop_sass']} | {r['sass']['cvt']} | {r['sass']['int']} | {r['sass']['mma']} "
+            f"| {ldg} | {ldgsts} | {stg} |"
         )
     return "\n".join(lines)
 

@@ -116,6 +116,7 @@ def _decode_kernel(
     start = tl.load(start_ptr + b) if HAS_START else 0
     qpos = packed + tail_len - 1  # the query is the newest position
     base = tl.maximum(qpos - window + 1, 0) if WINDOW else 0  # no key before it is seen
+    base = tl.maximum(base, start)  # nor a left pad: tiles read only rows the query attends
     if not HAS_TAIL or split < num_splits:
         row = tl.load(rows_ptr + b).to(tl.int64) if PAGED else b64
         lo = base + split * chunk
@@ -126,17 +127,17 @@ def _decode_kernel(
         v_at0 = (b64 * v_sb + h64 * v_sh) * V_VEC
         m, denom, acc = packed_part(
             q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at0, k_st, v_st,
-            stride_table, lo, hi, start, qpos, window, score_scale, cap_log2, rope, pages, D,
-            BT, K_BITS, K_G, K_SYM, K_VEC, V_BITS, V_G, V_SYM, V_VEC, PAGED, HAS_START, WINDOW,
-            SOFTCAP, False, DOT_IEEE, ROPE_HALF, 1 if K_CHANNEL else 0,
+            stride_table, lo, hi, qpos, window, score_scale, cap_log2, rope, pages, D, BT,
+            K_BITS, K_G, K_SYM, K_VEC, V_BITS, V_G, V_SYM, V_VEC, PAGED, WINDOW, SOFTCAP, False,
+            DOT_IEEE, ROPE_HALF, 1 if K_CHANNEL else 0,
         )  # fmt: skip
     elif K_CHANNEL:  # the filling page's own program: its staged values
         row = tl.load(rows_ptr + b).to(tl.int64)
         m, denom, acc = packed_part(
             q, k_words, k_half, v_words, v_half, table_ptr, row, 0, h64 * v_sh * V_VEC, k_st,
-            v_st, stride_table, packed // K_G * K_G, packed, start, qpos, window, score_scale,
-            cap_log2, rope, pages, D, BT, K_BITS, K_G, K_SYM, K_VEC, V_BITS, V_G, V_SYM, V_VEC,
-            PAGED, HAS_START, WINDOW, SOFTCAP, False, DOT_IEEE, ROPE_HALF, 2,
+            v_st, stride_table, packed // K_G * K_G, packed, qpos, window, score_scale, cap_log2,
+            rope, pages, D, BT, K_BITS, K_G, K_SYM, K_VEC, V_BITS, V_G, V_SYM, V_VEC, PAGED,
+            WINDOW, SOFTCAP, False, DOT_IEEE, ROPE_HALF, 2,
         )  # fmt: skip
     else:  # the tail's own program
         kt_base = kt_ptr + b64 * kt_sb + h64 * kt_sh

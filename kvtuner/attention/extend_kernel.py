@@ -86,16 +86,16 @@ def _extend_kernel(
     if not K_CHANNEL or split < num_splits:
         m, denom, acc = packed_part(
             q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at0, k_st, v_st,
-            stride_table, lo, tl.minimum(tl.minimum(hi, known), full), 0, qpos, window,
+            stride_table, lo, tl.minimum(tl.minimum(hi, known), full), qpos, window,
             score_scale, cap_log2, 0, pages, D, BT, K_BITS, K_G, K_SYM, K_VEC, V_BITS, V_G, V_SYM,
-            V_VEC, True, False, WINDOW, SOFTCAP, True, DOT_IEEE, 0, 1 if K_CHANNEL else 0,
+            V_VEC, True, WINDOW, SOFTCAP, True, DOT_IEEE, 0, 1 if K_CHANNEL else 0,
         )  # fmt: skip
     else:  # the filling page's program
         m, denom, acc = packed_part(
             q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at0, k_st, v_st,
-            stride_table, full, tl.minimum(last + 1, known), 0, qpos, window, score_scale,
+            stride_table, full, tl.minimum(last + 1, known), qpos, window, score_scale,
             cap_log2, 0, pages, D, BT, K_BITS, K_G, K_SYM, K_VEC, V_BITS, V_G, V_SYM, V_VEC, True,
-            False, WINDOW, SOFTCAP, True, DOT_IEEE, 0, 2,
+            WINDOW, SOFTCAP, True, DOT_IEEE, 0, 2,
         )  # fmt: skip
     if HAND and split < num_splits:  # row q0 + i of k_new / v_new is position prefix + i
         m, denom, acc = _hand_part(

@@ -14,8 +14,9 @@ at word offsets; every row offset is a multiple of ``VEC`` words (the launcher p
 - one scale and zero per token-head (``group_size == head_dim``) skips the element-wise
   dequantization: ``q·x_t = scale_t·(q·c_t) + zero_t·Σq`` and ``Σ_t p_t·x_t = Σ_t (p_t·scale_t)·
   c_t + Σ_t p_t·zero_t`` (one dot each, two multiply-adds a token);
-- rows no query attends read as zero (their scale and zero masked), so a NaN row outside a
-  window never reaches a result, and loads need no mask (a token past the end re-reads a row);
+- a tile reads only rows some query of its program attends (a window's start, a left pad's
+  end, are where the tiles begin) and, past the end, the last such row again: loads need no
+  mask, and scales and zeros none either (a NaN row outside every window stays unread);
 - pre-RoPE keys (decode) are read in spans of channels (:func:`key_spans`: the two rotary
   halves and a pass-through), each dequantized on its own and turned element-wise to its
   token's position before one dot a span (:func:`rope_scores`; :mod:`.rope_rows` says why).
@@ -147,28 +148,54 @@ def channel_order(x, BITS: tl.constexpr):
 
 
 @triton.jit
-def row_meta(half_ptr, at, ok, C0: tl.constexpr, W: tl.constexpr, D: tl.constexpr,
+def row_meta(words_ptr, half_ptr, at, C0: tl.constexpr, W: tl.constexpr, D: tl.constexpr,
              BITS: tl.constexpr, G: tl.constexpr, SYM: tl.constexpr,
              DT: tl.constexpr):  # fmt: skip
     """Scales and zeros of channels [C0, C0 + W) of the rows at word ``at`` [BT] -> ``DT``
     [BT, NG] each (NG the span's groups; 1 where the span lies inside one group), such that
-    x = zero + scale·code (symmetric rows: scale/HALF and -scale); a row's scales are one load,
-    its zeros another; rows not ``ok`` read as 0."""
+    x = zero + scale·code (symmetric rows: scale/HALF and -scale). Loaded as whole int32
+    words where they lie in them (:func:`_meta_words`), so that Triton's pipeline copies them
+    ahead like the codes (an fp16 load is 2 bytes, too narrow for an async copy: KV8 g64 and
+    one scale a token-head loaded theirs in the loop). Unmasked: every row a tile reads is one
+    some query of the program attends, or a re-read of one (:func:`packed_part`)."""
     NG: tl.constexpr = (W + G - 1) // G
-    first = 2 * (at + D * BITS // 32) + C0 // G  # fp16 index of the span's first scale
-    at_g = first[:, None] + tl.arange(0, NG)[None, :]
-    scale = tl.where(ok[:, None], tl.load(half_ptr + at_g), 0.0)  # not attended: 0, NaN-free
+    RG: tl.constexpr = D // G  # the row's groups: its scales, then (asymmetric) its zeros
+    first = at + D * BITS // 32  # the word of the row's first scale
+    if RG == 1 and not SYM:  # one scale and zero a row: one word, scale in its low half
+        word = tl.load(words_ptr + first)[:, None]  # [BT, 1]
+        scale, zero = _fp16_half(word, 0), _fp16_half(word, 1)
+    elif NG % 2 == 0 and (C0 // G) % 2 == 0 and RG % 2 == 0:
+        scale = _meta_words(words_ptr, first + C0 // G // 2, NG)
+        zero = scale if SYM else _meta_words(words_ptr, first + (RG + C0 // G) // 2, NG)
+    else:  # fp16 loads
+        at_g = 2 * first[:, None] + C0 // G + tl.arange(0, NG)[None, :]
+        scale = tl.load(half_ptr + at_g)
+        zero = scale if SYM else tl.load(half_ptr + at_g + RG)
     if SYM:  # (code - HALF)·scale/HALF
         zero = (-scale).to(DT)
         scale = (scale.to(tl.float32) / ((1 << (BITS - 1)) - 1)).to(DT)
     else:
-        zero = tl.where(ok[:, None], tl.load(half_ptr + at_g + D // G), 0.0).to(DT)
+        zero = zero.to(DT)
         scale = scale.to(DT)
     return scale, zero
 
 
 @triton.jit
-def dequantized(words_ptr, half_ptr, at, ok, C0: tl.constexpr, W: tl.constexpr,
+def _meta_words(words_ptr, first, NG: tl.constexpr):
+    """NG fp16 (NG even) in NG/2 int32 words from word ``first`` [BT] -> fp16 [BT, NG]."""
+    BT: tl.constexpr = first.shape[0]
+    words = tl.load(words_ptr + first[:, None] + tl.arange(0, NG // 2)[None, :])
+    return tl.reshape(tl.join(_fp16_half(words, 0), _fp16_half(words, 1)), [BT, NG])
+
+
+@triton.jit
+def _fp16_half(words, HIGH: tl.constexpr):
+    """The low (``HIGH`` 0) or high 16 bits of int32 ``words``, as the fp16 they hold."""
+    return (words >> (16 * HIGH)).to(tl.int16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def dequantized(words_ptr, half_ptr, at, C0: tl.constexpr, W: tl.constexpr,
                 D: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr, SYM: tl.constexpr,
                 DT: tl.constexpr):  # fmt: skip
     """Channels [C0, C0 + W) of the rows at word ``at`` [BT] -> ``DT`` [BT, W], in the codes'
@@ -176,47 +203,46 @@ def dequantized(words_ptr, half_ptr, at, ok, C0: tl.constexpr, W: tl.constexpr,
     bits) or a chunk of 32 channels (3/5/6 bits), and covers whole groups or lies in one."""
     BT: tl.constexpr = at.shape[0]
     if BITS == 16:
-        x = tl.load(half_ptr + 2 * at[:, None] + C0 + tl.arange(0, W)[None, :])
-        x = tl.where(ok[:, None], x, 0.0).to(DT)
+        x = tl.load(half_ptr + 2 * at[:, None] + C0 + tl.arange(0, W)[None, :]).to(DT)
     else:
         NG: tl.constexpr = (W + G - 1) // G
         codes = row_codes(words_ptr, at + C0 * BITS // 32, W, BITS, DT)
         codes = tl.reshape(codes, [BT, NG, W // NG])
-        scale, zero = row_meta(half_ptr, at, ok, C0, W, D, BITS, G, SYM, DT)
+        scale, zero = row_meta(words_ptr, half_ptr, at, C0, W, D, BITS, G, SYM, DT)
         x = tl.reshape(tl.fma(codes, scale[:, :, None], zero[:, :, None]), [BT, W])
     return x
 
 
 @triton.jit
-def scores(q, q_sum, k_words, k_half, at, ok, D: tl.constexpr, BITS: tl.constexpr,
+def scores(q, q_sum, k_words, k_half, at, D: tl.constexpr, BITS: tl.constexpr,
            G: tl.constexpr, SYM: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
     """Raw scores fp32 [QP, BT] of q [QP, D] (row sums q_sum fp32 [QP]) against the keys at
     word ``at`` [BT]; one scale a token-head: scale·(q·codes) + zero·Σq, after the dot."""
     BT: tl.constexpr = at.shape[0]
     if BITS < 16 and G == D:
         codes = row_codes(k_words, at, D, BITS, q.dtype)
-        scale, zero = row_meta(k_half, at, ok, 0, D, D, BITS, G, SYM, tl.float32)  # [BT, 1]
+        scale, zero = row_meta(k_words, k_half, at, 0, D, D, BITS, G, SYM, tl.float32)  # [BT, 1]
         s = _dot(q, tl.trans(codes), IEEE)
         s = s * tl.reshape(scale, [1, BT]) + q_sum[:, None] * tl.reshape(zero, [1, BT])
     else:
-        k = dequantized(k_words, k_half, at, ok, 0, D, D, BITS, G, SYM, q.dtype)
+        k = dequantized(k_words, k_half, at, 0, D, D, BITS, G, SYM, q.dtype)
         s = _dot(q, tl.trans(k), IEEE)
     return s
 
 
 @triton.jit
-def values(p, v_words, v_half, at, ok, D: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr,
+def values(p, v_words, v_half, at, D: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr,
            SYM: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
     """p fp32 [QP, BT] times the values at word ``at`` [BT] -> (fp32 [QP, D], fp32 [QP]: the
     zeros' part Σ_t p·zero, added to every channel by the caller; 0 unless one scale a row)."""
     BT: tl.constexpr = at.shape[0]
     if BITS < 16 and G == D:
         codes = row_codes(v_words, at, D, BITS, DT)
-        scale, zero = row_meta(v_half, at, ok, 0, D, D, BITS, G, SYM, tl.float32)  # [BT, 1]
+        scale, zero = row_meta(v_words, v_half, at, 0, D, D, BITS, G, SYM, tl.float32)  # [BT, 1]
         pv = _dot((p * tl.reshape(scale, [1, BT])).to(DT), codes, IEEE)
         pz = tl.sum(p * tl.reshape(zero, [1, BT]), 1)
     else:
-        v = dequantized(v_words, v_half, at, ok, 0, D, D, BITS, G, SYM, DT)
+        v = dequantized(v_words, v_half, at, 0, D, D, BITS, G, SYM, DT)
         pv = _dot(p.to(DT), v, IEEE)
         pz = tl.zeros([p.shape[0]], tl.float32)
     return pv, pz
@@ -224,23 +250,24 @@ def values(p, v_words, v_half, at, ok, D: tl.constexpr, BITS: tl.constexpr, G: t
 
 @triton.jit
 def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at0, k_st, v_st,
-                stride_table, lo, hi, start, qpos, window, score_scale, cap_log2, rope, pages,
+                stride_table, lo, hi, qpos, window, score_scale, cap_log2, rope, pages,
                 D: tl.constexpr, BT: tl.constexpr, K_BITS: tl.constexpr, K_G: tl.constexpr,
                 K_SYM: tl.constexpr, K_VEC: tl.constexpr, V_BITS: tl.constexpr,
                 V_G: tl.constexpr, V_SYM: tl.constexpr, V_VEC: tl.constexpr,
-                PAGED: tl.constexpr, HAS_START: tl.constexpr, WINDOW: tl.constexpr,
+                PAGED: tl.constexpr, WINDOW: tl.constexpr,
                 SOFTCAP: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr,
                 ROPE_HALF: tl.constexpr, K_CHANNEL: tl.constexpr):  # fmt: skip
     """Online softmax of q [QP, D] (channel order) over packed positions [lo, hi) -> (m, denom,
     acc [QP, D] in channel order) fp32. Decode: ``qpos`` is the one query's position (every
     row sees every position in range); ``CAUSAL`` (extend): ``qpos`` [QP], row r sees positions
     <= qpos[r] (and with a window the last ``window`` of them). ``lo`` is never before the
-    first row's window, so no row's window needs a row read. Pre-RoPE keys (``ROPE_HALF`` =
-    R/2 > 0): the scores are :func:`rope_scores` of ``rope`` (q's spans, from
-    :func:`.rope_rows.rope_query`); q gives only its shape and dtype. Channel-axis (KIVI)
-    keys in a pool's pages of ``K_G`` slots, each tile inside one page (``lo`` and ``BT``
-    divide into pages): ``K_CHANNEL`` 1, full pages' blocks (:func:`page_rows`); 2, a
-    filling page's staged values (:func:`staged_rows`, ``pages`` its staging)."""
+    first row's window (nor a decode's left padding), so some row attends every row read.
+    Pre-RoPE keys (``ROPE_HALF`` = R/2 > 0): the scores are :func:`rope_scores` of ``rope``
+    (q's spans, from :func:`.rope_rows.rope_query`); q gives only its shape and dtype.
+    Channel-axis (KIVI) keys in a pool's pages of ``K_G`` slots, each tile inside one page
+    (``lo`` and ``BT`` divide into pages): ``K_CHANNEL`` 1, full pages' blocks
+    (:func:`page_rows`); 2, a filling page's staged values (:func:`staged_rows`, ``pages`` its
+    staging)."""
     QP: tl.constexpr = q.shape[0]
     if not ROPE_HALF:
         q_sum = tl.sum(q.to(tl.float32), 1)
@@ -257,8 +284,6 @@ def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at
         if PAGED:
             tok = tl.load(table_ptr + row * stride_table + tok)
         tok = tok.to(tl.int64)
-        if HAS_START:
-            ok = ok & (t >= start)
         seen = _seen(t, ok, qpos, window, WINDOW, CAUSAL)
         k_at, v_at = k_at0 + tok * k_st * K_VEC, v_at0 + tok * v_st * V_VEC
         if K_CHANNEL:  # the tile's page (pools only): its block, or its staged values
@@ -277,13 +302,13 @@ def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at
                 k = staged_rows(pages, page, j, ok, tl.arange(0, D)).to(q.dtype)
                 s = _dot(q, tl.trans(k), IEEE)
         elif ROPE_HALF:  # each key rotated forward to its position: element-wise tiles
-            spans = key_spans(k_words, k_half, k_at, ok, D, ROPE_HALF, K_BITS, K_G, K_SYM,
+            spans = key_spans(k_words, k_half, k_at, D, ROPE_HALF, K_BITS, K_G, K_SYM,
                               q.dtype)  # fmt: skip
             s = rope_scores(rope, spans, t, D, ROPE_HALF, IEEE)
         else:
-            s = scores(q, q_sum, k_words, k_half, k_at, ok, D, K_BITS, K_G, K_SYM, IEEE)
+            s = scores(q, q_sum, k_words, k_half, k_at, D, K_BITS, K_G, K_SYM, IEEE)
         m, denom, alpha, p = _softmax_step(s, seen, m, denom, score_scale, cap_log2, SOFTCAP)
-        pv, pz = values(p, v_words, v_half, v_at, ok, D, V_BITS, V_G, V_SYM,
+        pv, pz = values(p, v_words, v_half, v_at, D, V_BITS, V_G, V_SYM,
                         q.dtype, IEEE)  # fmt: skip
         acc = acc * alpha[:, None] + pv
         acc_z = acc_z * alpha + pz
@@ -380,15 +405,15 @@ def code_order(W: tl.constexpr, BITS: tl.constexpr):
 
 
 @triton.jit
-def key_spans(k_words, k_half, at, ok, D: tl.constexpr, HALF: tl.constexpr, BITS: tl.constexpr,
+def key_spans(k_words, k_half, at, D: tl.constexpr, HALF: tl.constexpr, BITS: tl.constexpr,
               G: tl.constexpr, SYM: tl.constexpr, DT: tl.constexpr):  # fmt: skip
     """Packed keys at word ``at`` [BT] -> their spans ``DT`` (low half [BT, HALF], high half,
     pass-through [BT, D - PASS0]; the last the low half again where there is none)."""
-    lo = dequantized(k_words, k_half, at, ok, 0, HALF, D, BITS, G, SYM, DT)
-    hi = dequantized(k_words, k_half, at, ok, HALF, HALF, D, BITS, G, SYM, DT)
+    lo = dequantized(k_words, k_half, at, 0, HALF, D, BITS, G, SYM, DT)
+    hi = dequantized(k_words, k_half, at, HALF, HALF, D, BITS, G, SYM, DT)
     PASS0: tl.constexpr = pass_start(D, HALF)
     if PASS0 < D:
-        rest = dequantized(k_words, k_half, at, ok, PASS0, D - PASS0, D, BITS, G, SYM, DT)
+        rest = dequantized(k_words, k_half, at, PASS0, D - PASS0, D, BITS, G, SYM, DT)
     else:
         rest = lo
     return lo, hi, rest

@@ -52,28 +52,40 @@ def grid_codes(x, AXIS: tl.constexpr, BITS: tl.constexpr, SYMMETRIC: tl.constexp
     """Groups of fp32 ``x`` running along ``AXIS`` on the reference's grid (``_group_grid``):
     codes (int32, x's shape), fp16-exact scale and zero (zero = scale when symmetric: unused)
     and ``ok``. A non-finite input, or metadata beyond fp16, poisons its group: not ok, codes
-    0. The reference's clamp changes no code here: zero <= x <= zero + QMAX·scale (scale
-    rounded up), so (x - zero)·(1/scale) + 0.5 lies in [0.5, QMAX + 0.5 + QMAX·2^-23) and its
-    truncation is its floor; symmetric |x|·(1/amax) <= 1 + 2^-23 likewise."""
+    0. The group's min and max propagate NaN (:func:`_nan_min`), so a group is finite where
+    they are, with no test of each element (at sm_90a, the per-element ``x == x``,
+    ``|x| < inf`` and select took a quarter of KV4 g32 pack's instructions). The reference's
+    clamp changes no code here: zero <= x <= zero + QMAX·scale (scale rounded up), so
+    (x - zero)·(1/scale) + 0.5 lies in [0.5, QMAX + 0.5 + QMAX·2^-23) and its truncation is
+    its floor; symmetric |x|·(1/amax) <= 1 + 2^-23 likewise."""
     QMAX: tl.constexpr = (1 << BITS) - 1
     HALF: tl.constexpr = (1 << (BITS - 1)) - 1
-    finite = (x == x) & (tl.abs(x) < float("inf"))
-    safe = tl.where(finite, x, 0.0)
-    bad = tl.max(tl.where(finite, 0, 1), AXIS)
     if SYMMETRIC:
-        scale = fp16_directed(tl.max(tl.abs(safe), AXIS), True)
+        amax = tl.reduce(tl.abs(x), AXIS, _nan_max)  # NaN or inf: the group is poisoned
+        scale = fp16_directed(amax, True)
         zero = scale
-        ok = (bad == 0) & (scale < float("inf"))
+        ok = (amax < float("inf")) & (scale < float("inf"))
         inv = tl.expand_dims(tl.math.div_rn(1.0, tl.where(scale > 0, scale, 1.0)), AXIS)
-        ratio = tl.where(tl.expand_dims(scale, AXIS) > 0, safe * inv, 0.0)
+        ratio = tl.where(tl.expand_dims(scale, AXIS) > 0, x * inv, 0.0)
         q = tl.floor(ratio * HALF + 0.5) + HALF  # in [0, 2·HALF]
     else:
-        zero = fp16_directed(tl.min(safe, AXIS), False)
-        scale = fp16_directed(tl.math.div_rn(tl.max(safe, AXIS) - zero, QMAX * 1.0), True)
-        ok = (bad == 0) & (tl.abs(zero) < float("inf")) & (scale < float("inf"))
+        lo, hi = tl.reduce(x, AXIS, _nan_min), tl.reduce(x, AXIS, _nan_max)
+        zero = fp16_directed(lo, False)
+        scale = fp16_directed(tl.math.div_rn(hi - zero, QMAX * 1.0), True)
+        ok = (tl.abs(hi) < float("inf")) & (tl.abs(zero) < float("inf")) & (scale < float("inf"))
         inv = tl.expand_dims(tl.math.div_rn(1.0, tl.where(scale > 0, scale, 1.0)), AXIS)
-        q = (safe - tl.expand_dims(zero, AXIS)) * inv + 0.5  # >= 0.5: truncation is floor
+        q = (x - tl.expand_dims(zero, AXIS)) * inv + 0.5  # >= 0.5: truncation is floor
     return tl.where(tl.expand_dims(ok, AXIS), q, 0.0).to(tl.int32), scale, zero, ok
+
+
+@triton.jit
+def _nan_min(a, b):
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _nan_max(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
@@ -121,15 +133,31 @@ def _meta_bytes(src, row_ok, NB: tl.constexpr, NG: tl.constexpr, SIDES: tl.const
 
 
 @triton.jit
-def load_group_meta(src, row_ok, NB: tl.constexpr, NG: tl.constexpr, SYMMETRIC: tl.constexpr):
+def _meta_halves(src, row_ok, NB: tl.constexpr, NG: tl.constexpr, SIDES: tl.constexpr):
+    """:func:`_meta_bytes` as int16 pointers [BLOCK, SIDES * NG], where the metadata start
+    2-byte aligned: a row's fp16 move whole, not split into and joined from bytes."""
+    j = tl.arange(0, SIDES * NG)
+    halves = (src + NB).to(tl.pointer_type(tl.int16))
+    return halves[:, None] + j[None, :], row_ok[:, None] & (j >= 0)[None, :]
+
+
+@triton.jit
+def load_group_meta(src, row_ok, NB: tl.constexpr, NG: tl.constexpr, SYMMETRIC: tl.constexpr,
+                    HALVES: tl.constexpr):  # fmt: skip
     """A row's fp16 scales and zeros (zero = scale when symmetric) -> fp32 [BLOCK, NG] each, in
-    one vector load a row (NG a power of two; :func:`load_fp16` reads two bytes at a time)."""
+    one vector load a row (NG a power of two): int16 halves where ``HALVES`` (the metadata
+    2-byte aligned), else bytes, two to a value."""
     BLOCK: tl.constexpr = row_ok.shape[0]
     SIDES: tl.constexpr = 1 if SYMMETRIC else 2
-    at, ok = _meta_bytes(src, row_ok, NB, NG, SIDES)
-    b = tl.load(at, mask=ok, other=0).to(tl.int32)
-    lo, hi = tl.split(tl.reshape(b, [BLOCK, SIDES * NG, 2]))
-    v = ((hi << 8) | lo).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    if HALVES:
+        at, ok = _meta_halves(src, row_ok, NB, NG, SIDES)
+        bits = tl.load(at, mask=ok, other=0)
+    else:
+        at, ok = _meta_bytes(src, row_ok, NB, NG, SIDES)
+        b = tl.load(at, mask=ok, other=0).to(tl.int32)
+        lo, hi = tl.split(tl.reshape(b, [BLOCK, SIDES * NG, 2]))
+        bits = ((hi << 8) | lo).to(tl.int16)
+    v = bits.to(tl.float16, bitcast=True).to(tl.float32)
     if SYMMETRIC:  # (an early return here failed to compile for sm_80)
         scale, zero = v, v
     else:
@@ -138,7 +166,8 @@ def load_group_meta(src, row_ok, NB: tl.constexpr, NG: tl.constexpr, SYMMETRIC: 
 
 
 @triton.jit
-def store_group_meta(dst, scale, zero, ok, row_ok, NB: tl.constexpr, SYMMETRIC: tl.constexpr):
+def store_group_meta(dst, scale, zero, ok, row_ok, NB: tl.constexpr, SYMMETRIC: tl.constexpr,
+                     HALVES: tl.constexpr):  # fmt: skip
     """Inverse of :func:`load_group_meta`: fp32 ``scale``/``zero`` [BLOCK, NG] (fp16-exact;
     NaN where not ``ok``) as one vector store a row."""
     BLOCK: tl.constexpr = scale.shape[0]
@@ -149,9 +178,13 @@ def store_group_meta(dst, scale, zero, ok, row_ok, NB: tl.constexpr, SYMMETRIC: 
         zbits = zero.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
         zbits = tl.where(ok, zbits, NAN_FP16)
         bits = tl.reshape(tl.permute(tl.join(bits, zbits), (0, 2, 1)), [BLOCK, 2 * NG])
-    b = tl.reshape(tl.join(bits & 0xFF, (bits >> 8) & 0xFF), [BLOCK, SIDES * NG * 2])
-    at, mask = _meta_bytes(dst, row_ok, NB, NG, SIDES)
-    tl.store(at, b.to(tl.uint8), mask=mask)
+    if HALVES:
+        at, mask = _meta_halves(dst, row_ok, NB, NG, SIDES)
+        tl.store(at, bits.to(tl.int16), mask=mask)
+    else:
+        b = tl.reshape(tl.join(bits & 0xFF, (bits >> 8) & 0xFF), [BLOCK, SIDES * NG * 2])
+        at, mask = _meta_bytes(dst, row_ok, NB, NG, SIDES)
+        tl.store(at, b.to(tl.uint8), mask=mask)
 
 
 @triton.jit

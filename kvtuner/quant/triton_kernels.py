@@ -113,7 +113,7 @@ def _scatter_kernel(
     x = tl.reshape(x, [BLOCK, NG_PAD, G])  # the same elements, one group per middle index
     q, scale, zero, ok = grid_codes(x, 2, BITS, SYMMETRIC)  # scale, zero, ok: [BLOCK, NG_PAD]
     if NG == NG_PAD:  # the row's scales and zeros as one vector
-        store_group_meta(dst, scale, zero, ok, row_ok, NB, SYMMETRIC)
+        store_group_meta(dst, scale, zero, ok, row_ok, NB, SYMMETRIC, ALIGN % 2 + NB % 2 == 0)
     else:
         g = tl.arange(0, NG_PAD)
         meta = dst[:, None] + NB + 2 * g[None, :]  # [BLOCK, NG_PAD] fp16 scale slots
@@ -151,7 +151,7 @@ def _gather_kernel(
         q = load_codes(src, row_ok, NB, NW_PAD, BITS)
     q = tl.reshape(q, [BLOCK, NG_PAD, G])
     if NG == NG_PAD:  # the row's scales and zeros in one vector load
-        scale, zero = load_group_meta(src, row_ok, NB, NG, SYMMETRIC)
+        scale, zero = load_group_meta(src, row_ok, NB, NG, SYMMETRIC, ALIGN % 2 + NB % 2 == 0)
     else:
         g = tl.arange(0, NG_PAD)
         meta = src[:, None] + NB + 2 * g[None, :]  # [BLOCK, NG_PAD]: one load per group and row

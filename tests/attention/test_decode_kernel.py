@@ -81,6 +81,23 @@ def test_hf_rows_with_a_tail_left_padding_a_window_and_sinks(rotation):
     check(q, args, {**kw, **extra}, block_tokens=16, num_splits=2)
 
 
+@pytest.mark.parametrize("spec", [QuantSpec(4), QuantSpec(8, group_size=64)], ids=QuantSpec.short)
+def test_left_padding_rows_stay_unread_so_nan_there_never_reaches_a_result(spec):
+    """HF rows [B, Hkv, T, R] with left padding: tiles start at a request's first real row,
+    so padding rows whose metadata is NaN (scales and zeros are read unmasked) change
+    nothing; a start past the packed rows leaves only the tail."""
+    g = gen(4)
+    k, v = (torch.randn(3, 2, 90, D, generator=g) for _ in range(2))
+    args = (quantize(k[:, :, :70], spec), quantize(v[:, :, :70], spec), spec, spec)
+    kw = dict(k_tail=k[:, :, 70:], v_tail=v[:, :, 70:], starts=torch.tensor([0, 37, 75]).int())
+    q = torch.randn(3, 4, D, generator=g)
+    clean = check(q, args, kw, block_tokens=16, num_splits=2)
+    for rows in args[:2]:
+        rows[1, :, :37] = 0xFF  # request 1's padding: NaN scales and zeros
+        rows[2] = 0xFF  # request 2 pads past its packed rows
+    assert torch.equal(decode_attention(q, *args, **kw, block_tokens=16, num_splits=2), clean)
+
+
 def test_rows_of_68_bytes_load_words_and_nan_rows_outside_the_window_stay_unread():
     """KV4 at one scale a token-head of 128 channels: 68-byte rows (4-byte loads, VEC 1)."""
     spec = QuantSpec(4, group_size=128)

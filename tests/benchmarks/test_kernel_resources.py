@@ -71,6 +71,18 @@ def test_rows_of_16_byte_multiples_load_codes_16_bytes_at_a_time(decode_rows):
     assert row["ldgsts_widths"].get("128", 0) > 0 and row["programs_per_sm"] >= 3
 
 
+def test_decode_metadata_comes_in_async_copies_and_a_tile_costs_few_instructions(decode_rows):
+    """Scales and zeros load as int32 words, so Triton's pipeline copies them ahead with the
+    codes: no 2-byte load left in the loop of KV8 g64 (136-byte rows) or one scale a
+    token-head (68-byte rows), where it waited on memory every tile. And a KV4 g32 tile costs
+    a warp at most 900 instructions (1118 when every scale and zero was masked per element,
+    a select each; 763 since)."""
+    decode = {r["label"]: r for r in decode_rows if r["kernel"] == "_decode_kernel"}
+    for label in ("decode KV4 g32", "decode KV8 g64", "decode KV4 g128", "decode K8V4 g64/g32"):
+        assert "U16" not in decode[label]["ldg_widths"], (label, decode[label]["ldg_widths"])
+    assert 0 < decode["decode KV4 g32"]["loop_sass"] <= 900, decode["decode KV4 g32"]["loop_sass"]
+
+
 def test_the_general_kernel_is_still_the_slow_one_it_replaces(decode_rows):
     """The comparison row keeps the proxy honest: it must show the known bad build."""
     (row,) = (r for r in decode_rows if r["label"] == "decode KV4 g32 general kernel"

@@ -91,7 +91,7 @@ def _cases():
 
 
 def _inputs(head_dim: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
-    """x[5, HEADS, D] with the awkward cases: NaN, Inf, constant and all-(-0.0) rows."""
+    """x[5, HEADS, D] with the awkward cases: NaN, ±Inf, constant and all-(-0.0) rows."""
     g = torch.Generator().manual_seed(seed)
     x = (
         torch.randn(len(LOC), HEADS, head_dim, generator=g)
@@ -102,6 +102,7 @@ def _inputs(head_dim: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
     x[2, 2] = 0.7
     x[3, 0] = -0.0
     x[4, 1, 1] = 7e4  # beyond fp16's range
+    x[4, 0, 2] = float("-inf")  # a group's min (the kernels take NaN-propagating min and max)
     return x.to(dtype)
 
 
