@@ -30,6 +30,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ..quant.spec import QuantSpec
+from ..quant.triton_codes import chunk_codes
 from .tiles import _dot, _softmax_step
 
 __all__ = [
@@ -69,26 +70,12 @@ def row_codes(words_ptr, at, D: tl.constexpr, BITS: tl.constexpr, DT: tl.constex
 
 @triton.jit
 def stream_codes(words_ptr, at, D: tl.constexpr, BITS: tl.constexpr, DT: tl.constexpr):
-    """3/5/6-bit codes of the rows at word ``at`` [BT] -> ``DT`` [BT, D], channel order. 32
-    codes fill BITS words (a chunk); code j of a chunk starts at bit j·BITS, in word
-    ``j·BITS // 32``, and runs into the next word where it straddles: each code picks its one
-    or two words out of the chunk's BITS (loaded once a row, 4 bytes each), shifts and masks.
-    Needs head_dim a multiple of 32 (whole chunks)."""
+    """3/5/6-bit codes of the rows at word ``at`` [BT] -> ``DT`` [BT, D], channel order:
+    :func:`~kvtuner.quant.triton_codes.chunk_codes` of their D/32 chunks of 32 codes (BITS
+    words each). Needs head_dim a multiple of 32 (whole chunks)."""
     BT: tl.constexpr = at.shape[0]
-    NC: tl.constexpr = D // 32
-    bit = tl.arange(0, 32) * BITS
-    first, shift = (bit // 32)[None, None, :], (bit % 32)[None, None, :]
-    straddles = shift + BITS > 32
-    chunk = at[:, None] + tl.arange(0, NC)[None, :] * BITS  # [BT, NC] a chunk's first word
-    lo = tl.zeros([BT, NC, 32], tl.uint32)
-    hi = tl.zeros([BT, NC, 32], tl.uint32)
-    for k in tl.static_range(BITS):
-        word = tl.load(words_ptr + chunk + k).to(tl.uint32, bitcast=True)[:, :, None]
-        lo = tl.where(first == k, word, lo)
-        hi = tl.where(first + 1 == k, word, hi)
-    high = tl.where(straddles, hi << ((32 - shift) % 32), 0)
-    codes = ((lo >> shift) | high) & ((1 << BITS) - 1)
-    return codes_as(tl.reshape(codes.to(tl.int32), [BT, D]), DT)
+    codes = chunk_codes(words_ptr + at, D // 32, BITS)
+    return codes_as(tl.reshape(codes, [BT, D]), DT)
 
 
 @triton.jit

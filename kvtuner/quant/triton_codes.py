@@ -11,6 +11,7 @@ import triton.language as tl
 
 __all__ = [
     "NAN_FP16",
+    "chunk_codes",
     "fp16_directed",
     "grid_codes",
     "hadamard_tile",
@@ -284,22 +285,35 @@ def load_code_words(src, row_ok, NB: tl.constexpr, NW_PAD: tl.constexpr, BITS: t
     """Inverse of :func:`store_code_words`: codes as int32 [BLOCK, NW_PAD, 8], read 4 bytes at
     a time."""
     BLOCK: tl.constexpr = row_ok.shape[0]
-    NC: tl.constexpr = NW_PAD // 4
-    words = src.to(tl.pointer_type(tl.int32))
+    c = tl.arange(0, NW_PAD // 4)
+    ok = row_ok[:, None] & (c * BITS < NB // 4)[None, :]
+    codes = chunk_codes(src.to(tl.pointer_type(tl.int32)), NW_PAD // 4, BITS, ok)
+    return tl.reshape(codes, [BLOCK, NW_PAD, 8])
+
+
+@triton.jit
+def chunk_codes(rows, NC: tl.constexpr, BITS: tl.constexpr, ok=None):
+    """3/5/6-bit codes of NC whole 32-code chunks (BITS int32 words each) of the rows at int32
+    pointers ``rows`` [BLOCK] -> int32 [BLOCK, NC, 32] in channel order (``ok`` [BLOCK, NC]
+    masks chunks; None: every chunk is read). A chunk's four 8-code words (BITS bytes, at most
+    48 bits) are put together in int64 from its int32 words with shifts fixed at compile time;
+    each code is then one shift and mask of its word, not a choice among the chunk's words."""
+    BLOCK: tl.constexpr = rows.shape[0]
     c = tl.arange(0, NC)
     w0 = tl.zeros([BLOCK, NC], tl.int64)
     w1, w2, w3 = w0, w0, w0
     for kk in tl.static_range(BITS):
-        at = c * BITS + kk
-        ok = row_ok[:, None] & (at < NB // 4)[None, :]
-        word = tl.load(words[:, None] + at[None, :], mask=ok, other=0).to(tl.int64) & 0xFFFFFFFF
+        at = rows[:, None] + (c * BITS + kk)[None, :]
+        word = tl.load(at) if ok is None else tl.load(at, mask=ok, other=0)
+        word = word.to(tl.int64) & 0xFFFFFFFF
         w0 = w0 | _group_word(word, 0, kk, BITS)
         w1 = w1 | _group_word(word, 1, kk, BITS)
         w2 = w2 | _group_word(word, 2, kk, BITS)
         w3 = w3 | _group_word(word, 3, kk, BITS)
-    word = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), [BLOCK, NW_PAD])
+    word = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), [BLOCK, NC, 4])
     k = tl.arange(0, 8).to(tl.int64)
-    return ((word[:, :, None] >> (k * BITS)[None, None, :]) & ((1 << BITS) - 1)).to(tl.int32)
+    codes = (word[:, :, :, None] >> (k * BITS)[None, None, None, :]) & ((1 << BITS) - 1)
+    return tl.reshape(codes.to(tl.int32), [BLOCK, NC, 32])
 
 
 @triton.jit
