@@ -134,21 +134,23 @@ def decode_cases() -> dict:
         kivi, kivi.q, None, None, splits, 64
     )
     cases["decode KIVI K4 g32 V4 g32 pre-RoPE"] = decode(kivi_rope)
+    cases["decode KIVI K3 g32 V3 g32"] = decode(kivi_batch(3))
     cases["decode KIVI K4 g32 V4 g32 pre-RoPE, the general kernel (windows)"] = lambda: launch(
         kivi_rope, kivi_rope.q, None, None, splits, 64
     )
     return cases
 
 
-def kivi_batch():
+def kivi_batch(bits: int = 4):
     """SGLang's pool with KIVI keys: channel-axis blocks a page of 32 slots ([pages, Hkv,
-    block]), each request's filling page staged in bf16; token-axis KV4 g32 values."""
+    block]), each request's filling page staged in bf16; token-axis g32 values of as many
+    bits (3: the shipped profiles' most frequent key and value specs)."""
     import torch
 
     from kvtuner.attention import AttentionBatch
     from kvtuner.quant import QuantSpec
 
-    k_spec, v_spec = QuantSpec(4, axis="channel"), QuantSpec(4)
+    k_spec, v_spec = QuantSpec(bits, axis="channel"), QuantSpec(bits)
     slots, page = BATCH * CONTEXT, k_spec.group_size
     return AttentionBatch(
         q=torch.empty(BATCH, 1, HQ, D, dtype=torch.bfloat16),
