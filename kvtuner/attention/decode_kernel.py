@@ -175,10 +175,12 @@ def plan_decode(batch: AttentionBatch, *, sms: int | None = None) -> DecodePlan:
     ``plans``; docs/results/gpu.md): 64 tokens on 4 warps where K and V are
     :func:`.packed_rows.wide_rows` at d <= 128, 3 stages where rows load 16 bytes at a time
     and keys are not stored pre-RoPE, else 2 (tiles of 16 tokens ran at 0.10-0.19× bf16 SDPA,
-    these at 0.34-0.69×; the sm_90a build: at most 139 registers, 3 programs an SM). Else, as
-    the sm_90a build reads best: 32 tokens on 4 warps, 2 stages, where rows load 16 bytes at a
-    time; else 16 tokens on 8 warps, unpipelined; pre-RoPE keys rotated over at least half the
-    row, 16 tokens on 8 warps (2 stages at a full width)."""
+    these at 0.34-0.69×; the sm_90a build: at most 139 registers, 3 programs an SM). Pre-RoPE
+    keys rotated over at least half the row: 16 tokens on 8 warps (2 stages at a full width and
+    16-byte rows, else unpipelined). Else 32 tokens on 4 warps, 2 stages: on the H200, rows of
+    8 bytes ran there at 0.15-0.25× against 0.12-0.13× on 16 tokens × 8 warps unpipelined, the
+    old plan for them (KV8 g64, K8V4); the sm_90a build of the symmetric and 3/5/6-bit rows
+    there: at most 123 registers, 4 programs an SM."""
     splits = choose_splits(batch.batch_size, batch.kv_heads, batch.span, batch.q.device, sms=sms)
     rotary = 0 if batch.rope_freq is None or kivi_keys(batch) else 2 * batch.rope_freq.shape[0]
     vec = min(row_vec(batch.k_rows), row_vec(batch.v_rows))
@@ -186,10 +188,8 @@ def plan_decode(batch: AttentionBatch, *, sms: int | None = None) -> DecodePlan:
     if wide and (not rotary or batch.k_spec.bits == 4):  # pre-RoPE: 4-bit keys measured
         stages = 3 if vec == 4 and not rotary else 2
         plan = DecodePlan(splits, block_tokens=64, num_warps=4, num_stages=stages)
-    elif vec < 4:
-        plan = DecodePlan(splits, block_tokens=16, num_warps=8, num_stages=1)
     elif 2 * rotary >= batch.head_dim:
-        stages = 2 if rotary == batch.head_dim else 1
+        stages = 2 if rotary == batch.head_dim and vec == 4 else 1
         plan = DecodePlan(splits, block_tokens=16, num_warps=8, num_stages=stages)
     else:
         plan = DecodePlan(splits, block_tokens=32, num_warps=4, num_stages=2)

@@ -165,9 +165,9 @@ def test_plans_fill_the_device_and_reject_bad_tiles():
 def test_plans_follow_the_row_alignment_and_the_rotary_width():
     """Asymmetric 2/4/8-bit (and 16-bit) rows: 64 tokens on 4 warps, 3 stages at 16-byte rows,
     2 at narrower ones or 4-bit keys stored pre-RoPE (the H200's fastest, within the sm_90a
-    build's limits). Other rows (symmetric here): 32 tokens on 4 warps at 16-byte rows; pre-RoPE
-    keys rotated over at least half the row, 16 on 8 warps (2 stages at a full rotary width);
-    narrower rows, 16 on 8, unpipelined."""
+    build's limits). Pre-RoPE keys rotated over at least half the row: 16 on 8 warps (2 stages
+    at a full rotary width and 16-byte rows). Other rows (symmetric here, 3-bit chunks): 32
+    tokens on 4 warps, 2 stages, at any row width."""
     spec, rope = QuantSpec(4, 16), QuantSpec(4, 16, pre_rope=True)
     sym, sym_rope = QuantSpec(4, 8, symmetric=True), QuantSpec(4, 8, symmetric=True, pre_rope=True)
 
@@ -190,5 +190,6 @@ def test_plans_follow_the_row_alignment_and_the_rotary_width():
     assert plan(sym_rope, sym, rotary=D) == (16, 8, 2)
     assert plan(sym_rope, sym, rotary=D // 2) == (16, 8, 1)
     assert plan(sym_rope, sym, rotary=D // 4) == (32, 4, 2)
-    assert plan(sym, QuantSpec(4, 16, symmetric=True)) == (16, 8, 1)  # 8-byte value rows
+    assert plan(sym, QuantSpec(4, 16, symmetric=True)) == (32, 4, 2)  # 8-byte value rows
+    assert plan(sym_rope, QuantSpec(4, 16, symmetric=True), rotary=D) == (16, 8, 1)
     assert plan(QuantSpec(3), QuantSpec(3)) == (32, 4, 2)  # 3-bit chunks: not wide
