@@ -16,8 +16,9 @@ every combination is timed at every point (a tile sweep; the ``tile`` column, ``
 ``--dtype float16`` runs q (and SDPA's K/V, same bytes as bf16: the ``*_bf16_*`` keys keep
 their names) in fp16. ``--specs "KV4 g32 pre-RoPE"`` (not in the default list) times keys
 stored pre-RoPE: every K tile rotated forward in the kernel, element-wise in both variants;
-``"KV3 g32"`` and ``"KV4 g32 sym"`` (not in it either) the rows the plans still tile by the
-sm_90a build alone.
+``"KV3 g32"``, ``"KV4 g32 sym"`` and ``"K5V3 had"`` (not in it either) the rows the plans
+still tile by the sm_90a build alone (the last: 5-bit Hadamard keys in g64, 84-byte rows, and
+3-bit g32 values, a combination the shipped profiles use).
 Before timing, each spec's kernel output (every variant) is checked against the torch
 reference (dequantize, then SDPA) at the smallest shape.
 
@@ -48,6 +49,7 @@ SPECS = {  # label: (K spec kwargs, V spec kwargs)
     "KV4 g32 pre-RoPE": (dict(bits=4, pre_rope=True), dict(bits=4)),  # opt-in from here on
     "KV3 g32": (dict(bits=3), dict(bits=3)),  # the plans' other rows: 3/5/6-bit chunks,
     "KV4 g32 sym": (dict(bits=4, symmetric=True), dict(bits=4, symmetric=True)),  # symmetric
+    "K5V3 had": (dict(bits=5, group_size=64, rotation="hadamard"), dict(bits=3)),
 }
 DEFAULT_SPECS = ["KV2 g32", "KV4 g32", "KV8 g64", "KV4 g128", "K8V4 (mixed)"]
 VARIANTS = {  # label: the launcher's keywords
