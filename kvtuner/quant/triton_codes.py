@@ -285,26 +285,31 @@ def load_code_words(src, row_ok, NB: tl.constexpr, NW_PAD: tl.constexpr, BITS: t
     """Inverse of :func:`store_code_words`: codes as int32 [BLOCK, NW_PAD, 8], read 4 bytes at
     a time."""
     BLOCK: tl.constexpr = row_ok.shape[0]
-    c = tl.arange(0, NW_PAD // 4)
-    ok = row_ok[:, None] & (c * BITS < NB // 4)[None, :]
-    codes = chunk_codes(src.to(tl.pointer_type(tl.int32)), NW_PAD // 4, BITS, ok)
+    codes = chunk_codes(src.to(tl.pointer_type(tl.int32)), NW_PAD // 4, BITS, row_ok, NB // 4)
     return tl.reshape(codes, [BLOCK, NW_PAD, 8])
 
 
 @triton.jit
-def chunk_codes(rows, NC: tl.constexpr, BITS: tl.constexpr, ok=None):
-    """3/5/6-bit codes of NC whole 32-code chunks (BITS int32 words each) of the rows at int32
-    pointers ``rows`` [BLOCK] -> int32 [BLOCK, NC, 32] in channel order (``ok`` [BLOCK, NC]
-    masks chunks; None: every chunk is read). A chunk's four 8-code words (BITS bytes, at most
-    48 bits) are put together in int64 from its int32 words with shifts fixed at compile time;
-    each code is then one shift and mask of its word, not a choice among the chunk's words."""
+def chunk_codes(rows, NC: tl.constexpr, BITS: tl.constexpr, row_ok=None,
+                WORDS: tl.constexpr = 0):  # fmt: skip
+    """3/5/6-bit codes of NC 32-code chunks (BITS int32 words each) of the rows at int32
+    pointers ``rows`` [BLOCK] -> int32 [BLOCK, NC, 32] in channel order. ``row_ok`` None: every
+    word is read; else rows ``row_ok`` [BLOCK] and their first ``WORDS`` words only (a tile
+    padded past the row's chunks reads zeros there, not the next bytes). A chunk's four 8-code
+    words (BITS bytes, at most 48 bits) are put together in int64 from its int32 words with
+    shifts fixed at compile time; each code is then one shift and mask of its word, not a
+    choice among the chunk's words."""
     BLOCK: tl.constexpr = rows.shape[0]
     c = tl.arange(0, NC)
     w0 = tl.zeros([BLOCK, NC], tl.int64)
     w1, w2, w3 = w0, w0, w0
     for kk in tl.static_range(BITS):
-        at = rows[:, None] + (c * BITS + kk)[None, :]
-        word = tl.load(at) if ok is None else tl.load(at, mask=ok, other=0)
+        at = c * BITS + kk  # [NC] the chunk's word kk
+        if row_ok is None:
+            word = tl.load(rows[:, None] + at[None, :])
+        else:
+            ok = row_ok[:, None] & (at < WORDS)[None, :]
+            word = tl.load(rows[:, None] + at[None, :], mask=ok, other=0)
         word = word.to(tl.int64) & 0xFFFFFFFF
         w0 = w0 | _group_word(word, 0, kk, BITS)
         w1 = w1 | _group_word(word, 1, kk, BITS)
