@@ -49,12 +49,15 @@ def generate(model, profile, ids, mask=None, new=6, **cache_kw):
 
 
 def same_generation(got, ref) -> None:
-    """Identical tokens, and logits within fp32 rounding (tokens of a random tiny model barely
-    depend on attention: a 1 % error in q leaves them alone, not the logits). Rounding: the
-    kernel's online softmax and SDPA sum in different orders; through two layers and lm_head
-    that measured up to 3.7e-5 on a 2-core AMD EPYC (AVX2; 1e-5 held on Intel Xeon)."""
+    """Identical tokens, and logits within what rounding moves (tokens of a random tiny model
+    barely depend on attention: a 1 % error in q leaves them alone, not the logits). The
+    kernel's online softmax and SDPA sum in different orders, 1e-7 apart in layer 0's output;
+    through two layers and lm_head that measured up to 3.7e-5 on a 2-core AMD EPYC (1e-5 on
+    Intel Xeon). And the next layer quantizes its new K/V: there, 1e-7 can move a code by one
+    step (K3 g16 / V6 g32 at 32-token tiles: one value of layer 1's tail 1.1e-2 apart, the
+    kernel's result on either input within 1.4e-7 of the reference's), and the logits 2.2e-4."""
     assert torch.equal(got[0], ref[0])
-    torch.testing.assert_close(got[1], ref[1], atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(got[1], ref[1], atol=1e-3, rtol=1e-5)
 
 
 @pytest.mark.parametrize(
