@@ -175,12 +175,12 @@ def plan_decode(batch: AttentionBatch, *, sms: int | None = None) -> DecodePlan:
     ``plans``; docs/results/gpu.md): 64 tokens on 4 warps where K and V are
     :func:`.packed_rows.wide_rows` at d <= 128, 3 stages where rows load 16 bytes at a time
     and keys are not stored pre-RoPE, else 2 (tiles of 16 tokens ran at 0.10-0.19× bf16 SDPA,
-    these at 0.34-0.69×; the sm_90a build: at most 139 registers, 3 programs an SM). Pre-RoPE
+    these at 0.34-0.69×; the sm_90a build: at most 156 registers, 3 programs an SM). Pre-RoPE
     keys rotated over at least half the row: 16 tokens on 8 warps (2 stages at a full width and
-    16-byte rows, else unpipelined). Else 32 tokens on 4 warps, 2 stages: on the H200, rows of
-    8 bytes ran there at 0.15-0.25× against 0.12-0.13× on 16 tokens × 8 warps unpipelined, the
-    old plan for them (KV8 g64, K8V4); the sm_90a build of the symmetric and 3/5/6-bit rows
-    there: at most 123 registers, 4 programs an SM."""
+    16-byte rows, else unpipelined). Else 32 tokens on 4 warps, 2 stages: on the H200, 8-byte
+    rows (KV8 g64, K8V4) ran there at 0.15-0.25× against 0.12-0.13× on 16 tokens × 8 warps
+    unpipelined, the tile narrow rows took before; the sm_90a build of the symmetric and
+    3/5/6-bit rows there: at most 123 registers, 4 programs an SM."""
     splits = choose_splits(batch.batch_size, batch.kv_heads, batch.span, batch.q.device, sms=sms)
     rotary = 0 if batch.rope_freq is None or kivi_keys(batch) else 2 * batch.rope_freq.shape[0]
     vec = min(row_vec(batch.k_rows), row_vec(batch.v_rows))
