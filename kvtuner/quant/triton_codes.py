@@ -136,29 +136,23 @@ def _meta_bytes(src, row_ok, NB: tl.constexpr, NG: tl.constexpr, SIDES: tl.const
 @triton.jit
 def _meta_halves(src, row_ok, NB: tl.constexpr, NG: tl.constexpr, SIDES: tl.constexpr):
     """:func:`_meta_bytes` as int16 pointers [BLOCK, SIDES * NG], where the metadata start
-    2-byte aligned: a row's fp16 move whole, not split into and joined from bytes."""
+    2-byte aligned: a row's fp16 stored whole, not split into bytes (loads gain nothing: the
+    sm_90a build joins the byte loads itself)."""
     j = tl.arange(0, SIDES * NG)
     halves = (src + NB).to(tl.pointer_type(tl.int16))
     return halves[:, None] + j[None, :], row_ok[:, None] & (j >= 0)[None, :]
 
 
 @triton.jit
-def load_group_meta(src, row_ok, NB: tl.constexpr, NG: tl.constexpr, SYMMETRIC: tl.constexpr,
-                    HALVES: tl.constexpr):  # fmt: skip
+def load_group_meta(src, row_ok, NB: tl.constexpr, NG: tl.constexpr, SYMMETRIC: tl.constexpr):
     """A row's fp16 scales and zeros (zero = scale when symmetric) -> fp32 [BLOCK, NG] each, in
-    one vector load a row (NG a power of two): int16 halves where ``HALVES`` (the metadata
-    2-byte aligned), else bytes, two to a value."""
+    one vector load a row (NG a power of two; :func:`load_fp16` reads two bytes at a time)."""
     BLOCK: tl.constexpr = row_ok.shape[0]
     SIDES: tl.constexpr = 1 if SYMMETRIC else 2
-    if HALVES:
-        at, ok = _meta_halves(src, row_ok, NB, NG, SIDES)
-        bits = tl.load(at, mask=ok, other=0)
-    else:
-        at, ok = _meta_bytes(src, row_ok, NB, NG, SIDES)
-        b = tl.load(at, mask=ok, other=0).to(tl.int32)
-        lo, hi = tl.split(tl.reshape(b, [BLOCK, SIDES * NG, 2]))
-        bits = ((hi << 8) | lo).to(tl.int16)
-    v = bits.to(tl.float16, bitcast=True).to(tl.float32)
+    at, ok = _meta_bytes(src, row_ok, NB, NG, SIDES)
+    b = tl.load(at, mask=ok, other=0).to(tl.int32)
+    lo, hi = tl.split(tl.reshape(b, [BLOCK, SIDES * NG, 2]))
+    v = ((hi << 8) | lo).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
     if SYMMETRIC:  # (an early return here failed to compile for sm_80)
         scale, zero = v, v
     else:

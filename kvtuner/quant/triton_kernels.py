@@ -151,7 +151,7 @@ def _gather_kernel(
         q = load_codes(src, row_ok, NB, NW_PAD, BITS)
     q = tl.reshape(q, [BLOCK, NG_PAD, G])
     if NG == NG_PAD:  # the row's scales and zeros in one vector load
-        scale, zero = load_group_meta(src, row_ok, NB, NG, SYMMETRIC, ALIGN % 2 + NB % 2 == 0)
+        scale, zero = load_group_meta(src, row_ok, NB, NG, SYMMETRIC)
     else:
         g = tl.arange(0, NG_PAD)
         meta = src[:, None] + NB + 2 * g[None, :]  # [BLOCK, NG_PAD]: one load per group and row
