@@ -168,12 +168,14 @@ def attend(
         raise ValueError("packed attention needs CUDA tensors, or TRITON_INTERPRET=1 on CPU")
     if block_tokens is not None and (block_tokens < 16 or block_tokens & (block_tokens - 1)):
         raise ValueError(f"block_tokens must be a power of two >= 16, got {block_tokens}")
-    inputs = _kernel_inputs(batch)
+    inputs, out_dtype = _kernel_inputs(batch), _merged_dtype(batch)
     options = dict(splits=num_splits, block_tokens=block_tokens, num_warps=num_warps,
                    num_stages=num_stages)  # fmt: skip
     options = {k: v for k, v in options.items() if v}  # what the caller set, over the plans'
     if specialized and serves(batch):  # its plan chooses its own splits
-        out = launch_decode(batch, *inputs, dataclasses.replace(plan_decode(batch), **options))
+        plan = plan_decode(batch)
+        plan = dataclasses.replace(plan, **options) if options else plan
+        out = launch_decode(batch, *inputs, plan, out_dtype=out_dtype)
     else:
         programs = batch.batch_size * batch.q_tokens  # about: rows of queries per KV head
         splits = num_splits or choose_splits(programs, batch.kv_heads, batch.span, q.device)
@@ -181,7 +183,7 @@ def attend(
             rows = {"rows": query_rows} if query_rows else {}
             plan = dataclasses.replace(plan_extend(batch, splits), **options, **rows)
             new = None if batch.k_new is None else _new_inputs(batch)
-            out = launch_extend(batch, inputs[0], plan, new)
+            out = launch_extend(batch, inputs[0], plan, new, out_dtype=out_dtype)
         else:  # new tokens in hand or not, the general kernel reads them from their rows
             tuning = {k: options[k] for k in ("num_warps", "num_stages") if k in options}
             out = launch(batch, *inputs, splits, block_tokens or 64,
@@ -189,12 +191,24 @@ def attend(
     return _unrotated(out, batch)
 
 
+def _v_rotated(batch: AttentionBatch) -> bool:
+    return batch.v_spec.is_quantized and batch.v_spec.rotation == "hadamard"
+
+
+def _merged_dtype(batch: AttentionBatch) -> torch.dtype:
+    """The dtype the decode and extend kernels' merge stores: q's on a GPU (an eager step then
+    makes no cast of its own), fp32 where V's rotation is still to be undone, and on CPU (the
+    interpreter rounds fp32 to bf16 otherwise than torch does)."""
+    return batch.q.dtype if batch.q.is_cuda and not _v_rotated(batch) else torch.float32
+
+
 def _unrotated(out: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
-    """The kernel's fp32 output, in V's rotated basis, -> q's dtype in the model's basis."""
-    v_spec, q = batch.v_spec, batch.q
-    if v_spec.is_quantized and v_spec.rotation == "hadamard":
+    """The kernel's output (fp32, or already q's dtype), in V's rotated basis, -> q's dtype in
+    the model's basis."""
+    q = batch.q
+    if _v_rotated(batch):
         out = out @ hadamard(q.shape[-1], q.device)
-    return out.to(q.dtype)
+    return out if out.dtype == q.dtype else out.to(q.dtype)
 
 
 def decode_attention(q: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:

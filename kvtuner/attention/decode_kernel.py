@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..quant.intmath import next_power_of_2
 from .layout import AttentionBatch, choose_splits, placeholder
 from .packed_rows import (
     decodable,
@@ -38,7 +39,6 @@ from .packed_rows import (
     packed_part,
     page_tile,
     rope_scores,
-    row_vec,
     rows_args,
     table_rows,
     wide_rows,
@@ -183,7 +183,7 @@ def plan_decode(batch: AttentionBatch, *, sms: int | None = None) -> DecodePlan:
     3/5/6-bit rows there: at most 123 registers, 4 programs an SM."""
     splits = choose_splits(batch.batch_size, batch.kv_heads, batch.span, batch.q.device, sms=sms)
     rotary = 0 if batch.rope_freq is None or kivi_keys(batch) else 2 * batch.rope_freq.shape[0]
-    vec = min(row_vec(batch.k_rows), row_vec(batch.v_rows))
+    vec = min(batch.k_vec, batch.v_vec)
     wide = batch.head_dim <= 128 and wide_rows(batch.k_spec, batch.v_spec)
     if wide and (not rotary or batch.k_spec.bits == 4):  # pre-RoPE: 4-bit keys measured
         stages = 3 if vec == 4 and not rotary else 2
@@ -198,7 +198,8 @@ def plan_decode(batch: AttentionBatch, *, sms: int | None = None) -> DecodePlan:
 
 def _within_pages(batch: AttentionBatch, plan: DecodePlan) -> DecodePlan:
     """KIVI pages: tiles of at most a page (:func:`.packed_rows.page_tile`)."""
-    return dataclasses.replace(plan, block_tokens=page_tile(batch, plan.block_tokens))
+    tile = page_tile(batch, plan.block_tokens)
+    return plan if tile == plan.block_tokens else dataclasses.replace(plan, block_tokens=tile)
 
 
 def serves(batch: AttentionBatch) -> bool:
@@ -216,8 +217,8 @@ def serves(batch: AttentionBatch) -> bool:
         and batch.k_delta == 0
         and keys_decodable(batch)
         and decodable(batch.v_spec, batch.head_dim)
-        and row_vec(batch.k_rows) > 0
-        and row_vec(batch.v_rows) > 0
+        and batch.k_vec > 0
+        and batch.v_vec > 0
     )
 
 
@@ -227,9 +228,11 @@ def launch_decode(
     k_tail: torch.Tensor | None,
     v_tail: torch.Tensor | None,
     plan: DecodePlan,
+    *,
+    out_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """fp32 [B, 1, Hq, D] of a batch :func:`serves`; ``q`` [B, 1, Hq, D] and the tails as the
-    kernel reads them (rotated, smoothed), the rest from ``batch``."""
+    """[B, 1, Hq, D] in ``out_dtype`` of a batch :func:`serves`; ``q`` [B, 1, Hq, D] and the
+    tails as the kernel reads them (rotated, smoothed), the rest from ``batch``."""
     if not serves(batch):
         raise ValueError("launch_decode: this batch is for the general kernel (see serves())")
     plan = _within_pages(batch, plan)  # a caller's block_tokens too
@@ -241,8 +244,8 @@ def launch_decode(
     dev = q.device
     partial = torch.empty(bsz, hq, parts, dim, dtype=torch.float32, device=dev)
     lse = torch.empty(bsz, hq, parts, dtype=torch.float32, device=dev)
-    k_args, k_vec = rows_args(batch.k_rows, paged)
-    v_args, v_vec = rows_args(batch.v_rows, paged)
+    k_args = rows_args(batch.k_rows, batch.k_vec, paged)
+    v_args = rows_args(batch.v_rows, batch.v_vec, paged)
     empty = placeholder(q, dim)  # no tail, no KIVI stage: pointers never read
     k_tail, v_tail = (empty, empty) if k_tail is None else (k_tail, v_tail)
     table = batch.slot_table if paged else batch.lengths  # unused pointers: any int tensor
@@ -258,12 +261,12 @@ def launch_decode(
         batch.lengths, starts, partial, lse, freq, k_pos0, stage, stage_rows, q.stride(0),
         q.stride(2), *k_args[2:], *v_args[2:], *k_tail.stride()[:3], *v_tail.stride()[:3],
         *stage.stride()[:3], table.stride(0) if paged else 0, tail_len, chunk, splits,
-        **softmax_args(batch), D=dim, GROUP=group, QP=max(16, triton.next_power_of_2(group)),
+        **softmax_args(batch), D=dim, GROUP=group, QP=max(16, next_power_of_2(group)),
         BT=plan.block_tokens, K_BITS=k.bits,
-        K_G=k.group_size, K_SYM=k.symmetric and k.is_quantized, K_VEC=k_vec, V_BITS=v.bits,
-        V_G=v.group_size, V_SYM=v.symmetric and v.is_quantized, V_VEC=v_vec, PAGED=paged,
+        K_G=k.group_size, K_SYM=k.symmetric and k.is_quantized, K_VEC=batch.k_vec, V_BITS=v.bits,
+        V_G=v.group_size, V_SYM=v.symmetric and v.is_quantized, V_VEC=batch.v_vec, PAGED=paged,
         HAS_START=batch.starts is not None, DOT_IEEE=q.dtype == torch.float32,
         HAS_TAIL=parts > splits, ROPE_HALF=rope_half, K_CHANNEL=kivi_keys(batch),
         num_warps=plan.num_warps, **tuning,
     )  # fmt: skip
-    return merge_splits(partial, lse, batch.sinks).view(bsz, 1, hq, dim)
+    return merge_splits(partial, lse, batch.sinks, out_dtype).view(bsz, 1, hq, dim)

@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..quant.intmath import cdiv, next_power_of_2
 from .layout import AttentionBatch, placeholder
 from .packed_rows import (
     _seen,
@@ -33,7 +34,6 @@ from .packed_rows import (
     kivi_keys,
     packed_part,
     page_tile,
-    row_vec,
     rows_args,
     table_rows,
     wide_rows,
@@ -162,12 +162,12 @@ def plan_extend(batch: AttentionBatch, splits: int) -> ExtendPlan:
     rows cut to the batch's queries × its query heads (4 warps below the cap), so short
     extends stay decode-sized. Else, as the sm_90a build reads best: 16 rows and 32 tokens on
     4 warps, 2 stages, where rows load 16 bytes at a time; else 16 tokens on 8 warps."""
-    vec = min(row_vec(batch.k_rows), row_vec(batch.v_rows))
+    vec = min(batch.k_vec, batch.v_vec)
     k, v = batch.k_spec, batch.v_spec
     if batch.head_dim <= 128 and wide_rows(k, v) and not kivi_keys(batch):
         cap = 128 if vec == 4 and k.bits == v.bits else 64
-        group = triton.next_power_of_2(batch.q.shape[-2] // batch.kv_heads)
-        rows = max(16, min(cap, triton.next_power_of_2(batch.q_tokens * group)))
+        group = next_power_of_2(batch.q.shape[-2] // batch.kv_heads)
+        rows = max(16, min(cap, next_power_of_2(batch.q_tokens * group)))
         warps = 8 if rows == cap and (cap == 128 or k.bits != v.bits) else 4
         return ExtendPlan(splits, rows=rows, block_tokens=64, num_warps=warps, num_stages=2)
     if vec == 4:
@@ -186,8 +186,8 @@ def serves_extend(batch: AttentionBatch) -> bool:
         and batch.starts is None
         and keys_decodable(batch)
         and decodable(batch.v_spec, batch.head_dim)
-        and row_vec(batch.k_rows) > 0
-        and row_vec(batch.v_rows) > 0
+        and batch.k_vec > 0
+        and batch.v_vec > 0
     )
 
 
@@ -196,21 +196,24 @@ def launch_extend(
     q: torch.Tensor,
     plan: ExtendPlan,
     new: tuple[torch.Tensor, torch.Tensor] | None = None,
+    *,
+    out_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """fp32 [N, Hq, D] of a batch :func:`serves_extend` (not ragged: [B, Tq, Hq, D]); ``q`` and
-    ``new`` (the batch's k_new, v_new [N, Hkv, D], ragged only) as the kernel reads them
-    (rotated, smoothed), the rest from ``batch``."""
+    """[N, Hq, D] in ``out_dtype`` of a batch :func:`serves_extend` (not ragged: [B, Tq, Hq,
+    D]); ``q`` and ``new`` (the batch's k_new, v_new [N, Hkv, D], ragged only) as the kernel
+    reads them (rotated, smoothed), the rest from ``batch``."""
     if not serves_extend(batch):
         raise ValueError("launch_extend: this batch is for the general kernel (see serves_extend)")
     indptr = batch.qo_indptr
     if indptr is None:  # Tq new tokens a request: the ragged layout with equal counts
         bsz, tq = q.shape[:2]
-        out = launch_extend(_ragged(batch, q), q.reshape(bsz * tq, *q.shape[2:]), plan)
+        ragged = _ragged(batch, q)
+        out = launch_extend(ragged, q.reshape(bsz * tq, *q.shape[2:]), plan, out_dtype=out_dtype)
         return out.view(bsz, tq, *out.shape[1:])
     k_new, v_new = _hand_rows(q, batch, new)
     hq, dim, hkv = q.shape[-2], batch.head_dim, batch.kv_heads
     group = hq // hkv
-    gp = triton.next_power_of_2(group)
+    gp = next_power_of_2(group)
     bq = max(1, plan.rows // gp)  # new tokens a program
     block_tokens = page_tile(batch, plan.block_tokens)
     chunk, splits = split_chunk(batch, plan.splits, block_tokens)
@@ -218,25 +221,25 @@ def launch_extend(
     parts = splits + (1 if kivi else 0)  # KIVI: the filling page's program
     partial = torch.empty(q.shape[0], hq, parts, dim, dtype=torch.float32, device=q.device)
     lse = torch.empty(q.shape[0], hq, parts, dtype=torch.float32, device=q.device)
-    k_args, k_vec = rows_args(batch.k_rows, True)
-    v_args, v_vec = rows_args(batch.v_rows, True)
+    k_args = rows_args(batch.k_rows, batch.k_vec, True)
+    v_args = rows_args(batch.v_rows, batch.v_vec, True)
     table, rows = batch.slot_table, table_rows(batch)
     stage = batch.k_stage if kivi else placeholder(q, 1)  # [rows, G, Hkv, D]
     stage_rows = batch.k_stage_rows if kivi else batch.lengths
     k, v = batch.k_spec, batch.v_spec
-    grid = (batch.batch_size, hkv, triton.cdiv(batch.q_tokens, bq) * parts)
+    grid = (batch.batch_size, hkv, cdiv(batch.q_tokens, bq) * parts)
     _extend_kernel[grid](
         q, k_args[0], k_args[1], v_args[0], v_args[1], table, rows, batch.lengths,
         batch.qo_indptr, partial, lse, k_new, v_new, stage, stage_rows, q.stride(0),
         q.stride(1), *k_args[3:], *v_args[3:], table.stride(0), *k_new.stride()[:2],
         *v_new.stride()[:2], *stage.stride()[:3], chunk, splits, **softmax_args(batch), D=dim,
         GROUP=group, GP=gp, BQ=bq, BT=block_tokens, K_BITS=k.bits, K_G=k.group_size,
-        K_SYM=k.symmetric and k.is_quantized, K_VEC=k_vec, V_BITS=v.bits, V_G=v.group_size,
-        V_SYM=v.symmetric and v.is_quantized, V_VEC=v_vec, HAND=new is not None,
+        K_SYM=k.symmetric and k.is_quantized, K_VEC=batch.k_vec, V_BITS=v.bits, V_G=v.group_size,
+        V_SYM=v.symmetric and v.is_quantized, V_VEC=batch.v_vec, HAND=new is not None,
         DOT_IEEE=q.dtype == torch.float32, K_CHANNEL=kivi, num_warps=plan.num_warps,
         num_stages=plan.num_stages,
     )  # fmt: skip
-    return merge_splits(partial, lse, batch.sinks)
+    return merge_splits(partial, lse, batch.sinks, out_dtype)
 
 
 def _hand_rows(q: torch.Tensor, batch: AttentionBatch, new) -> tuple[torch.Tensor, torch.Tensor]:

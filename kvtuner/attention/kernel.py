@@ -30,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..quant.intmath import cdiv, next_power_of_2
 from ..quant.spec import QuantSpec
 from .after_dot import (
     _group_scores,
@@ -218,8 +219,8 @@ def launch(
     bsz, q_len, hq, dim = batch.batch_size, batch.q_tokens, q.shape[-2], batch.head_dim
     ragged, paged = batch.qo_indptr is not None, batch.slot_table is not None
     hkv, group = batch.kv_heads, hq // batch.kv_heads
-    gp = triton.next_power_of_2(group)
-    bq = min(triton.next_power_of_2(q_len), max(1, 64 // gp))  # about 64 rows per program
+    gp = next_power_of_2(group)
+    bq = min(next_power_of_2(q_len), max(1, 64 // gp))  # about 64 rows per program
     chunk, splits = split_chunk(batch, splits, block_tokens)
     dev = q.device
     rows_of_q = q.shape[0] if ragged else bsz * q_len  # one per query token
@@ -237,7 +238,7 @@ def launch(
     q_strides = (0, *q.stride()[:2]) if ragged else q.stride()[:3]  # (b, token, head)
     on = wanted(scale_after_dot)
     freq, k_pos0, rope_half = kernel_rope(batch)  # pre-RoPE keys: K tiles element-wise
-    _attention_kernel[(bsz, hkv, triton.cdiv(q_len, bq) * splits)](
+    _attention_kernel[(bsz, hkv, cdiv(q_len, bq) * splits)](
         q, k_rows, v_rows, k_tail, v_tail, table, rows, batch.lengths, starts, qo, partial, lse,
         stage, stage_rows, freq, k_pos0, *q_strides, *_row_strides(k_rows, paged),
         *_row_strides(v_rows, paged), *k_tail.stride()[:3], *v_tail.stride()[:3],

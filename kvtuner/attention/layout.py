@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -9,7 +10,7 @@ import torch
 from ..quant.spec import QuantSpec
 from .rope import check_rope
 
-__all__ = ["AttentionBatch", "choose_splits", "placeholder"]
+__all__ = ["AttentionBatch", "choose_splits", "placeholder", "row_vec"]
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 _INTS = (torch.int32, torch.int64)
@@ -80,8 +81,9 @@ class AttentionBatch:
         if self.k_delta and self.lengths is not None:
             raise ValueError("K and V pack different token counts: leave lengths out")
         if self.lengths is None and self.slot_table is None:
-            lengths = torch.full((q.shape[0],), self._packed("v"), device=q.device)
-            object.__setattr__(self, "lengths", lengths.to(torch.int32))
+            packed = self._packed("v")
+            lengths = torch.full((q.shape[0],), packed, dtype=torch.int32, device=q.device)
+            object.__setattr__(self, "lengths", lengths)
         self._check_indices()
         self._check_tails()
         self._check_new()
@@ -273,6 +275,15 @@ class AttentionBatch:
         """Grid bound of any request's query count: Tq, or ``max_q_len`` when ragged."""
         return self.q.shape[1] if self.qo_indptr is None else self.max_q_len
 
+    @functools.cached_property
+    def k_vec(self) -> int:
+        """:func:`row_vec` of the key rows (once a batch: every launcher's plan and check asks)."""
+        return row_vec(self.k_rows)
+
+    @functools.cached_property
+    def v_vec(self) -> int:
+        return row_vec(self.v_rows)
+
     @property
     def kv_heads(self) -> int:
         return self.k_rows.shape[1]
@@ -298,6 +309,18 @@ class AttentionBatch:
     @property
     def v_tail_tokens(self) -> int:
         return 0 if self.v_tail is None else self.v_tail.shape[2]
+
+
+def row_vec(rows: torch.Tensor) -> int:
+    """Words every row offset is a multiple of: 4 (16-byte loads), 2 or 1; 0: rows are not
+    4-byte aligned (no int32 view). Rows paged [slots, Hkv, R] or contiguous [B, Hkv, T, R]."""
+    strides = rows.stride()[:-1]
+    if rows.shape[-1] % 4:
+        return 0
+    for vec in (4, 2, 1):
+        if rows.data_ptr() % (4 * vec) == 0 and all(s % (4 * vec) == 0 for s in strides):
+            return vec
+    return 0
 
 
 def placeholder(q: torch.Tensor, width: int) -> torch.Tensor:

@@ -41,7 +41,6 @@ __all__ = [
     "packed_part",
     "page_tile",
     "pages_decodable",
-    "row_vec",
     "rows_args",
     "table_rows",
     "wide_rows",
@@ -447,18 +446,6 @@ def pass_start(head_dim: int, half: int) -> int:
     return 2 * half if not rest & (rest - 1) else 0
 
 
-def row_vec(rows: torch.Tensor) -> int:
-    """Words every row offset is a multiple of: 4 (16-byte loads), 2 or 1; 0: rows are not
-    4-byte aligned (no int32 view). Rows paged [slots, Hkv, R] or contiguous [B, Hkv, T, R]."""
-    strides = rows.stride()[:-1]
-    if rows.shape[-1] % 4:
-        return 0
-    for vec in (4, 2, 1):
-        if rows.data_ptr() % (4 * vec) == 0 and all(s % (4 * vec) == 0 for s in strides):
-            return vec
-    return 0
-
-
 def decodable(spec: QuantSpec, head_dim: int) -> bool:
     """16-bit rows, or token-axis codes: 2/4/8 bits in groups of at least a word's codes
     (32/bits: a word never spans two groups), 3/5/6 bits in whole chunks of 32 channels."""
@@ -513,14 +500,14 @@ def page_tile(batch, block_tokens: int) -> int:
     return min(block_tokens, batch.k_spec.group_size) if kivi_keys(batch) else block_tokens
 
 
-def rows_args(rows: torch.Tensor, paged: bool) -> tuple[tuple, int]:
-    """(int32 view, fp16 view, stride_b, stride_tok, stride_head in VEC-word units), VEC."""
-    vec = row_vec(rows)
+def rows_args(rows: torch.Tensor, vec: int, paged: bool) -> tuple:
+    """(int32 view, fp16 view, stride_b, stride_tok, stride_head in ``vec``-word units) of rows
+    whose offsets are multiples of ``vec`` words (:func:`.layout.row_vec`)."""
     strides = (0, rows.stride(0), rows.stride(1)) if paged else rows.stride()[:3]
     if not paged:
         strides = (strides[0], strides[2], strides[1])  # [B, Hkv, T, R]: (b, token, head)
     units = tuple(s // (4 * vec) for s in strides)
-    return (rows.view(torch.int32), rows.view(torch.float16), *units), vec
+    return (rows.view(torch.int32), rows.view(torch.float16), *units)
 
 
 def table_rows(batch) -> torch.Tensor:

@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..quant.intmath import cdiv, next_power_of_2
 from .layout import AttentionBatch
 
 __all__ = ["LOG2E", "merge_splits", "softmax_args", "split_chunk", "store_partial"]
@@ -48,17 +49,23 @@ def _reduce_kernel(o_ptr, lse_ptr, sinks_ptr, out_ptr, num_splits, hq, D: tl.con
     if HAS_SINKS:  # out · Σexp / (Σexp + exp(sink)), in log2 units; nothing seen: stays 0
         sink = tl.load(sinks_ptr + bh % hq)  # log2 units (the launcher scales by log2 e)
         out = out / (1.0 + tl.exp2(sink - top - tl.log2(tl.where(total > 0, total, 1.0))))
-    tl.store(out_ptr + bh * D + d, out)
+    tl.store(out_ptr + bh * D + d, out.to(out_ptr.dtype.element_ty))
 
 
-def merge_splits(partial: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor | None):
-    """Partials fp32 [rows, Hq, S, D] and their log2-sum-exp [rows, Hq, S] -> fp32
-    [rows, Hq, D]; ``sinks`` [Hq] (natural-log logits) join each head's denominator."""
+def merge_splits(
+    partial: torch.Tensor,
+    lse: torch.Tensor,
+    sinks: torch.Tensor | None,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Partials fp32 [rows, Hq, S, D] and their log2-sum-exp [rows, Hq, S] -> [rows, Hq, D] in
+    ``dtype`` (merged in fp32, rounded once on the store: a model dtype here saves an eager
+    step the cast's launch); ``sinks`` [Hq] (natural-log logits) join each head's denominator."""
     rows, hq, splits, dim = partial.shape
-    out = torch.empty(rows, hq, dim, dtype=torch.float32, device=partial.device)
+    out = torch.empty(rows, hq, dim, dtype=dtype, device=partial.device)
     sink_log2 = sinks.float() * LOG2E if sinks is not None else lse  # unused pointer if None
     _reduce_kernel[(rows * hq,)](partial, lse, sink_log2, out, splits, hq, D=dim,
-                                 S_PAD=triton.next_power_of_2(splits),
+                                 S_PAD=next_power_of_2(splits),
                                  HAS_SINKS=sinks is not None)  # fmt: skip
     return out
 
@@ -76,5 +83,5 @@ def split_chunk(batch: AttentionBatch, splits: int, block_tokens: int) -> tuple[
     """(tokens per split, splits): the packed width, or with a window only the span of keys
     one block of queries can see, cut in ``splits`` multiples of ``block_tokens``."""
     span = max(batch.span, 1)
-    chunk = triton.cdiv(triton.cdiv(span, splits), block_tokens) * block_tokens
-    return chunk, max(1, triton.cdiv(span, chunk))
+    chunk = cdiv(cdiv(span, splits), block_tokens) * block_tokens
+    return chunk, max(1, cdiv(span, chunk))

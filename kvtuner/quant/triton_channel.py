@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .intmath import next_power_of_2
 from .spec import QuantSpec
 from .triton_codes import grid_codes, hadamard_tile, store_codes, store_fp16
 from .triton_kernels import interpreted
@@ -107,6 +108,6 @@ def triton_pack_channel_pages(
     _pack_kernel[grid](
         x, pages, blocks, x.shape[2], x.stride(0), x.stride(1), x.stride(2),
         blocks.stride(0), blocks.stride(1), D=d, G=spec.group_size, BITS=spec.bits,
-        SYMMETRIC=spec.symmetric, NW_PAD=triton.next_power_of_2(d // 8), ROTATE=rotate,
+        SYMMETRIC=spec.symmetric, NW_PAD=next_power_of_2(d // 8), ROTATE=rotate,
         enable_fp_fusion=False,
     )  # fmt: skip

@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .intmath import cdiv, next_power_of_2
 from .spec import QuantSpec
 from .triton_codes import (
     NAN_FP16,
@@ -250,8 +251,8 @@ def _launch_args(buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_
     # One head a program: no row index divided by the head count (pack 48 -> 40 instructions a
     # row). Rotated rows hold the fp32 tile through the butterflies: 16 rows take 125
     # registers (4 programs an SM), 32 rows 173 (2), 64 rows spilled.
-    block = min(16 if rotate else 32, triton.next_power_of_2(max(n_tokens, 1)))
-    grid = (triton.cdiv(n_tokens, block), buffer.shape[1])  # token blocks × heads
+    block = min(16 if rotate else 32, next_power_of_2(max(n_tokens, 1)))
+    grid = (cdiv(n_tokens, block), buffer.shape[1])  # token blocks × heads
     align = _row_align(buffer)
     common = dict(
         n_tokens=n_tokens,
@@ -263,7 +264,7 @@ def _launch_args(buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_
         enable_fp_fusion=False,
     )
     if spec.is_quantized:
-        nw_pad = triton.next_power_of_2(head_dim // 8)
+        nw_pad = next_power_of_2(head_dim // 8)
         code_bytes = head_dim * spec.bits // 8
         common.update(
             G=spec.group_size,
@@ -275,7 +276,7 @@ def _launch_args(buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_
             WORDS=8 % spec.bits != 0 and align % 4 == 0 and code_bytes % 4 == 0 and nw_pad % 4 == 0,
         )
     else:
-        common.update(D_PAD=triton.next_power_of_2(head_dim))
+        common.update(D_PAD=next_power_of_2(head_dim))
     return grid, common
 
 
