@@ -7,7 +7,8 @@ step's. This measures that time on any machine: inside the shared ``sm90_report.
 ``compile_only`` every kernel is built once for sm_90a, then each launch goes through Triton's
 argument binding to a launcher that does nothing. What is timed is everything but the GPU: the
 checks, the plan, the allocations (CPU tensors here: a CUDA allocation costs about as much) and
-Triton's binding; not the driver's launch (a few µs a kernel).
+Triton's binding; not the driver's launch (a few µs a kernel). Torch ops on these CPU tensors
+compute on the CPU: small here, except Hadamard rows' rotations of q and the 64-token tails.
 
 Cases (Llama-3-8B attention: 32 query heads, 8 KV heads, head_dim 128; fp16 q, so the CPU runs
 the kernel build a GPU runs):
