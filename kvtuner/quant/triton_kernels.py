@@ -90,6 +90,21 @@ def _row_bases(
 
 
 @triton.jit
+def _group_tile(x_ptr, at, row_ok, D: tl.constexpr, G: tl.constexpr, NG_PAD: tl.constexpr,
+                BLOCK: tl.constexpr):  # fmt: skip
+    """fp32 [BLOCK, NG_PAD, G] of the rows at ``at`` [BLOCK], loaded as [G/8, BLOCK, NG_PAD, 8]:
+    the chunk-of-a-group axis outermost, so Triton gives each thread every chunk of its group
+    (a group's min, max and grid in one thread, not reduced across four)."""
+    C: tl.constexpr = G // 8
+    c = tl.arange(0, C)[:, None, None, None]
+    g = tl.arange(0, NG_PAD)[None, None, :, None]
+    e = g * G + c * 8 + tl.arange(0, 8)[None, None, None, :]  # [C, 1, NG_PAD, 8]
+    mask = row_ok[None, :, None, None] & (e < D)
+    x = tl.load(x_ptr + at[None, :, None, None] + e, mask=mask, other=0.0).to(tl.float32)
+    return tl.reshape(tl.permute(x, (1, 2, 0, 3)), [BLOCK, NG_PAD, G])
+
+
+@triton.jit
 def _scatter_kernel(
     x_ptr, loc_ptr, buf_ptr, n_tokens, stride_slot, stride_head, stride_xt,
     stride_xh, D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr, SYMMETRIC: tl.constexpr,
@@ -103,15 +118,18 @@ def _scatter_kernel(
     NB: tl.constexpr = NW * BITS  # code bytes per row
     NG: tl.constexpr = D // G
     NG_PAD: tl.constexpr = NW_PAD * 8 // G  # groups of the padded tile (extra ones not stored)
-    w = tl.arange(0, NW_PAD)
-    e = w[:, None] * 8 + tl.arange(0, 8)[None, :]  # [NW_PAD, 8] element index inside the row
-    mask = row_ok[:, None, None] & (w < NW)[None, :, None]
     at = _x_offsets(rows, stride_xt, stride_xh)
-    x = tl.load(x_ptr + at[:, None, None] + e[None], mask=mask, other=0.0)
-    x = x.to(tl.float32)  # [BLOCK, NW_PAD, 8]
-    if ROTATE:
-        x = hadamard_tile(x, D)
-    x = tl.reshape(x, [BLOCK, NG_PAD, G])  # the same elements, one group per middle index
+    if ROTATE or G % 8:
+        w = tl.arange(0, NW_PAD)
+        e = w[:, None] * 8 + tl.arange(0, 8)[None, :]  # [NW_PAD, 8] element index in the row
+        mask = row_ok[:, None, None] & (w < NW)[None, :, None]
+        x = tl.load(x_ptr + at[:, None, None] + e[None], mask=mask, other=0.0)
+        x = x.to(tl.float32)  # [BLOCK, NW_PAD, 8]
+        if ROTATE:
+            x = hadamard_tile(x, D)
+        x = tl.reshape(x, [BLOCK, NG_PAD, G])  # the same elements, one group per middle index
+    else:
+        x = _group_tile(x_ptr, at, row_ok, D, G, NG_PAD, BLOCK)
     q, scale, zero, ok = grid_codes(x, 2, BITS, SYMMETRIC)  # scale, zero, ok: [BLOCK, NG_PAD]
     if NG == NG_PAD:  # the row's scales and zeros as one vector
         store_group_meta(dst, scale, zero, ok, row_ok, NB, SYMMETRIC, ALIGN % 2 + NB % 2 == 0)
