@@ -10,9 +10,11 @@ registers, spills, shared memory and SASS mix; nothing runs. One row per (case, 
   shared-memory limit), ``ldg_widths`` (global loads by width: ``U8`` is a byte a load,
   ``128`` sixteen), ``ldgsts_widths`` (the same for async copies into shared memory, what
   Triton's pipelined loads become), ``stg_widths`` (global stores by width), ``sass`` (MMA,
-  conversions, loads, spills...), ``loop_sass`` (instructions a warp issues per trip of the
-  kernel's main loop: one K/V tile for attention; the cost of a tile where the schedulers, not
-  DRAM, set the pace, as Nsight Compute found for decode on the H200).
+  conversions, loads, spills...), ``row_sass`` (pack and unpack: instructions the warps issue
+  for one token-head row, comparable across rows a program and warps), ``loop_sass``
+  (instructions a warp issues per trip of the kernel's main loop: one K/V tile for attention;
+  the cost of a tile where the schedulers, not DRAM, set the pace, as Nsight Compute found for
+  decode on the H200).
 
 A clean row does not prove speed (a GPU run does); a row that spills, converts every element or
 loads codes a byte at a time is slow there. Shapes: Llama-3-8B attention (32 query heads,
@@ -266,7 +268,7 @@ def pack_cases() -> dict:
         buf = torch.empty(PACK_TOKENS, HKV, spec.row_bytes(D), dtype=torch.uint8)
         x = torch.empty(PACK_TOKENS, HKV, D, dtype=torch.bfloat16)
         loc = torch.arange(PACK_TOKENS, dtype=torch.int64)
-        grid, args = tk._launch_args(buf, loc, spec, D)
+        grid, args = tk._launch_args(buf, loc, spec, D, pack=True)
         kernel = tk._scatter_kernel if spec.is_quantized else tk._scatter_fp16_kernel
         return lambda: kernel[grid](x, loc, buf, stride_xt=x.stride(0), stride_xh=x.stride(1),
                                     **args)  # fmt: skip
@@ -275,7 +277,7 @@ def pack_cases() -> dict:
         buf = torch.empty(PACK_TOKENS, HKV, spec.row_bytes(D), dtype=torch.uint8)
         out = torch.empty(PACK_TOKENS, HKV, D, dtype=torch.bfloat16)
         loc = torch.arange(PACK_TOKENS, dtype=torch.int64)
-        grid, args = tk._launch_args(buf, loc, spec, D)
+        grid, args = tk._launch_args(buf, loc, spec, D, pack=False)
         kernel = tk._gather_kernel if spec.is_quantized else tk._gather_fp16_kernel
         return lambda: kernel[grid](buf, loc, out, OUT_BF16=False, **args)  # a GPU's bf16 cast
 
@@ -372,6 +374,15 @@ def loop_instructions(sass: str) -> int:
     return max(sum(lo <= a <= hi for a, _, _ in ops) for lo, hi in spans)
 
 
+def row_instructions(row: dict) -> float:
+    """Pack and unpack (a program: ``BLOCK`` token-head rows): SASS instructions the warps
+    issue for one row, which compares tiles of different rows and warps; 0 elsewhere."""
+    block = row["constexprs"].get("BLOCK")
+    if not block:
+        return 0.0
+    return round(sum(row["sass"].values()) * row["num_warps"] / block, 1)
+
+
 def _branch_target(operands: str) -> str | None:
     found = re.search(r"0x([0-9a-f]+)", operands)
     return found.group(1) if found else None
@@ -390,16 +401,17 @@ def collect(tool, groups: list[str]) -> list[dict]:
                     widths = {"ldgsts_widths": async_copy_widths(sass),
                               "stg_widths": store_widths(sass)}  # fmt: skip
                     rows.append({"label": label, **row, **widths,
-                                 "loop_sass": loop_instructions(sass)})  # fmt: skip
+                                 "loop_sass": loop_instructions(sass),
+                                 "row_sass": row_instructions(row)})  # fmt: skip
     return rows
 
 
 def table(rows: list[dict]) -> str:
     head = (
-        "| label | kernel | warps | REG | spill B | shared B | programs/SM | loop | cvt | int "
-        "| mma | ldg | ldgsts | stg |"
+        "| label | kernel | warps | REG | spill B | shared B | programs/SM | loop | a row | cvt "
+        "| int | mma | ldg | ldgsts | stg |"
     )
-    lines = [head, "|" + "---|" * 14]
+    lines = [head, "|" + "---|" * 15]
     for r in rows:
         ldg, ldgsts, stg = (
             ",".join(f"{w}x{n}" for w, n in sorted(r[key].items()))
@@ -408,7 +420,8 @@ def table(rows: list[dict]) -> str:
         lines.append(
             f"| {r['label']} | {r['kernel']} | {r.get('num_warps')} | {r['reg']} | "
             f"{r['spill_bytes']} | {r.get('shared')} | {r['programs_per_sm']} | "
-            f"{r['loop_sass']} | {r['sass']['cvt']} | {r['sass']['int']} | {r['sass']['mma']} "
+            f"{r['loop_sass']} | {r['row_sass'] or ''} | {r['sass']['cvt']} | {r['sass']['int']} "
+            f"| {r['sass']['mma']} "
             f"| {ldg} | {ldgsts} | {stg} |"
         )
     return "\n".join(lines)

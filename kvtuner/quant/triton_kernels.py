@@ -96,7 +96,8 @@ def _group_tile(x_ptr, at, row_ok, D: tl.constexpr, G: tl.constexpr, NG_PAD: tl.
                 BLOCK: tl.constexpr):  # fmt: skip
     """fp32 [BLOCK, NG_PAD, G] of the rows at ``at`` [BLOCK], loaded as [G/8, BLOCK, NG_PAD, 8]:
     the chunk-of-a-group axis outermost, so Triton gives each thread every chunk of its group
-    (a group's min, max and grid in one thread, not reduced across four)."""
+    (a group's min, max and grid in one thread, not reduced across four; G = D: a whole row,
+    for the Hadamard butterflies)."""
     C: tl.constexpr = G // 8
     c = tl.arange(0, C)[:, None, None, None]
     g = tl.arange(0, NG_PAD)[None, None, :, None]
@@ -121,15 +122,15 @@ def _scatter_kernel(
     NG: tl.constexpr = D // G
     NG_PAD: tl.constexpr = NW_PAD * 8 // G  # groups of the padded tile (extra ones not stored)
     at = _x_offsets(rows, stride_xt, stride_xh)
-    if ROTATE or G % 8:
+    if ROTATE:  # a whole row a thread (D a power of two): the butterflies stay in registers
+        x = tl.reshape(_group_tile(x_ptr, at, row_ok, D, D, 1, BLOCK), [BLOCK, NW_PAD, 8])
+        x = tl.reshape(hadamard_tile(x, D), [BLOCK, NG_PAD, G])
+    elif G % 8:
         w = tl.arange(0, NW_PAD)
         e = w[:, None] * 8 + tl.arange(0, 8)[None, :]  # [NW_PAD, 8] element index in the row
         mask = row_ok[:, None, None] & (w < NW)[None, :, None]
         x = tl.load(x_ptr + at[:, None, None] + e[None], mask=mask, other=0.0)
-        x = x.to(tl.float32)  # [BLOCK, NW_PAD, 8]
-        if ROTATE:
-            x = hadamard_tile(x, D)
-        x = tl.reshape(x, [BLOCK, NG_PAD, G])  # the same elements, one group per middle index
+        x = tl.reshape(x.to(tl.float32), [BLOCK, NG_PAD, G])  # one group a middle index
     else:
         x = _group_tile(x_ptr, at, row_ok, D, G, NG_PAD, BLOCK)
     q, scale, zero, ok = grid_codes(x, 2, BITS, SYMMETRIC)  # scale, zero, ok: [BLOCK, NG_PAD]
@@ -261,17 +262,22 @@ def _check(buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_dim: i
         )
 
 
-def _launch_args(buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_dim: int):
+def _launch_args(
+    buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_dim: int, *, pack: bool
+):
     """Grid and the keyword arguments shared by every kernel of one call."""
     n_tokens = loc.shape[0]
     rotate = _rotates(spec)
     # A program: 32 tokens of one KV head on 4 warps (sm_90a builds at head_dim 128). KV4 g32
-    # pack takes 64 registers (8 programs an SM; 64 rows took 140, 3 an SM), unpack 32, with
+    # pack takes 54 registers (9 programs an SM; 64 rows took 140, 3 an SM), unpack 39, with
     # 16-byte code moves; 16 rows narrow the moves to 8 bytes and add 12 % instructions a row.
     # One head a program: no row index divided by the head count (pack 48 -> 40 instructions a
-    # row). Rotated rows hold the fp32 tile through the butterflies: 16 rows take 125
-    # registers (4 programs an SM), 32 rows 173 (2), 64 rows spilled.
-    block = min(16 if rotate else 32, next_power_of_2(max(n_tokens, 1)))
+    # row). Rotated rows, packed: a whole row a thread, 32 rows on one warp (206 registers,
+    # 9 programs an SM): 2744 instructions a thread for its row, where 16 rows on 4 warps,
+    # the butterflies spread over threads, took 2416 a thread for an eighth of a row. Unpacked:
+    # 16 rows on 4 warps (32 rows took 173 registers, 2 programs an SM; 64 spilled).
+    whole_rows = rotate and pack
+    block = min(16 if rotate and not pack else 32, next_power_of_2(max(n_tokens, 1)))
     grid = (cdiv(n_tokens, block), buffer.shape[1])  # token blocks × heads
     align = _row_align(buffer)
     common = dict(
@@ -282,6 +288,7 @@ def _launch_args(buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_
         BLOCK=block,
         ALIGN=align,
         enable_fp_fusion=False,
+        num_warps=1 if whole_rows else 4,
     )
     if spec.is_quantized:
         nw_pad = next_power_of_2(head_dim // 8)
@@ -330,7 +337,7 @@ def triton_scatter_quantized(
         return
     if x.stride(2) != 1:
         x = x.contiguous()
-    grid, args = _launch_args(buffer, loc, spec, x.shape[2])
+    grid, args = _launch_args(buffer, loc, spec, x.shape[2], pack=True)
     kernel = _scatter_kernel if spec.is_quantized else _scatter_fp16_kernel
     kernel[grid](x, loc, buffer, stride_xt=x.stride(0), stride_xh=x.stride(1), **args)
 
@@ -351,7 +358,7 @@ def triton_gather_dequantized(
     out = torch.empty(shape, dtype=dtype, device=buffer.device)
     if loc.shape[0] == 0:
         return out
-    grid, args = _launch_args(buffer, loc, spec, head_dim)
+    grid, args = _launch_args(buffer, loc, spec, head_dim, pack=False)
     kernel = _gather_kernel if spec.is_quantized else _gather_fp16_kernel
     by_hand = out.dtype == torch.bfloat16 and interpreted()  # a GPU rounds bf16 itself
     target = out.view(torch.int16) if by_hand else out

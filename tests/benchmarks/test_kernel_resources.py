@@ -92,16 +92,20 @@ def test_the_general_kernel_is_still_the_slow_one_it_replaces(decode_rows):
 
 def test_pack_and_unpack_move_rows_in_words_at_every_row_length(decode_rows):
     """80-byte KV4 g32, 136-byte KV8 g64 (offsets multiples of 8 bytes), 3-bit codes that
-    straddle bytes and 16-bit rows: no byte-wide load or store, no spill, and at least 3
-    programs an SM (KV4 g32 pack took 140 registers at 64 rows a program; KV8 g64 255 and
-    1064 B spilled, with 68 byte stores)."""
+    straddle bytes and 16-bit rows: no byte-wide load or store, no spill, and at least 8 warps
+    an SM (KV4 g32 pack took 140 registers at 64 rows a program; KV8 g64 255 and 1064 B
+    spilled, with 68 byte stores; Hadamard pack holds a whole row a thread on one warp, 206
+    registers, 9 programs). Instructions a row: pack did 107 (KV4 g32) and 606 (Hadamard)
+    while a group was reduced across four threads and a row's butterflies across eight."""
     rows = [r for r in decode_rows if r["label"].startswith(("pack ", "unpack "))]
     assert {r["label"] for r in rows} >= {"pack KV8 g64", "unpack KV3 g32", "pack K16"}
     for row in rows:
         where = f"{row['label']}: {row['reg']} registers, {row['spill_bytes']} B spilled"
-        assert row["spill_bytes"] == 0 and row["reg"] <= MAX_REGISTERS, where
-        assert row["programs_per_sm"] >= 3, where
+        assert row["spill_bytes"] == 0, where
+        assert row["programs_per_sm"] * row["num_warps"] >= 8, where
         moves = {**row["ldg_widths"], **row["stg_widths"]}
         assert "U8" not in moves, f"{row['label']} moves bytes one at a time: {moves}"
     (kv4,) = (r for r in rows if r["label"] == "pack KV4 g32")
     assert kv4["stg_widths"].get("128", 0) > 0 and kv4["programs_per_sm"] >= 6
+    per_row = {r["label"]: r["row_sass"] for r in rows}
+    assert per_row["pack KV4 g32"] <= 80 and per_row["pack KV4 g32 hadamard"] <= 100, per_row
