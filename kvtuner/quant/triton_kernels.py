@@ -186,10 +186,14 @@ def _gather_kernel(
     else:
         out = zero[:, :, None] + q * scale
     out = tl.reshape(out, [BLOCK, NW_PAD, 8])
-    if ROTATE:  # undo the rotation: H is its own inverse
-        out = hadamard_tile(out, D)
-    mask = row_ok[:, None, None] & (w < NW)[None, :, None]
-    _store_out(out_ptr + _out_rows(rows)[:, None, None] * D + e[None], out, mask, OUT_BF16)
+    if ROTATE:  # undo the rotation (H is its own inverse), a whole row a thread: stored as
+        # [D/8, BLOCK, 8], the chunk axis outermost, so each thread holds a row's chunks
+        out = tl.permute(hadamard_tile(out, D), (1, 0, 2))
+        at = out_ptr + _out_rows(rows)[None, :, None] * D + (w[:, None] * 8)[:, None, :]
+        _store_out(at + tl.arange(0, 8)[None, None, :], out, row_ok[None, :, None], OUT_BF16)
+    else:
+        mask = row_ok[:, None, None] & (w < NW)[None, :, None]
+        _store_out(out_ptr + _out_rows(rows)[:, None, None] * D + e[None], out, mask, OUT_BF16)
 
 
 @triton.jit
@@ -262,9 +266,7 @@ def _check(buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_dim: i
         )
 
 
-def _launch_args(
-    buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_dim: int, *, pack: bool
-):
+def _launch_args(buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_dim: int):
     """Grid and the keyword arguments shared by every kernel of one call."""
     n_tokens = loc.shape[0]
     rotate = _rotates(spec)
@@ -272,12 +274,11 @@ def _launch_args(
     # pack takes 54 registers (9 programs an SM; 64 rows took 140, 3 an SM), unpack 39, with
     # 16-byte code moves; 16 rows narrow the moves to 8 bytes and add 12 % instructions a row.
     # One head a program: no row index divided by the head count (pack 48 -> 40 instructions a
-    # row). Rotated rows, packed: a whole row a thread, 32 rows on one warp (206 registers,
-    # 9 programs an SM): 2744 instructions a thread for its row, where 16 rows on 4 warps,
-    # the butterflies spread over threads, took 2416 a thread for an eighth of a row. Unpacked:
-    # 16 rows on 4 warps (32 rows took 173 registers, 2 programs an SM; 64 spilled).
-    whole_rows = rotate and pack
-    block = min(16 if rotate and not pack else 32, next_power_of_2(max(n_tokens, 1)))
+    # row). Rotated rows: a whole row a thread, 32 rows on one warp, so the butterflies stay
+    # in registers (16 rows on 4 warps, a row over eight threads, went through shared memory):
+    # pack 206 registers, 9 programs an SM, 606 -> 86 instructions a row; unpack 152
+    # registers, 13 programs, 138 -> 62.
+    block = min(32, next_power_of_2(max(n_tokens, 1)))
     grid = (cdiv(n_tokens, block), buffer.shape[1])  # token blocks × heads
     align = _row_align(buffer)
     common = dict(
@@ -288,7 +289,7 @@ def _launch_args(
         BLOCK=block,
         ALIGN=align,
         enable_fp_fusion=False,
-        num_warps=1 if whole_rows else 4,
+        num_warps=1 if rotate else 4,
     )
     if spec.is_quantized:
         nw_pad = next_power_of_2(head_dim // 8)
@@ -337,7 +338,7 @@ def triton_scatter_quantized(
         return
     if x.stride(2) != 1:
         x = x.contiguous()
-    grid, args = _launch_args(buffer, loc, spec, x.shape[2], pack=True)
+    grid, args = _launch_args(buffer, loc, spec, x.shape[2])
     kernel = _scatter_kernel if spec.is_quantized else _scatter_fp16_kernel
     kernel[grid](x, loc, buffer, stride_xt=x.stride(0), stride_xh=x.stride(1), **args)
 
@@ -358,7 +359,7 @@ def triton_gather_dequantized(
     out = torch.empty(shape, dtype=dtype, device=buffer.device)
     if loc.shape[0] == 0:
         return out
-    grid, args = _launch_args(buffer, loc, spec, head_dim, pack=False)
+    grid, args = _launch_args(buffer, loc, spec, head_dim)
     kernel = _gather_kernel if spec.is_quantized else _gather_fp16_kernel
     by_hand = out.dtype == torch.bfloat16 and interpreted()  # a GPU rounds bf16 itself
     target = out.view(torch.int16) if by_hand else out
