@@ -286,7 +286,23 @@ def pack_cases() -> dict:
         spec = QuantSpec(**kw)
         cases[f"pack {label}"] = pack(spec)
         cases[f"unpack {label}"] = unpack(spec)
+    cases["pack KIVI K4 g32 pages"] = kivi_pages(QuantSpec(4, axis="channel"))
+    cases["pack KIVI K3 g32 pages"] = kivi_pages(QuantSpec(3, axis="channel"))
     return cases
+
+
+def kivi_pages(spec):
+    """SGLang's KIVI keys: full pages of G tokens packed as channel-axis blocks, one program a
+    (page, head)."""
+    import torch
+
+    from kvtuner.quant.triton_channel import launch_pack
+
+    pages = PACK_TOKENS // spec.group_size
+    blocks = torch.empty(pages, HKV, spec.block_bytes(D), dtype=torch.uint8)
+    x = torch.empty(pages, spec.group_size, HKV, D, dtype=torch.bfloat16)
+    index = torch.arange(pages, dtype=torch.int64)
+    return lambda: launch_pack(blocks, index, x, spec)  # its launcher refuses CPU tensors
 
 
 # tokens, warps, stages

@@ -108,12 +108,16 @@ def hadamard_tile(t, D: tl.constexpr):
 
 
 @triton.jit
-def store_fp16(ptr, value, ok, mask):
-    """Store fp32 ``value`` [BLOCK] (fp16-exact) as 2 little-endian bytes; NaN where not ``ok``."""
+def store_fp16(ptr, value, ok, mask, HALVES: tl.constexpr = False):
+    """Store fp32 ``value`` [BLOCK] (fp16-exact) as 2 little-endian bytes; NaN where not ``ok``.
+    ``HALVES``: every ``ptr`` is even, so each value is one 2-byte store, not two byte stores."""
     bits = value.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
     bits = tl.where(ok, bits, NAN_FP16)
-    tl.store(ptr, (bits & 0xFF).to(tl.uint8), mask=mask)
-    tl.store(ptr + 1, ((bits >> 8) & 0xFF).to(tl.uint8), mask=mask)
+    if HALVES:
+        tl.store(ptr.to(tl.pointer_type(tl.int16)), bits.to(tl.int16), mask=mask)
+    else:
+        tl.store(ptr, (bits & 0xFF).to(tl.uint8), mask=mask)
+        tl.store(ptr + 1, ((bits >> 8) & 0xFF).to(tl.uint8), mask=mask)
 
 
 @triton.jit
