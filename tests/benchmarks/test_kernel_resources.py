@@ -95,8 +95,9 @@ def test_pack_and_unpack_move_rows_in_words_at_every_row_length(decode_rows):
     straddle bytes and 16-bit rows: no byte-wide load or store, no spill, and at least 8 warps
     an SM (KV4 g32 pack took 140 registers at 64 rows a program; KV8 g64 255 and 1064 B
     spilled, with 68 byte stores; Hadamard pack holds a whole row a thread on one warp, 206
-    registers, 9 programs). Instructions a row: pack did 107 (KV4 g32) and 606 (Hadamard)
-    while a group was reduced across four threads and a row's butterflies across eight."""
+    registers, 9 programs). Instructions a row: pack did 107 (KV4 g32), 112 (KV8 g64) and 606
+    (Hadamard) on 4 warps, a group reduced across four threads and a row's butterflies across
+    eight."""
     rows = [r for r in decode_rows if r["label"].startswith(("pack ", "unpack "))]
     assert {r["label"] for r in rows} >= {"pack KV8 g64", "unpack KV3 g32", "pack K16"}
     for row in rows:
@@ -108,4 +109,5 @@ def test_pack_and_unpack_move_rows_in_words_at_every_row_length(decode_rows):
     (kv4,) = (r for r in rows if r["label"] == "pack KV4 g32")
     assert kv4["stg_widths"].get("128", 0) > 0 and kv4["programs_per_sm"] >= 6
     per_row = {r["label"]: r["row_sass"] for r in rows}
-    assert per_row["pack KV4 g32"] <= 80 and per_row["pack KV4 g32 hadamard"] <= 100, per_row
+    assert per_row["pack KV4 g32"] <= 60 and per_row["pack KV8 g64"] <= 60, per_row
+    assert per_row["pack KV4 g32 hadamard"] <= 100, per_row
