@@ -89,13 +89,16 @@ case "$stage" in
       --context 8192 --specs "K8V4 (mixed)" "KV4 g32 sym" --query-rows 16 32 64 128 \
       --block-tokens 32 64 --num-warps 4 8 --output "$out/sglang_extend_tune.json"
     ;;
-  profile)  # after `first`: where the decode kernel's time goes, under 8 minutes
+  profile)  # after `first`: where the decode kernel's time goes, under 8 minutes; the tiles
+    # on 1 and 2 warps too (no cross-warp softmax: at sm_90a KV4 g32 takes 37-45 instructions
+    # a token at 16-32 tokens on one warp, 48 at the plan's 64 x 4 warps; 4 and 8 warps at
+    # 1-3 stages were timed on the H200 in session 6)
     nvidia-smi -L >>"$log" 2>&1
     step 60 python3 -m pytest -m cuda -q -n 4 -p no:cacheprovider \
       tests/attention/test_decode_cuda.py -k "new_tokens_in_hand"
     step 220 python3 benchmarks/attention_decode.py --device cuda --batch 16 64 --context 8192 \
       --specs "KV8 g64" "KV4 g32" "K8V4 (mixed)" --variants decode-kernel \
-      --block-tokens 16 32 64 --num-warps 4 8 --num-stages 1 2 3 \
+      --block-tokens 16 32 64 --num-warps 1 2 4 --num-stages 2 3 \
       --output "$out/attention_decode_sweep.json"
     for spec in "KV8 g64" "KV4 g32"; do  # one launch at 16 x 8192, after the check's and a warm one
       name=$(echo "$spec" | tr -cd 'A-Za-z0-9')
