@@ -266,21 +266,16 @@ def _check(buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_dim: i
         )
 
 
-def _launch_args(
-    buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_dim: int, *, pack: bool
-):
-    """Grid and the keyword arguments shared by every kernel of one call (``pack``: the
-    scatter kernels, else the gather ones)."""
+def _launch_args(buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_dim: int):
+    """Grid and the keyword arguments shared by every kernel of one call."""
     n_tokens = loc.shape[0]
     rotate = _rotates(spec)
-    # A program: 32 tokens of one KV head (sm_90a builds at head_dim 128); one head a program:
-    # no row index divided by the head count. Pack holds whole groups a thread (a rotated row,
-    # whole rows) and runs on one warp: instructions a row fall with the warps that share the
-    # 32 rows (KV4 g32 70 / 60 / 53 at 4 / 2 / 1 warps, KV8 g64 87 / 62 / 53, 163 registers
-    # and 12 programs an SM at one; Hadamard 86 at one, where 16 rows on 4 warps with a row
-    # over eight threads took 606). Unpack: 4 warps (KV4 g32 42 instructions a row, 39
-    # registers), rotated rows one warp, whole rows a thread (62; 138 before).
-    num_warps = 1 if pack or rotate else 4
+    # A program: 32 tokens of one KV head on one warp (sm_90a builds at head_dim 128); one head
+    # a program: no row index divided by the head count. Pack holds whole groups a thread (a
+    # rotated row, whole rows), and the fewer warps share 32 rows, the fewer instructions a
+    # row: pack KV4 g32 70 / 60 / 53 at 4 / 2 / 1 warps (163 registers, 12 programs an SM at
+    # one), KV8 g64 87 / 62 / 53, Hadamard 86 at one where 16 rows on 4 warps, a row over
+    # eight threads, took 606; unpack KV4 g32 42 / 36 / 32, KV8 g64 40 / 34 / 28, Hadamard 62.
     block = min(32, next_power_of_2(max(n_tokens, 1)))
     grid = (cdiv(n_tokens, block), buffer.shape[1])  # token blocks × heads
     align = _row_align(buffer)
@@ -292,7 +287,7 @@ def _launch_args(
         BLOCK=block,
         ALIGN=align,
         enable_fp_fusion=False,
-        num_warps=num_warps,
+        num_warps=1,
     )
     if spec.is_quantized:
         nw_pad = next_power_of_2(head_dim // 8)
@@ -341,7 +336,7 @@ def triton_scatter_quantized(
         return
     if x.stride(2) != 1:
         x = x.contiguous()
-    grid, args = _launch_args(buffer, loc, spec, x.shape[2], pack=True)
+    grid, args = _launch_args(buffer, loc, spec, x.shape[2])
     kernel = _scatter_kernel if spec.is_quantized else _scatter_fp16_kernel
     kernel[grid](x, loc, buffer, stride_xt=x.stride(0), stride_xh=x.stride(1), **args)
 
@@ -362,7 +357,7 @@ def triton_gather_dequantized(
     out = torch.empty(shape, dtype=dtype, device=buffer.device)
     if loc.shape[0] == 0:
         return out
-    grid, args = _launch_args(buffer, loc, spec, head_dim, pack=False)
+    grid, args = _launch_args(buffer, loc, spec, head_dim)
     kernel = _gather_kernel if spec.is_quantized else _gather_fp16_kernel
     by_hand = out.dtype == torch.bfloat16 and interpreted()  # a GPU rounds bf16 itself
     target = out.view(torch.int16) if by_hand else out

@@ -444,18 +444,17 @@ GPU_COMPILE = textwrap.dedent("""
     for spec in (QuantSpec(4, 32), QuantSpec(4, 32, True), QuantSpec(16), QuantSpec(3, 32),
                  QuantSpec(6, 16, True)):
         buf = torch.zeros(8, 2, spec.row_bytes(64), dtype=torch.uint8)
-        _, args = tk._launch_args(buf, loc, spec, 64, pack=True)
-        _, read_args = tk._launch_args(buf, loc, spec, 64, pack=False)
+        _, args = tk._launch_args(buf, loc, spec, 64)
         q = spec.is_quantized
         scatter = compile_ptx(tk._scatter_kernel if q else tk._scatter_fp16_kernel,
                               {"x_ptr": "*bf16", "loc_ptr": "*i64", "buf_ptr": "*u8"}, dict(args),
                               ("stride_xt", "stride_xh"))
         gather = compile_ptx(tk._gather_kernel if q else tk._gather_fp16_kernel,
                              {"buf_ptr": "*u8", "loc_ptr": "*i32", "out_ptr": "*i16"},
-                             dict(read_args, OUT_BF16=True))
+                             dict(args, OUT_BF16=True))
         gather_bf16 = compile_ptx(tk._gather_kernel if q else tk._gather_fp16_kernel,
                                   {"buf_ptr": "*u8", "loc_ptr": "*i32", "out_ptr": "*bf16"},
-                                  dict(read_args, OUT_BF16=False))
+                                  dict(args, OUT_BF16=False))
         for ptx in (scatter, gather, gather_bf16):
             assert "fma.rn.f32" not in ptx, "FMA contraction changes rounding"
             assert "div.full.f32" not in ptx and "div.approx.f32" not in ptx
@@ -463,12 +462,11 @@ GPU_COMPILE = textwrap.dedent("""
     # Hadamard fused as fp32 butterflies: no FMA, no tensor-core (TF32) instructions
     spec = QuantSpec(4, 32, rotation="hadamard")
     buf = torch.zeros(8, 2, spec.row_bytes(64), dtype=torch.uint8)
-    _, args = tk._launch_args(buf, loc, spec, 64, pack=True)
-    _, read_args = tk._launch_args(buf, loc, spec, 64, pack=False)
+    _, args = tk._launch_args(buf, loc, spec, 64)
     scatter = compile_ptx(tk._scatter_kernel, {"x_ptr": "*bf16", "loc_ptr": "*i64",
                           "buf_ptr": "*u8"}, dict(args), ("stride_xt", "stride_xh"))
     gather = compile_ptx(tk._gather_kernel, {"buf_ptr": "*u8", "loc_ptr": "*i32",
-                         "out_ptr": "*i16"}, dict(read_args, OUT_BF16=True))
+                         "out_ptr": "*i16"}, dict(args, OUT_BF16=True))
     print(spec.short(), "mma" in scatter + gather, "fma.rn.f32" in scatter + gather)
 """)
 
