@@ -33,7 +33,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from kernel_resources import TOOL, load_tool
+from kernel_resources import TOOL, load_tool, refuse_interpreter
 
 OUT = Path(__file__).parent / "results" / "host_cost.json"
 HQ, HKV, D, PACKED, TAIL = 32, 8, 128, 2048, 64
@@ -171,9 +171,7 @@ def main() -> None:
     p.add_argument("--tool", type=Path, default=TOOL, help="sm90_report.py (the shared tool)")
     p.add_argument("--output", type=Path, default=OUT)
     args = p.parse_args()
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        print("error: unset TRITON_INTERPRET (kernels are built, not run)", file=sys.stderr)
-        sys.exit(2)
+    refuse_interpreter()
     if args.calls < 1:
         print(f"error: --calls must be >= 1, got {args.calls}", file=sys.stderr)
         sys.exit(2)

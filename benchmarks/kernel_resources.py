@@ -71,6 +71,13 @@ def load_tool(path: Path):
     return module
 
 
+def refuse_interpreter() -> None:
+    """One line and exit 2 under ``TRITON_INTERPRET=1``: the kernels are built, not run."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        print("error: unset TRITON_INTERPRET (kernels are compiled, not run)", file=sys.stderr)
+        sys.exit(2)
+
+
 def specs(label: str):
     from kvtuner.quant import QuantSpec
 
@@ -455,9 +462,7 @@ def main() -> None:
     p.add_argument("--tool", type=Path, default=TOOL, help="sm90_report.py (the shared tool)")
     p.add_argument("--output", type=Path, default=OUT)
     args = p.parse_args()
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        print("error: unset TRITON_INTERPRET (kernels are compiled, not run)", file=sys.stderr)
-        sys.exit(2)
+    refuse_interpreter()
     tool = load_tool(args.tool)
     rows = collect(tool, args.only)
     print(table(rows))
