@@ -1,10 +1,11 @@
 """The GPU-free loop (``benchmarks/kernel_resources.py``): every decode and extend kernel
 (pre-RoPE and KIVI keys' decode included) and every pack/unpack kernel compiles for an H100
 (sm_90a, Triton's ptxas) and holds what a fast kernel shows there, read off its build without a
-GPU: no spill, no code loaded (or, packing, stored) a byte at a time, and (decode, pack) at
-most 168 registers a thread. The extend kernel's tiles are MMA tiles of 64-128 query rows:
-232-246 registers and 1-2 programs an SM ran 3-4× faster on an H200 than 16 rows at 128
-(docs/results/gpu.md), so extend is held to no spill only. A regression fails here, in CI,
+GPU: no spill, no code loaded (or, packing, stored) a byte at a time, decode at most 168
+registers a thread, pack and unpack at least 8 warps an SM and few instructions a row (one
+warp a program, whole groups a thread). The extend kernel's tiles are MMA tiles of 64-128
+query rows: 232-246 registers and 1-2 programs an SM ran 3-4× faster on an H200 than 16 rows
+at 128 (docs/results/gpu.md), so extend is held to no spill only. A regression fails here, in CI,
 before any GPU is lent.
 
 Needs the shared ``sm90_report.py`` beside the checkout (``../shared/tools``), as CI has it."""
