@@ -11,7 +11,8 @@ registers, spills, shared memory and SASS mix; nothing runs. One row per (case, 
   ``128`` sixteen), ``ldgsts_widths`` (the same for async copies into shared memory, what
   Triton's pipelined loads become), ``stg_widths`` (global stores by width), ``sass`` (MMA,
   conversions, loads, spills...), ``row_sass`` (pack and unpack: instructions the warps issue
-  for one token-head row, comparable across rows a program and warps), ``loop_sass``
+  for one token-head row, comparable across rows a program and warps), ``token_sass``
+  (attention: loop instructions the warps issue for one key of a tile), ``loop_sass``
   (instructions a warp issues per trip of the kernel's main loop: one K/V tile for attention;
   the cost of a tile where the schedulers, not DRAM, set the pace, as Nsight Compute found for
   decode on the H200).
@@ -406,6 +407,15 @@ def row_instructions(row: dict) -> float:
     return round(sum(row["sass"].values()) * row["num_warps"] / block, 1)
 
 
+def token_instructions(row: dict, loop: int) -> float:
+    """Attention (a tile: ``BT`` keys): loop instructions the warps issue for one key, which
+    compares tiles of different tokens and warps (``--only tiles``); 0 elsewhere."""
+    tokens = row["constexprs"].get("BT")
+    if not tokens or not loop:
+        return 0.0
+    return round(loop * row["num_warps"] / tokens, 1)
+
+
 def _branch_target(operands: str) -> str | None:
     found = re.search(r"0x([0-9a-f]+)", operands)
     return found.group(1) if found else None
@@ -423,16 +433,17 @@ def collect(tool, groups: list[str]) -> list[dict]:
                     sass = Path(sass_dir, f"{i:02d}_{row['kernel']}.sass").read_text()
                     widths = {"ldgsts_widths": async_copy_widths(sass),
                               "stg_widths": store_widths(sass)}  # fmt: skip
-                    rows.append({"label": label, **row, **widths,
-                                 "loop_sass": loop_instructions(sass),
-                                 "row_sass": row_instructions(row)})  # fmt: skip
+                    loop = loop_instructions(sass)
+                    rows.append({"label": label, **row, **widths, "loop_sass": loop,
+                                 "row_sass": row_instructions(row),
+                                 "token_sass": token_instructions(row, loop)})  # fmt: skip
     return rows
 
 
 def table(rows: list[dict]) -> str:
     head = (
-        "| label | kernel | warps | REG | spill B | shared B | programs/SM | loop | a row | cvt "
-        "| int | mma | ldg | ldgsts | stg |"
+        "| label | kernel | warps | REG | spill B | shared B | programs/SM | loop | a row/key "
+        "| cvt | int | mma | ldg | ldgsts | stg |"
     )
     lines = [head, "|" + "---|" * 15]
     for r in rows:
@@ -443,7 +454,8 @@ def table(rows: list[dict]) -> str:
         lines.append(
             f"| {r['label']} | {r['kernel']} | {r.get('num_warps')} | {r['reg']} | "
             f"{r['spill_bytes']} | {r.get('shared')} | {r['programs_per_sm']} | "
-            f"{r['loop_sass']} | {r['row_sass'] or ''} | {r['sass']['cvt']} | {r['sass']['int']} "
+            f"{r['loop_sass']} | {r['row_sass'] or r['token_sass'] or ''} | {r['sass']['cvt']} "
+            f"| {r['sass']['int']} "
             f"| {r['sass']['mma']} "
             f"| {ldg} | {ldgsts} | {stg} |"
         )
