@@ -76,15 +76,17 @@ case "$stage" in
     ;;
   tune)  # what the plans still take from the sm_90a build alone, timed: decode tiles of
     # 3-bit, symmetric and 5-bit/3-bit rows (since 2c966f7 a chunk at a time, 32 tokens on 4
-    # warps), extend rows and tiles of K8V4 (mixed widths) and symmetric rows; and decode
-    # splits (choose_splits aims at 4 programs an SM; the plans' tiles fit 3)
+    # warps; on 1-2 warps the build issues fewer instructions a key: symmetric 72 -> 52 at
+    # 16 x 1, KV3 89 -> 65 at 32 x 1, at 8-12 warps an SM), extend rows and tiles of K8V4
+    # (mixed widths) and symmetric rows; and decode splits (choose_splits aims at 4 programs
+    # an SM; the plans' tiles fit 3)
     nvidia-smi -L >>"$log" 2>&1
     step 60 python3 benchmarks/attention_decode.py --device cuda --batch 16 64 \
       --context 8192 32768 --specs "KV4 g32" "KV8 g64" --variants decode-kernel \
       --num-splits 1 2 3 4 5 8 --output "$out/attention_decode_splits.json"
     step 240 python3 benchmarks/attention_decode.py --device cuda --batch 16 64 --context 8192 \
       --specs "KV3 g32" "KV4 g32 sym" "K5V3 had" --variants decode-kernel --block-tokens 16 32 64 \
-      --num-warps 4 8 --num-stages 1 2 3 --output "$out/attention_decode_tune.json"
+      --num-warps 1 2 4 --num-stages 2 3 --output "$out/attention_decode_tune.json"
     step 170 python3 benchmarks/sglang_backend_step.py --device cuda --modes extend --batch 16 \
       --context 8192 --specs "K8V4 (mixed)" "KV4 g32 sym" --query-rows 16 32 64 128 \
       --block-tokens 32 64 --num-warps 4 8 --output "$out/sglang_extend_tune.json"
