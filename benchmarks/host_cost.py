@@ -33,7 +33,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from kernel_resources import TOOL, load_tool, refuse_interpreter
+from kernel_resources import TOOL, load_tool, refuse_interpreter, specs
 
 OUT = Path(__file__).parent / "results" / "host_cost.json"
 HQ, HKV, D, PACKED, TAIL = 32, 8, 128, 2048, 64
@@ -84,12 +84,6 @@ def built_once(tool):
             tc.CompiledKernel._init_handles = build
 
 
-def specs(label: str):
-    from kvtuner.quant import QuantSpec
-
-    return tuple(QuantSpec(**kw) for kw in SPECS[label])
-
-
 def hf_case(label: str):
     """One HF cache layer holding PACKED + TAIL tokens: its decode attention call."""
     import torch
@@ -97,7 +91,7 @@ def hf_case(label: str):
     from kvtuner.profile import LayerSpec
     from kvtuner.runtime_loader.hf.layer import KVTunerLayer
 
-    k_spec, v_spec = specs(label)
+    k_spec, v_spec = specs(label, SPECS)
     layer = KVTunerLayer(LayerSpec(0, k_spec, v_spec), D, residual_length=TAIL,
                          keep_dequantized=False)  # fmt: skip
     states = torch.randn(2, 1, HKV, PACKED + TAIL, D, dtype=torch.float16)
@@ -114,7 +108,7 @@ def extend_case(label: str, requests: int = 4, new: int = 128):
 
     from kvtuner.attention import extend_attention
 
-    k_spec, v_spec = specs(label)
+    k_spec, v_spec = specs(label, SPECS)
     slots = requests * PACKED
     rows = [torch.empty(slots, HKV, s.row_bytes(D), dtype=torch.uint8) for s in (k_spec, v_spec)]
     n_q = requests * new

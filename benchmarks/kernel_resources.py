@@ -79,10 +79,11 @@ def refuse_interpreter() -> None:
         sys.exit(2)
 
 
-def specs(label: str):
+def specs(label: str, table: dict | None = None):
+    """(K spec, V spec) of ``label`` in ``table`` (default: :data:`SPECS`)."""
     from kvtuner.quant import QuantSpec
 
-    return tuple(QuantSpec(**kw) for kw in SPECS[label])
+    return tuple(QuantSpec(**kw) for kw in (table or SPECS)[label])
 
 
 def paged_batch(label: str, **fields):
@@ -314,7 +315,8 @@ def kivi_pages(spec):
 
 
 # tokens, warps, stages
-TILES = [(32, 4, 2), (64, 4, 2), (64, 4, 3), (128, 4, 2), (128, 4, 3), (16, 8, 1)]
+TILES = [(32, 4, 2), (64, 4, 2), (64, 4, 3), (128, 4, 2), (128, 4, 3), (16, 8, 1), (16, 1, 2),
+         (32, 1, 2), (32, 2, 2), (32, 2, 3)]  # fmt: skip
 
 
 def tile_cases() -> dict:
@@ -399,9 +401,11 @@ def loop_instructions(sass: str) -> int:
 
 
 def row_instructions(row: dict) -> float:
-    """Pack and unpack (a program: ``BLOCK`` token-head rows): SASS instructions the warps
-    issue for one row, which compares tiles of different rows and warps; 0 elsewhere."""
-    block = row["constexprs"].get("BLOCK")
+    """Pack and unpack (a program: ``BLOCK`` token-head rows; a KIVI page pack: its ``G``
+    token rows): SASS instructions the warps issue for one row, which compares tiles of
+    different rows and warps; 0 elsewhere."""
+    consts = row["constexprs"]
+    block = consts.get("BLOCK") or (consts.get("G") if row["kernel"] == "_pack_kernel" else 0)
     if not block:
         return 0.0
     return round(sum(row["sass"].values()) * row["num_warps"] / block, 1)
@@ -455,8 +459,7 @@ def table(rows: list[dict]) -> str:
             f"| {r['label']} | {r['kernel']} | {r.get('num_warps')} | {r['reg']} | "
             f"{r['spill_bytes']} | {r.get('shared')} | {r['programs_per_sm']} | "
             f"{r['loop_sass']} | {r['row_sass'] or r['token_sass'] or ''} | {r['sass']['cvt']} "
-            f"| {r['sass']['int']} "
-            f"| {r['sass']['mma']} "
+            f"| {r['sass']['int']} | {r['sass']['mma']} "
             f"| {ldg} | {ldgsts} | {stg} |"
         )
     return "\n".join(lines)

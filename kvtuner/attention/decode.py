@@ -208,7 +208,7 @@ def _unrotated(out: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
     q = batch.q
     if _v_rotated(batch):
         out = out @ hadamard(q.shape[-1], q.device)
-    return out if out.dtype == q.dtype else out.to(q.dtype)
+    return out.to(q.dtype)  # no copy when the merge stored q's dtype
 
 
 def decode_attention(q: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:

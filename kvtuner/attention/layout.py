@@ -10,7 +10,7 @@ import torch
 from ..quant.spec import QuantSpec
 from .rope import check_rope
 
-__all__ = ["AttentionBatch", "choose_splits", "placeholder", "row_vec"]
+__all__ = ["AttentionBatch", "choose_splits", "placeholder"]
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 _INTS = (torch.int32, torch.int64)
