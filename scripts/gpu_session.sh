@@ -12,6 +12,8 @@
 #   bash scripts/gpu_session.sh first     # the first call: pytest -m cuda, the sm_90 build's
 #                                         # resources, decode kernel vs general vs bf16 SDPA at
 #                                         # 16/64 x 8k/32k, pack/unpack, the SGLang step
+#   bash scripts/gpu_session.sh check     # a 15-minute lease in one call: pack/unpack, the decode
+#                                         # tile sweep at 1/2/4 warps, pytest -m cuda
 #   bash scripts/gpu_session.sh tune      # tiles of the rows the plans have not timed yet
 #   bash scripts/gpu_session.sh profile   # the GPU-only tests again, the decode tile sweep of
 #                                         # KV8 g64 / KV4 g32 / K8V4, ncu on the decode kernel
@@ -28,8 +30,8 @@ cd "$(dirname "$0")/.."
 
 stage=${1:-}
 case "$stage" in
-  first | tune | profile | plans | kernels | attention | hf | search) ;;
-  *) echo "usage: scripts/gpu_session.sh {first|tune|profile|plans|kernels|attention|hf|search}" >&2 && exit 2 ;;
+  first | check | tune | profile | plans | kernels | attention | hf | search) ;;
+  *) echo "usage: scripts/gpu_session.sh {first|check|tune|profile|plans|kernels|attention|hf|search}" >&2 && exit 2 ;;
 esac
 out=${OUT:-/tmp/kvtuner-gpu}
 mkdir -p "$out"
@@ -73,6 +75,16 @@ case "$stage" in
     else
       echo "== kernel_resources: no sm90_report.py beside the checkout, skipped" | tee -a "$log"
     fi
+    ;;
+  check)  # one call of a 15-minute lease (the start takes 1-2 of them): pack and unpack on one
+    # warp, the decode tiles on 1, 2 and 4 warps against bf16 SDPA, then the GPU-only tests
+    nvidia-smi -L >>"$log" 2>&1
+    step 60 python3 benchmarks/quant_throughput.py --device cuda --rounds 3 \
+      --output "$out/quant_throughput_kernels.json"
+    step 200 python3 benchmarks/attention_decode.py --device cuda --batch 16 64 --context 8192 \
+      --specs "KV4 g32" "KV8 g64" --variants decode-kernel --block-tokens 16 32 64 \
+      --num-warps 1 2 4 --num-stages 2 3 --output "$out/attention_decode_sweep.json"
+    step 170 python3 -m pytest -m cuda -q -n 8 -p no:cacheprovider $cuda_tests
     ;;
   tune)  # what the plans still take from the sm_90a build alone, timed: decode tiles of
     # 3-bit, symmetric and 5-bit/3-bit rows (since 2c966f7 a chunk at a time, 32 tokens on 4
