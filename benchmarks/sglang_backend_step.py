@@ -114,7 +114,7 @@ def measure(args, seconds, batch: int, context: int, label: str, mode: str) -> l
 
     def kvtuner_step(launch: dict):  # extend: the new tokens in hand, as the backend passes them
         if mode == "decode":
-            md = PackedMetadata.decode(seq_lens, rows, table, hkv)
+            md = PackedMetadata.decode(seq_lens, rows, table)
             return decode_attention(q, *specs, **md.kernel_args(), **launch)
         md = PackedMetadata.extend(seq_lens, rows, table, hkv, new_t, max(new))
         return extend_attention(q, *specs, k_new=k_new, v_new=v_new, **md.kernel_args(),

@@ -170,29 +170,34 @@ class DecodePlan:
 
 
 def plan_decode(batch: AttentionBatch, *, sms: int | None = None) -> DecodePlan:
-    """Splits from batch × KV heads × context × SMs (``sms`` None: the device's own; on CPU
-    the interpreter's 1–2). Tiles as timed on an H200 (``scripts/gpu_session.sh profile`` and
-    ``plans``; docs/results/gpu.md): 64 tokens on 4 warps where K and V are
-    :func:`.packed_rows.wide_rows` at d <= 128, 3 stages where rows load 16 bytes at a time
-    and keys are not stored pre-RoPE, else 2 (tiles of 16 tokens ran at 0.10-0.19× bf16 SDPA,
-    these at 0.34-0.69×; the sm_90a build: at most 156 registers, 3 programs an SM). Pre-RoPE
-    keys rotated over at least half the row: 16 tokens on 8 warps (2 stages at a full width and
-    16-byte rows, else unpipelined). Else 32 tokens on 4 warps, 2 stages: on the H200, 8-byte
-    rows (KV8 g64, K8V4) ran there at 0.15-0.25× against 0.12-0.13× on 16 tokens × 8 warps
-    unpipelined, the tile narrow rows took before; the sm_90a build of the symmetric and
-    3/5/6-bit rows there: at most 123 registers, 4 programs an SM."""
-    splits = choose_splits(batch.batch_size, batch.kv_heads, batch.span, batch.q.device, sms=sms)
+    """Tiles as timed on an H200 (docs/results/gpu.md), splits from batch × KV heads × context
+    × SMs (``sms`` None: the device's own; on CPU the interpreter's 1–2) at the tile's warps.
+
+    Token-axis keys stored after RoPE, d <= 128, no unpacked tail: 32 tokens on one warp, 2
+    stages (no cross-warp softmax; at 32-64 × 8192 and 16-64 × 32768 KV4 g32 ran at 1.10-1.15×
+    bf16 SDPA against 0.67× on 64 tokens × 4 warps, KV8 g64 at 0.83-0.88× against 0.61-0.66×,
+    K8V4 at 0.90×; the sm_90a build: 205-255 registers, 8-9 programs an SM, no spill). The HF
+    cache's tail and KIVI pages spill there (24-104 B), so they keep 4 warps: 64 tokens where K
+    and V are :func:`.packed_rows.wide_rows` at d <= 128 (3 stages where rows load 16 bytes at
+    a time and keys are not pre-RoPE), else 32 tokens, 2 stages. Pre-RoPE keys rotated over at
+    least half the row: 16 tokens on 8 warps (2 stages at a full width and 16-byte rows, else
+    unpipelined)."""
     rotary = 0 if batch.rope_freq is None or kivi_keys(batch) else 2 * batch.rope_freq.shape[0]
     vec = min(batch.k_vec, batch.v_vec)
     wide = batch.head_dim <= 128 and wide_rows(batch.k_spec, batch.v_spec)
-    if wide and (not rotary or batch.k_spec.bits == 4):  # pre-RoPE: 4-bit keys measured
-        stages = 3 if vec == 4 and not rotary else 2
-        plan = DecodePlan(splits, block_tokens=64, num_warps=4, num_stages=stages)
+    plain = batch.rope_freq is None and batch.k_tail is None and not kivi_keys(batch)
+    if plain and batch.head_dim <= 128:
+        tile = dict(block_tokens=32, num_warps=1, num_stages=2)
+    elif wide and (not rotary or batch.k_spec.bits == 4):  # pre-RoPE: 4-bit keys measured
+        tile = dict(block_tokens=64, num_warps=4, num_stages=3 if vec == 4 and not rotary else 2)
     elif 2 * rotary >= batch.head_dim:
         stages = 2 if rotary == batch.head_dim and vec == 4 else 1
-        plan = DecodePlan(splits, block_tokens=16, num_warps=8, num_stages=stages)
+        tile = dict(block_tokens=16, num_warps=8, num_stages=stages)
     else:
-        plan = DecodePlan(splits, block_tokens=32, num_warps=4, num_stages=2)
+        tile = dict(block_tokens=32, num_warps=4, num_stages=2)
+    splits = choose_splits(batch.batch_size, batch.kv_heads, batch.span, batch.q.device,
+                           sms=sms, num_warps=tile["num_warps"])  # fmt: skip
+    plan = DecodePlan(splits, **tile)
     return _within_pages(batch, plan)
 
 

@@ -101,11 +101,11 @@ def test_compiled_extend_with_the_new_tokens_in_hand_matches_the_reference(spec)
                                atol=2e-2, rtol=2e-2)  # fmt: skip
 
 
-def test_a_step_launches_its_kernels_and_one_cast():
+def test_a_step_launches_its_kernel_and_the_merge():
     """Eager steps pay a host launch a kernel: a decode step as SGLang's backend runs it (table
-    rows given) is its kernel, the reduce and the output's cast to q's dtype; so is an extend
-    step with the new tokens in hand (bf16, made fp16 inside the kernel). No dummy buffers, no
-    conversions around them."""
+    rows given) is its kernel and the merge, which stores q's dtype (no cast after it: the H200
+    counted 2 launches where this test held 3); so is an extend step with the new tokens in hand
+    (bf16, made fp16 inside the kernel). No dummy buffers, no conversions around them."""
     spec, lengths, new = QuantSpec(4), [3000, 512, 777, 4096], [33, 512, 1, 100]
     k_rows, v_rows = (quantize(torch.randn(16448, 8, D, device="cuda"), spec) for _ in range(2))
     table = torch.randperm(16448, device="cuda").to(torch.int32)[: 4 * 4096].view(4, 4096)
@@ -113,12 +113,12 @@ def test_a_step_launches_its_kernels_and_one_cast():
               table_rows=torch.arange(4, dtype=torch.int32, device="cuda"))  # fmt: skip
     args = (k_rows, v_rows, spec, spec)
     q = torch.randn(4, 32, D, device="cuda", dtype=torch.bfloat16)
-    assert cuda_kernel_launches(lambda: decode_attention(q, *args, **kw)) == 3
+    assert cuda_kernel_launches(lambda: decode_attention(q, *args, **kw)) == 2
     indptr = torch.tensor([0, *torch.tensor(new).cumsum(0).tolist()], dtype=torch.int32)
     kw.update(qo_indptr=indptr.cuda(), max_q_len=max(new))
     q = torch.randn(sum(new), 32, D, device="cuda", dtype=torch.bfloat16)
     kw["k_new"], kw["v_new"] = (torch.randn(sum(new), 8, D, device="cuda").bfloat16() for _ in "kv")
-    assert cuda_kernel_launches(lambda: extend_attention(q, *args, **kw)) == 3
+    assert cuda_kernel_launches(lambda: extend_attention(q, *args, **kw)) == 2
 
 
 @torch.inference_mode()

@@ -9,7 +9,12 @@ import pytest
 import torch
 from test_decode import scattered_table
 
-from kvtuner.attention import AttentionBatch, decode_attention, decode_attention_reference
+from kvtuner.attention import (
+    AttentionBatch,
+    choose_splits,
+    decode_attention,
+    decode_attention_reference,
+)
 from kvtuner.attention.decode_kernel import DecodePlan, launch_decode, plan_decode, serves
 from kvtuner.attention.packed_rows import decodable
 from kvtuner.quant import QuantSpec, quantize
@@ -163,11 +168,10 @@ def test_plans_fill_the_device_and_reject_bad_tiles():
 
 
 def test_plans_follow_the_row_alignment_and_the_rotary_width():
-    """Asymmetric 2/4/8-bit (and 16-bit) rows: 64 tokens on 4 warps, 3 stages at 16-byte rows,
-    2 at narrower ones or 4-bit keys stored pre-RoPE (the H200's fastest, within the sm_90a
-    build's limits). Pre-RoPE keys rotated over at least half the row: 16 on 8 warps (2 stages
-    at a full rotary width and 16-byte rows). Other rows (symmetric here, 3-bit chunks): 32
-    tokens on 4 warps, 2 stages, at any row width."""
+    """Keys stored after RoPE: 32 tokens on one warp, 2 stages, at any row (the H200's fastest,
+    2026-11-26). Pre-RoPE 4-bit keys on 2/4/8-bit (or 16-bit) rows: 64 tokens on 4 warps, 2
+    stages. Pre-RoPE keys rotated over at least half the row: 16 on 8 warps (2 stages at a full
+    rotary width and 16-byte rows). Other pre-RoPE rows: 32 tokens on 4 warps, 2 stages."""
     spec, rope = QuantSpec(4, 16), QuantSpec(4, 16, pre_rope=True)
     sym, sym_rope = QuantSpec(4, 8, symmetric=True), QuantSpec(4, 8, symmetric=True, pre_rope=True)
 
@@ -179,17 +183,22 @@ def test_plans_follow_the_row_alignment_and_the_rotary_width():
         p = plan_decode(batch)
         return p.block_tokens, p.num_warps, p.num_stages
 
-    assert spec.row_bytes(D) % 16 == 0 and QuantSpec(4).row_bytes(D) % 16 == 8
-    assert sym.row_bytes(D) % 16 == 0 and QuantSpec(4, 16, symmetric=True).row_bytes(D) % 16 == 8
-    assert plan(spec) == (64, 4, 3)
-    assert plan(spec, QuantSpec(4)) == (64, 4, 2)  # 8-byte value rows
-    assert plan(QuantSpec(16), QuantSpec(8, 16)) == (64, 4, 3)
+    for k_spec, v_spec in ((spec, spec), (spec, QuantSpec(4)), (QuantSpec(16), QuantSpec(8, 16)),
+                           (sym, sym), (QuantSpec(3), QuantSpec(3))):  # fmt: skip
+        assert plan(k_spec, v_spec) == (32, 1, 2), (k_spec, v_spec)
     for rotary in (D, D // 2, D // 4):
         assert plan(rope, rotary=rotary) == (64, 4, 2)
-    assert plan(sym, sym) == (32, 4, 2)
     assert plan(sym_rope, sym, rotary=D) == (16, 8, 2)
     assert plan(sym_rope, sym, rotary=D // 2) == (16, 8, 1)
     assert plan(sym_rope, sym, rotary=D // 4) == (32, 4, 2)
-    assert plan(sym, QuantSpec(4, 16, symmetric=True)) == (32, 4, 2)  # 8-byte value rows
     assert plan(sym_rope, QuantSpec(4, 16, symmetric=True), rotary=D) == (16, 8, 1)
-    assert plan(QuantSpec(3), QuantSpec(3)) == (32, 4, 2)  # 3-bit chunks: not wide
+
+
+def test_splits_give_an_sm_16_programs_of_one_warp_or_4_of_more():
+    """16 requests × 8 KV heads × 32k tokens on 132 SMs: 17 splits of one warp (16 × 32768 ran
+    at 0.83× bf16 SDPA on 4 splits, 1.14× on 8-32), 5 of 4 warps; never under 256 tokens."""
+    cpu = torch.device("cpu")
+    assert choose_splits(16, 8, 32768, cpu, sms=132, num_warps=1) == 17
+    assert choose_splits(16, 8, 32768, cpu, sms=132, num_warps=4) == 5
+    assert choose_splits(16, 8, 32768, cpu, sms=132, num_warps=8) == 5
+    assert choose_splits(16, 8, 1024, cpu, sms=132, num_warps=1) == 4

@@ -1,8 +1,10 @@
 """The GPU-free loop (``benchmarks/kernel_resources.py``): every decode and extend kernel
 (pre-RoPE and KIVI keys' decode included) and every pack/unpack kernel compiles for an H100
 (sm_90a, Triton's ptxas) and holds what a fast kernel shows there, read off its build without a
-GPU: no spill, no code loaded (or, packing, stored) a byte at a time, decode at most 168
-registers a thread, pack and unpack at least 8 warps an SM and few instructions a row (one
+GPU: no spill, no code loaded (or, packing, stored) a byte at a time, decode tiles of 4-8
+warps at most 168 registers a thread (3 programs an SM) and tiles of one warp at least 8 warps
+an SM (on an H200 KV4 g32 ran 1.7× faster on 32 tokens × 1 warp, 245 registers, 8 programs an
+SM, than on 64 × 4 warps, 154 registers, 3 an SM), pack and unpack at least 8 warps an SM and few instructions a row (one
 warp a program, whole groups a thread). The extend kernel's tiles are MMA tiles of 64-128
 query rows: 232-246 registers and 1-2 programs an SM ran 3-4× faster on an H200 than 16 rows
 at 128 (docs/results/gpu.md), so extend is held to no spill only. A regression fails here, in CI,
@@ -23,6 +25,14 @@ import pytest
 BENCH = Path(__file__).parents[2] / "benchmarks"
 TOOL = Path(__file__).resolve().parents[3] / "shared" / "tools" / "sm90_report.py"
 MAX_REGISTERS = 168  # 3 programs of 4 warps an SM (65,536 registers)
+MIN_WARPS = 8  # an SM's warps where a program is one warp: its latency hidden across programs
+
+
+def fits(row: dict) -> bool:
+    """A decode tile's registers: 4-8 warps at most MAX_REGISTERS, one warp MIN_WARPS an SM."""
+    if row["num_warps"] >= 4:
+        return row["reg"] <= MAX_REGISTERS
+    return row["programs_per_sm"] * row["num_warps"] >= MIN_WARPS
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +55,7 @@ def test_decode_and_extend_kernels_fit_the_registers_without_spill_or_byte_loads
     for row in decode + extend:
         where = f"{row['label']}: {row['reg']} registers, {row['spill_bytes']} B spilled"
         assert row["spill_bytes"] == 0, where
-        assert row["kernel"] == "_extend_kernel" or row["reg"] <= MAX_REGISTERS, where
+        assert row["kernel"] == "_extend_kernel" or fits(row), where
         widths = {**row["ldg_widths"], **row["ldgsts_widths"]}
         assert "U8" not in widths, f"{row['label']} loads bytes one at a time: {widths}"
 
@@ -62,26 +72,28 @@ def test_pre_rope_and_kivi_keys_run_the_specialised_kernels_within_the_same_limi
     for row in rows:
         assert row["kernel"] in ("_decode_kernel", "_extend_kernel"), row["label"]
         assert row["spill_bytes"] == 0, row["label"]
-        assert row["kernel"] == "_extend_kernel" or row["reg"] <= MAX_REGISTERS, row["label"]
+        assert row["kernel"] == "_extend_kernel" or fits(row), row["label"]
         assert "U8" not in {**row["ldg_widths"], **row["ldgsts_widths"]}, row["label"]
 
 
 def test_rows_of_16_byte_multiples_load_codes_16_bytes_at_a_time(decode_rows):
-    """KV4 g32's 80-byte rows: the codes come in 16-byte async copies, 3 programs an SM."""
+    """KV4 g32's 80-byte rows: the codes come in 16-byte async copies, on one warp (the plan
+    since the H200 sweep of 2026-11-26), 8 programs an SM."""
     (row,) = (r for r in decode_rows if r["label"] == "decode KV4 g32" and "decode" in r["kernel"])
-    assert row["ldgsts_widths"].get("128", 0) > 0 and row["programs_per_sm"] >= 3
+    assert row["ldgsts_widths"].get("128", 0) > 0
+    assert row["num_warps"] == 1 and row["programs_per_sm"] >= MIN_WARPS
 
 
 def test_decode_metadata_comes_in_async_copies_and_a_tile_costs_few_instructions(decode_rows):
     """Scales and zeros load as int32 words, so Triton's pipeline copies them ahead with the
     codes: no 2-byte load left in the loop of KV8 g64 (136-byte rows) or one scale a
-    token-head (68-byte rows), where it waited on memory every tile. And a KV4 g32 tile costs
-    a warp at most 900 instructions (1118 when every scale and zero was masked per element,
-    a select each; 763 since)."""
+    token-head (68-byte rows), where it waited on memory every tile. And KV4 g32 costs at most
+    40 instructions a key (a 64-key tile on 4 warps: 70 when every scale and zero was masked
+    per element, 47.7 since; 32 keys on one warp: 37.2)."""
     decode = {r["label"]: r for r in decode_rows if r["kernel"] == "_decode_kernel"}
     for label in ("decode KV4 g32", "decode KV8 g64", "decode KV4 g128", "decode K8V4 g64/g32"):
         assert "U16" not in decode[label]["ldg_widths"], (label, decode[label]["ldg_widths"])
-    assert 0 < decode["decode KV4 g32"]["loop_sass"] <= 900, decode["decode KV4 g32"]["loop_sass"]
+    assert 0 < decode["decode KV4 g32"]["token_sass"] <= 40, decode["decode KV4 g32"]["token_sass"]
 
 
 def test_the_general_kernel_is_still_the_slow_one_it_replaces(decode_rows):

@@ -106,7 +106,7 @@ class KVTunerAttnBackend(AttentionBackend):
         fb, heads = forward_batch, self.pool.head_num
         table = self.req_to_token[:, : self._width(fb.seq_lens_cpu)]
         if fb.forward_mode.is_decode_or_idle():
-            md = PackedMetadata.decode(fb.seq_lens, fb.req_pool_indices, table, heads)
+            md = PackedMetadata.decode(fb.seq_lens, fb.req_pool_indices, table)
         else:
             host = fb.extend_seq_lens_cpu
             max_q = max(host) if host is not None and len(host) else fb.input_ids.numel()
@@ -129,8 +129,7 @@ class KVTunerAttnBackend(AttentionBackend):
             )
         bs = forward_batch.batch_size
         lengths, rows = (buf[:bs] for buf in self._graph)
-        heads = self.pool.head_num
-        self.forward_metadata = PackedMetadata.decode(lengths, rows, self.req_to_token, heads)
+        self.forward_metadata = PackedMetadata.decode(lengths, rows, self.req_to_token)
 
     def init_forward_metadata_in_graph(self, forward_batch: Any) -> None:
         """Recorded in the graph: the runner's seq_lens / req_pool_indices into int32 buffers."""

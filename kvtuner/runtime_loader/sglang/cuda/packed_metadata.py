@@ -25,12 +25,14 @@ def _int32(x: torch.Tensor) -> torch.Tensor:
 class PackedMetadata:
     """One forward's indexing: int32 ``lengths [B]`` (stored tokens, new ones included) and
     ``table_rows [B]`` (rows of ``slot_table``, SGLang's ``req_to_token[:, :width]``); extend:
-    ``qo_indptr [B+1]`` int32 and ``max_q_len`` (host bound of new tokens per request)."""
+    ``qo_indptr [B+1]`` int32 and ``max_q_len`` (host bound of new tokens per request).
+    ``num_splits`` None: each layer's decode plan chooses them (at its tile's warps) from the
+    same shapes, so every forward of a batch size launches alike (CUDA graphs)."""
 
     lengths: torch.Tensor
     table_rows: torch.Tensor
     slot_table: torch.Tensor
-    num_splits: int
+    num_splits: int | None
     qo_indptr: torch.Tensor | None = None
     max_q_len: int = 1
 
@@ -39,14 +41,13 @@ class PackedMetadata:
             t = getattr(self, name)
             if t.dtype != torch.int32 or t.dim() != 1:
                 raise ValueError(f"{name} must be int32 [B], got {t.dtype} {tuple(t.shape)}")
-        if self.num_splits < 1 or self.max_q_len < 1:
+        if (self.num_splits is not None and self.num_splits < 1) or self.max_q_len < 1:
             raise ValueError(f"num_splits and max_q_len must be >= 1: {self!r}")
 
     @classmethod
-    def decode(cls, seq_lens, req_pool_indices, slot_table, kv_heads: int) -> PackedMetadata:
-        """One new token per request; splits from the batch size and the table width only."""
-        splits = choose_splits(len(seq_lens), kv_heads, slot_table.shape[1], slot_table.device)
-        return cls(_int32(seq_lens), _int32(req_pool_indices), slot_table, splits)
+    def decode(cls, seq_lens, req_pool_indices, slot_table) -> PackedMetadata:
+        """One new token per request; splits from each layer's plan."""
+        return cls(_int32(seq_lens), _int32(req_pool_indices), slot_table, None)
 
     @classmethod
     def extend(
@@ -66,4 +67,4 @@ class PackedMetadata:
         args = dict(lengths=self.lengths, slot_table=self.slot_table, table_rows=self.table_rows)
         if self.qo_indptr is not None:
             args.update(qo_indptr=self.qo_indptr, max_q_len=self.max_q_len)
-        return dict(args, num_splits=self.num_splits)
+        return args if self.num_splits is None else dict(args, num_splits=self.num_splits)
