@@ -277,7 +277,7 @@ def pack_cases() -> dict:
         buf = torch.empty(PACK_TOKENS, HKV, spec.row_bytes(D), dtype=torch.uint8)
         x = torch.empty(PACK_TOKENS, HKV, D, dtype=torch.bfloat16)
         loc = torch.arange(PACK_TOKENS, dtype=torch.int64)
-        grid, args = tk._launch_args(buf, loc, spec, D)
+        grid, args = tk._launch_args(buf, loc, spec, D, pack=True)
         kernel = tk._scatter_kernel if spec.is_quantized else tk._scatter_fp16_kernel
         return lambda: kernel[grid](x, loc, buf, stride_xt=x.stride(0), stride_xh=x.stride(1),
                                     **args)  # fmt: skip
@@ -286,7 +286,7 @@ def pack_cases() -> dict:
         buf = torch.empty(PACK_TOKENS, HKV, spec.row_bytes(D), dtype=torch.uint8)
         out = torch.empty(PACK_TOKENS, HKV, D, dtype=torch.bfloat16)
         loc = torch.arange(PACK_TOKENS, dtype=torch.int64)
-        grid, args = tk._launch_args(buf, loc, spec, D)
+        grid, args = tk._launch_args(buf, loc, spec, D, pack=False)
         kernel = tk._gather_kernel if spec.is_quantized else tk._gather_fp16_kernel
         return lambda: kernel[grid](buf, loc, out, OUT_BF16=False, **args)  # a GPU's bf16 cast
 

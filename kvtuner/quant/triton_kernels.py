@@ -96,8 +96,7 @@ def _group_tile(x_ptr, at, row_ok, D: tl.constexpr, G: tl.constexpr, NG_PAD: tl.
                 BLOCK: tl.constexpr):  # fmt: skip
     """fp32 [BLOCK, NG_PAD, G] of the rows at ``at`` [BLOCK], loaded as [G/8, BLOCK, NG_PAD, 8]:
     the chunk-of-a-group axis outermost, so Triton gives each thread every chunk of its group
-    (a group's min, max and grid in one thread, not reduced across four; G = D: a whole row,
-    for the Hadamard butterflies)."""
+    (a group's min, max and grid in one thread, not reduced across four)."""
     C: tl.constexpr = G // 8
     c = tl.arange(0, C)[:, None, None, None]
     g = tl.arange(0, NG_PAD)[None, None, :, None]
@@ -122,15 +121,15 @@ def _scatter_kernel(
     NG: tl.constexpr = D // G
     NG_PAD: tl.constexpr = NW_PAD * 8 // G  # groups of the padded tile (extra ones not stored)
     at = _x_offsets(rows, stride_xt, stride_xh)
-    if ROTATE:  # a whole row a thread (D a power of two): the butterflies stay in registers
-        x = tl.reshape(_group_tile(x_ptr, at, row_ok, D, D, 1, BLOCK), [BLOCK, NW_PAD, 8])
-        x = tl.reshape(hadamard_tile(x, D), [BLOCK, NG_PAD, G])
-    elif G % 8:
+    if ROTATE or G % 8:
         w = tl.arange(0, NW_PAD)
         e = w[:, None] * 8 + tl.arange(0, 8)[None, :]  # [NW_PAD, 8] element index in the row
         mask = row_ok[:, None, None] & (w < NW)[None, :, None]
         x = tl.load(x_ptr + at[:, None, None] + e[None], mask=mask, other=0.0)
-        x = tl.reshape(x.to(tl.float32), [BLOCK, NG_PAD, G])  # one group a middle index
+        x = x.to(tl.float32)  # [BLOCK, NW_PAD, 8]
+        if ROTATE:  # a row over 8 threads: a whole row a thread held too few warps (below)
+            x = hadamard_tile(x, D)
+        x = tl.reshape(x, [BLOCK, NG_PAD, G])  # the same elements, one group a middle index
     else:
         x = _group_tile(x_ptr, at, row_ok, D, G, NG_PAD, BLOCK)
     q, scale, zero, ok = grid_codes(x, 2, BITS, SYMMETRIC)  # scale, zero, ok: [BLOCK, NG_PAD]
@@ -266,17 +265,23 @@ def _check(buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_dim: i
         )
 
 
-def _launch_args(buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_dim: int):
+def _launch_args(
+    buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_dim: int, *, pack: bool
+):
     """Grid and the keyword arguments shared by every kernel of one call."""
     n_tokens = loc.shape[0]
     rotate = _rotates(spec)
-    # A program: 32 tokens of one KV head on one warp (sm_90a builds at head_dim 128); one head
-    # a program: no row index divided by the head count. Pack holds whole groups a thread (a
-    # rotated row, whole rows), and the fewer warps share 32 rows, the fewer instructions a
-    # row: pack KV4 g32 70 / 60 / 53 at 4 / 2 / 1 warps (163 registers, 12 programs an SM at
-    # one), KV8 g64 87 / 62 / 53, Hadamard 86 at one where 16 rows on 4 warps, a row over
-    # eight threads, took 606; unpack KV4 g32 42 / 36 / 32, KV8 g64 40 / 34 / 28, Hadamard 62.
-    block = min(32, next_power_of_2(max(n_tokens, 1)))
+    # Rows a program and its warps, per kernel, as the H200 timed them (65k-262k tokens × 8
+    # heads, d 128; docs/results/gpu.md › "Pack and unpack on the H200"). These kernels wait
+    # on memory: the warps an SM, not the instructions a row, set their pace where few warps
+    # fit. Pack: 32 rows on one warp, whole groups a thread (0.42-0.71× clone(); 4 warps took
+    # 0.34-0.68×). Unpack: 32 rows on 4 warps, 32-40 registers, up to 16 programs an SM
+    # (0.42-0.48×; one warp, 156 registers and 13 warps an SM, took 0.20-0.31×). Hadamard
+    # unpack: a whole row a thread on one warp (0.65×; 4 warps 0.56×). Hadamard pack: 16 rows
+    # on 4 warps, a row over 8 threads (0.17×; a whole row a thread, 206 registers and 9 warps
+    # an SM with its loads spread through the butterflies, took 0.03×).
+    block, warps = (16, 4) if rotate and pack else (32, 1 if pack or rotate else 4)
+    block = min(block, next_power_of_2(max(n_tokens, 1)))
     grid = (cdiv(n_tokens, block), buffer.shape[1])  # token blocks × heads
     align = _row_align(buffer)
     common = dict(
@@ -287,7 +292,7 @@ def _launch_args(buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_
         BLOCK=block,
         ALIGN=align,
         enable_fp_fusion=False,
-        num_warps=1,
+        num_warps=warps,
     )
     if spec.is_quantized:
         nw_pad = next_power_of_2(head_dim // 8)
@@ -336,7 +341,7 @@ def triton_scatter_quantized(
         return
     if x.stride(2) != 1:
         x = x.contiguous()
-    grid, args = _launch_args(buffer, loc, spec, x.shape[2])
+    grid, args = _launch_args(buffer, loc, spec, x.shape[2], pack=True)
     kernel = _scatter_kernel if spec.is_quantized else _scatter_fp16_kernel
     kernel[grid](x, loc, buffer, stride_xt=x.stride(0), stride_xh=x.stride(1), **args)
 
@@ -357,7 +362,7 @@ def triton_gather_dequantized(
     out = torch.empty(shape, dtype=dtype, device=buffer.device)
     if loc.shape[0] == 0:
         return out
-    grid, args = _launch_args(buffer, loc, spec, head_dim)
+    grid, args = _launch_args(buffer, loc, spec, head_dim, pack=False)
     kernel = _gather_kernel if spec.is_quantized else _gather_fp16_kernel
     by_hand = out.dtype == torch.bfloat16 and interpreted()  # a GPU rounds bf16 itself
     target = out.view(torch.int16) if by_hand else out

@@ -1,11 +1,11 @@
 """The GPU-free loop (``benchmarks/kernel_resources.py``): every decode and extend kernel
 (pre-RoPE and KIVI keys' decode included) and every pack/unpack kernel compiles for an H100
 (sm_90a, Triton's ptxas) and holds what a fast kernel shows there, read off its build without a
-GPU: no spill, no code loaded (or, packing, stored) a byte at a time, decode tiles of 4-8
+GPU: no spill, no code loaded (or, packing, stored) a byte at a time; decode tiles of 4-8
 warps at most 168 registers a thread (3 programs an SM) and tiles of one warp at least 8 warps
 an SM (on an H200 KV4 g32 ran 1.7× faster on 32 tokens × 1 warp, 245 registers, 8 programs an
-SM, than on 64 × 4 warps, 154 registers, 3 an SM), pack and unpack at least 8 warps an SM and few instructions a row (one
-warp a program, whole groups a thread). The extend kernel's tiles are MMA tiles of 64-128
+SM, than on 64 × 4 warps, 154 registers, 3 an SM); pack and unpack at least 8 warps an SM,
+unpack 48, and few instructions a row. The extend kernel's tiles are MMA tiles of 64-128
 query rows: 232-246 registers and 1-2 programs an SM ran 3-4× faster on an H200 than 16 rows
 at 128 (docs/results/gpu.md), so extend is held to no spill only. A regression fails here, in CI,
 before any GPU is lent.
@@ -107,10 +107,11 @@ def test_pack_and_unpack_move_rows_in_words_at_every_row_length(decode_rows):
     """80-byte KV4 g32, 136-byte KV8 g64 (offsets multiples of 8 bytes), 3-bit codes that
     straddle bytes and 16-bit rows: no byte-wide load or store, no spill, and at least 8 warps
     an SM (KV4 g32 pack took 140 registers at 64 rows a program; KV8 g64 255 and 1064 B
-    spilled, with 68 byte stores; Hadamard pack holds a whole row a thread on one warp, 206
-    registers, 9 programs). Instructions a row: pack did 107 (KV4 g32), 112 (KV8 g64) and 606
-    (Hadamard) on 4 warps, a group reduced across four threads and a row's butterflies across
-    eight."""
+    spilled, with 68 byte stores). Unpack of plain rows waits on memory: at least 48 warps an
+    SM (on the H200, 52-64 ran at 0.42-0.48× clone(), 13 on one warp at 0.20-0.31×, though
+    they issued a quarter fewer instructions a row). Instructions a row: pack did 107 (KV4
+    g32) and 112 (KV8 g64) on 4 warps, a group reduced across four threads, 53 on one warp;
+    Hadamard unpack, a whole row a thread, 61 (172 with a row over eight threads)."""
     rows = [r for r in decode_rows if r["label"].startswith(("pack ", "unpack "))]
     assert {r["label"] for r in rows} >= {"pack KV8 g64", "unpack KV3 g32", "pack K16"}
     for row in rows:
@@ -119,8 +120,10 @@ def test_pack_and_unpack_move_rows_in_words_at_every_row_length(decode_rows):
         assert row["programs_per_sm"] * row["num_warps"] >= 8, where
         moves = {**row["ldg_widths"], **row["stg_widths"]}
         assert "U8" not in moves, f"{row['label']} moves bytes one at a time: {moves}"
+        if row["label"].startswith("unpack ") and "hadamard" not in row["label"]:
+            assert row["programs_per_sm"] * row["num_warps"] >= 48, where
     (kv4,) = (r for r in rows if r["label"] == "pack KV4 g32")
     assert kv4["stg_widths"].get("128", 0) > 0 and kv4["programs_per_sm"] >= 6
     per_row = {r["label"]: r["row_sass"] for r in rows}
     assert per_row["pack KV4 g32"] <= 60 and per_row["pack KV8 g64"] <= 60, per_row
-    assert per_row["pack KV4 g32 hadamard"] <= 100, per_row
+    assert per_row["unpack KV4 g32 hadamard"] <= 70, per_row

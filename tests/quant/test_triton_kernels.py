@@ -444,7 +444,7 @@ GPU_COMPILE = textwrap.dedent("""
     for spec in (QuantSpec(4, 32), QuantSpec(4, 32, True), QuantSpec(16), QuantSpec(3, 32),
                  QuantSpec(6, 16, True)):
         buf = torch.zeros(8, 2, spec.row_bytes(64), dtype=torch.uint8)
-        _, args = tk._launch_args(buf, loc, spec, 64)
+        _, args = tk._launch_args(buf, loc, spec, 64, pack=True)
         q = spec.is_quantized
         scatter = compile_ptx(tk._scatter_kernel if q else tk._scatter_fp16_kernel,
                               {"x_ptr": "*bf16", "loc_ptr": "*i64", "buf_ptr": "*u8"}, dict(args),
@@ -462,7 +462,7 @@ GPU_COMPILE = textwrap.dedent("""
     # Hadamard fused as fp32 butterflies: no FMA, no tensor-core (TF32) instructions
     spec = QuantSpec(4, 32, rotation="hadamard")
     buf = torch.zeros(8, 2, spec.row_bytes(64), dtype=torch.uint8)
-    _, args = tk._launch_args(buf, loc, spec, 64)
+    _, args = tk._launch_args(buf, loc, spec, 64, pack=True)
     scatter = compile_ptx(tk._scatter_kernel, {"x_ptr": "*bf16", "loc_ptr": "*i64",
                           "buf_ptr": "*u8"}, dict(args), ("stride_xt", "stride_xh"))
     gather = compile_ptx(tk._gather_kernel, {"buf_ptr": "*u8", "loc_ptr": "*i32",
