@@ -13,7 +13,7 @@
 #                                         # resources, decode kernel vs general vs bf16 SDPA at
 #                                         # 16/64 x 8k/32k, pack/unpack, the SGLang step
 #   bash scripts/gpu_session.sh check     # a 15-minute lease in one call: pack/unpack, the decode
-#                                         # tile sweep at 1/2/4 warps, pytest -m cuda
+#                                         # plans at 16/64 x 8k/32k, pytest -m cuda
 #   bash scripts/gpu_session.sh tune      # tiles of the rows the plans have not timed yet
 #   bash scripts/gpu_session.sh profile   # the GPU-only tests again, the decode tile sweep of
 #                                         # KV8 g64 / KV4 g32 / K8V4, ncu on the decode kernel
@@ -76,15 +76,16 @@ case "$stage" in
       echo "== kernel_resources: no sm90_report.py beside the checkout, skipped" | tee -a "$log"
     fi
     ;;
-  check)  # one call of a 15-minute lease (the start takes 1-2 of them): pack and unpack on one
-    # warp, the decode tiles on 1, 2 and 4 warps against bf16 SDPA, then the GPU-only tests
+  check)  # one call of a 15-minute lease (the start takes 1-2 of them): what the last lease's
+    # timings chose, timed as a set: pack and unpack (warps per kernel), the decode plans
+    # (one-warp tiles at 16 programs an SM) against bf16 SDPA, then the GPU-only tests
     nvidia-smi -L >>"$log" 2>&1
     step 60 python3 benchmarks/quant_throughput.py --device cuda --rounds 3 \
       --output "$out/quant_throughput_kernels.json"
-    step 200 python3 benchmarks/attention_decode.py --device cuda --batch 16 64 --context 8192 \
-      --specs "KV4 g32" "KV8 g64" --variants decode-kernel --block-tokens 16 32 64 \
-      --num-warps 1 2 4 --num-stages 2 3 --output "$out/attention_decode_sweep.json"
-    step 170 python3 -m pytest -m cuda -q -n 8 -p no:cacheprovider $cuda_tests
+    step 120 python3 benchmarks/attention_decode.py --device cuda --batch 16 64 \
+      --context 8192 32768 --specs "KV4 g32" "KV8 g64" "K8V4 (mixed)" "KV4 g128" "KV3 g32" \
+      "KV4 g32 sym" --variants decode-kernel --output "$out/attention_decode_plans.json"
+    step 210 python3 -m pytest -m cuda -q -n 16 -p no:cacheprovider -rf $cuda_tests
     ;;
   tune)  # what the plans still take from the sm_90a build alone, timed: decode tiles of
     # 3-bit, symmetric and 5-bit/3-bit rows (since 2c966f7 a chunk at a time, 32 tokens on 4
