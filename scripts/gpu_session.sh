@@ -86,6 +86,12 @@ case "$stage" in
       --context 8192 32768 --specs "KV4 g32" "KV8 g64" "K8V4 (mixed)" "KV4 g128" "KV3 g32" \
       "KV4 g32 sym" --variants decode-kernel --output "$out/attention_decode_plans.json"
     step 210 python3 -m pytest -m cuda -q -n 16 -p no:cacheprovider -rf $cuda_tests
+    # where unpack's time goes (0.20-0.48x clone() so far): one KV4 g32 launch at 65k tokens
+    step 60 ncu --target-processes all -k regex:_gather_kernel --launch-skip 2 --launch-count 1 \
+      --section SpeedOfLight --section Occupancy --section WarpStateStats \
+      --section MemoryWorkloadAnalysis --log-file "$out/ncu_unpack_KV4g32.txt" \
+      python3 benchmarks/quant_throughput.py --device cuda --rounds 1 --min-run-time 0.01 \
+      --shape 65536 8 128 --output /tmp/ncu_unused.json
     ;;
   tune)  # what the plans still take from the sm_90a build alone, timed: decode tiles of
     # 3-bit, symmetric and 5-bit/3-bit rows (since 2c966f7 a chunk at a time, 32 tokens on 4
