@@ -175,8 +175,8 @@ def plan_decode(batch: AttentionBatch, *, sms: int | None = None) -> DecodePlan:
 
     Token-axis keys stored after RoPE, d <= 128, no unpacked tail: 32 tokens on one warp, 2
     stages (no cross-warp softmax; at 32-64 × 8192 and 16-64 × 32768 KV4 g32 ran at 1.10-1.15×
-    bf16 SDPA against 0.67× on 64 tokens × 4 warps, KV8 g64 at 0.83-0.88× against 0.61-0.66×,
-    K8V4 at 0.90×; the sm_90a build: 205-255 registers, 8-9 programs an SM, no spill). The HF
+    bf16 SDPA against 0.67× on 64 tokens × 4 warps, KV8 g64 at 0.81-0.88× against 0.61-0.66×,
+    K8V4 at 0.90-0.91×; the sm_90a build: 205-255 registers, 8-9 programs an SM, no spill). The HF
     cache's tail and KIVI pages spill there (24-104 B), so they keep 4 warps: 64 tokens where K
     and V are :func:`.packed_rows.wide_rows` at d <= 128 (3 stages where rows load 16 bytes at
     a time and keys are not pre-RoPE), else 32 tokens, 2 stages. Pre-RoPE keys rotated over at

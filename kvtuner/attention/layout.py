@@ -341,8 +341,9 @@ def choose_splits(
     """Sequence splits per (query rows of a request, KV head): enough programs to fill the GPU
     (4 programs an SM, 16 of one warp: at least 16 warps), each with at least 256 tokens to
     amortize its reduce; on CPU (interpreter) at most 2. ``sms`` (default: the device's) plans
-    a GPU launch anywhere. On the H200, decode tiles of one warp at 16-32 × 8k-32k ran at
-    0.70-1.15× bf16 SDPA at 8-16 programs an SM, 0.47-0.73× at 2-4."""
+    a GPU launch anywhere. On the H200, KV4 g32 decode on one-warp tiles ran at 0.47× / 0.85×
+    bf16 SDPA on 2 / 4 splits at 16 × 32k, 1.14-1.15× on 8-32; at 32 × 8k 0.73× on 4 splits,
+    1.07-1.13× on 8-24."""
     if sms is None and device.type != "cuda":
         return 1 if max_tokens <= 64 else 2
     if sms is None:

@@ -272,7 +272,7 @@ def _launch_args(
     n_tokens = loc.shape[0]
     rotate = _rotates(spec)
     # Rows a program and its warps, per kernel, as the H200 timed them (65k-262k tokens × 8
-    # heads, d 128; docs/results/gpu.md › "Pack and unpack on the H200"). These kernels wait
+    # heads, d 128; docs/results/gpu.md › "H200, 2026-11-26, second lease"). These kernels wait
     # on memory: the warps an SM, not the instructions a row, set their pace where few warps
     # fit. Pack: 32 rows on one warp, whole groups a thread (0.42-0.71× clone(); 4 warps took
     # 0.34-0.68×). Unpack: 32 rows on 4 warps, 32-40 registers, up to 16 programs an SM
