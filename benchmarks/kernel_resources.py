@@ -5,21 +5,23 @@ in the dtypes a GPU run uses (bf16 q and KV), inside ``../shared/tools/sm90_repo
 ``compile_only``: Triton's ptxas builds each kernel for sm_90a and cuobjdump reads its
 registers, spills, shared memory and SASS mix; nothing runs. One row per (case, kernel):
 
-- ``kernel``, ``label`` (phase and spec, e.g. ``decode KV4 g32``), ``reg`` (registers a
-  thread), ``spill_bytes``, ``shared`` (bytes a program), ``programs_per_sm`` (register and
-  shared-memory limit), ``ldg_widths`` (global loads by width: ``U8`` is a byte a load,
-  ``128`` sixteen), ``ldgsts_widths`` (the same for async copies into shared memory, what
-  Triton's pipelined loads become), ``stg_widths`` (global stores by width), ``sass`` (MMA,
-  conversions, loads, spills...), ``row_sass`` (pack and unpack: instructions the warps issue
-  for one token-head row, comparable across rows a program and warps), ``token_sass``
-  (attention: loop instructions the warps issue for one key of a tile), ``loop_sass``
-  (instructions a warp issues per trip of the kernel's main loop: one K/V tile for attention;
-  the cost of a tile where the schedulers, not DRAM, set the pace, as Nsight Compute found for
-  decode on the H200).
+- ``kernel``, ``label`` (phase and spec, e.g. ``decode KV4 g32``), ``reg`` (registers a thread),
+  ``spill_bytes``, ``shared`` (bytes a program), ``programs_per_sm`` (register and shared-memory
+  limit), ``warps_per_sm`` (those programs' warps: what hides memory latency in the pool kernels,
+  which wait on memory; on the H200 unpack ran twice as fast at 52-64 as at 13, issuing a quarter
+  more instructions a row), ``ldg_widths`` (global loads by width: ``U8`` is a byte a load,
+  ``128`` sixteen), ``ldgsts_widths`` (the same for async copies into shared memory, what Triton's
+  pipelined loads become), ``stg_widths`` (global stores by width), ``sass`` (MMA, conversions,
+  loads, spills...), ``row_sass`` (pack and unpack: instructions the warps issue for one
+  token-head row, comparable across rows a program and warps), ``token_sass`` (attention: loop
+  instructions the warps issue for one key of a tile), ``loop_sass`` (instructions a warp issues
+  per trip of the kernel's main loop: one K/V tile for attention; the cost of a tile where the
+  schedulers, not DRAM, set the pace, as Nsight Compute found for decode on the H200).
 
-A clean row does not prove speed (a GPU run does); a row that spills, converts every element or
-loads codes a byte at a time is slow there. Shapes: Llama-3-8B attention (32 query heads,
-8 KV heads, head_dim 128), decode at batch 16 × 8192 tokens; pack/unpack 65536 tokens.
+A clean row does not prove speed (a GPU run does); a row that spills, converts every element, loads
+codes a byte at a time or holds few warps an SM while it waits on memory is slow there. Shapes:
+Llama-3-8B attention (32 query heads, 8 KV heads, head_dim 128), decode at batch 16 × 8192 tokens;
+pack/unpack 65536 tokens.
 
     python benchmarks/kernel_resources.py [--only decode] [--output FILE]
     python benchmarks/kernel_resources.py --only tiles --output /tmp/tiles.json  # plan sweep
@@ -438,6 +440,7 @@ def collect(tool, groups: list[str]) -> list[dict]:
                     widths = {"ldgsts_widths": async_copy_widths(sass),
                               "stg_widths": store_widths(sass)}  # fmt: skip
                     loop = loop_instructions(sass)
+                    row["warps_per_sm"] = row["programs_per_sm"] * row["num_warps"]
                     rows.append({"label": label, **row, **widths, "loop_sass": loop,
                                  "row_sass": row_instructions(row),
                                  "token_sass": token_instructions(row, loop)})  # fmt: skip
@@ -446,10 +449,10 @@ def collect(tool, groups: list[str]) -> list[dict]:
 
 def table(rows: list[dict]) -> str:
     head = (
-        "| label | kernel | warps | REG | spill B | shared B | programs/SM | loop | a row/key "
-        "| cvt | int | mma | ldg | ldgsts | stg |"
+        "| label | kernel | warps | REG | spill B | shared B | programs/SM | warps/SM | loop "
+        "| a row/key | cvt | int | mma | ldg | ldgsts | stg |"
     )
-    lines = [head, "|" + "---|" * 15]
+    lines = [head, "|" + "---|" * 16]
     for r in rows:
         ldg, ldgsts, stg = (
             ",".join(f"{w}x{n}" for w, n in sorted(r[key].items()))
@@ -458,6 +461,7 @@ def table(rows: list[dict]) -> str:
         lines.append(
             f"| {r['label']} | {r['kernel']} | {r.get('num_warps')} | {r['reg']} | "
             f"{r['spill_bytes']} | {r.get('shared')} | {r['programs_per_sm']} | "
+            f"{r['warps_per_sm']} | "
             f"{r['loop_sass']} | {r['row_sass'] or r['token_sass'] or ''} | {r['sass']['cvt']} "
             f"| {r['sass']['int']} | {r['sass']['mma']} "
             f"| {ldg} | {ldgsts} | {stg} |"
