@@ -338,15 +338,17 @@ def choose_splits(
     sms: int | None = None,
     num_warps: int = 4,
 ) -> int:
-    """Sequence splits per (query rows of a request, KV head): enough programs to fill the GPU
-    (4 programs an SM, 16 of one warp: at least 16 warps), each with at least 256 tokens to
+    """Sequence splits per (query rows of a request, KV head), each of at least 256 tokens to
     amortize its reduce; on CPU (interpreter) at most 2. ``sms`` (default: the device's) plans
-    a GPU launch anywhere. On the H200, KV4 g32 decode on one-warp tiles ran at 0.47× / 0.85×
-    bf16 SDPA on 2 / 4 splits at 16 × 32k, 1.14-1.15× on 8-32; at 32 × 8k 0.73× on 4 splits,
-    1.07-1.13× on 8-24."""
+    a GPU launch anywhere. Tiles of 4-8 warps: about 4 programs an SM. Tiles of one warp (8-9
+    programs an SM by their registers): as many as two whole waves of 8 hold, never a few
+    programs past them. On the H200, KV4 g32 at 16 × 32k ran at 0.85× bf16 SDPA on 4 splits,
+    1.15-1.16× on 16 (2048 programs) and 0.96× on 17 (2176: a third wave for 6 %); at 64 ×
+    8k 1.16× on 4 splits, 1.05× on 5."""
     if sms is None and device.type != "cuda":
         return 1 if max_tokens <= 64 else 2
     if sms is None:
         sms = torch.cuda.get_device_properties(device).multi_processor_count
-    wanted = -(-max(4, 16 // num_warps) * sms // max(1, batch * kv_heads))
+    programs = max(1, batch * kv_heads)
+    wanted = 16 * sms // programs if num_warps == 1 else -(-4 * sms // programs)
     return max(1, min(wanted, -(-max_tokens // 256), 64))

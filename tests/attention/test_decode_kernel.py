@@ -194,11 +194,14 @@ def test_plans_follow_the_row_alignment_and_the_rotary_width():
     assert plan(sym_rope, QuantSpec(4, 16, symmetric=True), rotary=D) == (16, 8, 1)
 
 
-def test_splits_give_an_sm_16_programs_of_one_warp_or_4_of_more():
-    """16 requests × 8 KV heads × 32k tokens on 132 SMs: 17 splits of one warp (16 × 32768 ran
-    at 0.83× bf16 SDPA on 4 splits, 1.14× on 8-32), 5 of 4 warps; never under 256 tokens."""
+def test_splits_fill_two_whole_waves_of_one_warp_programs_or_4_an_sm_of_more():
+    """16 requests × 8 KV heads × 32k tokens on 132 SMs: 16 splits of one warp (2048
+    programs: 1.15× bf16 SDPA on the H200, where 17 ran 0.96× and 4 ran 0.85×), 5 of 4-8
+    warps; 64 requests: 4 (1.16× at 8k, 5 ran 1.05×); never under 256 tokens a split."""
     cpu = torch.device("cpu")
-    assert choose_splits(16, 8, 32768, cpu, sms=132, num_warps=1) == 17
+    assert choose_splits(16, 8, 32768, cpu, sms=132, num_warps=1) == 16
+    assert choose_splits(64, 8, 8192, cpu, sms=132, num_warps=1) == 4
     assert choose_splits(16, 8, 32768, cpu, sms=132, num_warps=4) == 5
     assert choose_splits(16, 8, 32768, cpu, sms=132, num_warps=8) == 5
     assert choose_splits(16, 8, 1024, cpu, sms=132, num_warps=1) == 4
+    assert choose_splits(4096, 8, 8192, cpu, sms=132, num_warps=1) == 1
