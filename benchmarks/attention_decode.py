@@ -19,8 +19,11 @@ stored pre-RoPE: every K tile rotated forward in the kernel, element-wise in bot
 ``"KV3 g32"``, ``"KV4 g32 sym"`` and ``"K5V3 had"`` (not in it either) the rows the plans
 still tile by the sm_90a build alone (the last: 5-bit Hadamard keys in g64, 84-byte rows, and
 3-bit g32 values, a combination the shipped profiles use).
-Before timing, each spec's kernel output (every variant) is checked against the torch
-reference (dequantize, then SDPA) at the smallest shape.
+``--graphs`` times CUDA-graph replays of the kernel's call and of SDPA (what SGLang's
+captured decode steps run): at 16 × 8k the kernels may take less time than an eager call's
+host work (the SGLang step issued 250-480 µs of it on the H200's host). Before timing, each
+spec's kernel output (every variant) is checked against the torch reference (dequantize, then
+SDPA) at the smallest shape.
 
     python benchmarks/attention_decode.py --device cuda --variants decode-kernel,baseline
     python benchmarks/attention_decode.py --device cpu --batch 2 --context 64 --heads 4 \\
@@ -98,6 +101,12 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument("--num-warps", type=int, nargs="+", default=[None], help="default: Triton's")
     p.add_argument("--num-stages", type=int, nargs="+", default=[None], help="default: Triton's")
+    p.add_argument(
+        "--graphs",
+        action="store_true",
+        help="time CUDA-graph replays of both (what SGLang's decode graphs run: no host work; "
+        "an eager call at 16 × 8k waits on the host)",
+    )
     p.add_argument("--output", type=Path, default=OUT)
     return p.parse_args()
 
@@ -314,8 +323,12 @@ def main() -> None:
 
     from kvtuner.profile import write_json_atomic
 
-    seconds = timer(args.device)
-    bandwidth = copy_gbps(args.device, seconds)
+    if args.graphs and args.device != "cuda":
+        print("error: --graphs times CUDA-graph replays: it needs --device cuda", file=sys.stderr)
+        sys.exit(2)
+    eager = timer(args.device)
+    bandwidth = copy_gbps(args.device, eager)
+    seconds = (lambda f: eager(graphed(f))) if args.graphs else eager
     try:
         errors = {
             s: {v: check(args, *specs_for(s, args.head_dim), v) for v in args.variants}
@@ -332,7 +345,8 @@ def main() -> None:
     except ValueError as exc:  # shapes the kernel refuses: one line, exit 2
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
-    info = {**hardware(args.device, bandwidth), "variants": args.variants, "dtype": args.dtype}
+    info = {**hardware(args.device, bandwidth), "variants": args.variants, "dtype": args.dtype,
+            "graphs": args.graphs}  # fmt: skip
     print(info)
     print(table(rows, bandwidth))
     command = " ".join(["python", "benchmarks/attention_decode.py", *sys.argv[1:]])

@@ -85,6 +85,9 @@ case "$stage" in
     step 120 python3 benchmarks/attention_decode.py --device cuda --batch 16 64 \
       --context 8192 32768 --specs "KV4 g32" "KV8 g64" "K8V4 (mixed)" "KV4 g128" "KV3 g32" \
       "KV4 g32 sym" --variants decode-kernel --output "$out/attention_decode_plans.json"
+    step 40 python3 benchmarks/attention_decode.py --device cuda --batch 16 --context 8192 \
+      --specs "KV4 g32" "KV8 g64" --variants decode-kernel --graphs \
+      --output "$out/attention_decode_graphs.json"  # 16 x 8k without the host's eager work
     step 210 python3 -m pytest -m cuda -q -n 16 -p no:cacheprovider -rf $cuda_tests
     # where unpack's time goes (0.20-0.48x clone() so far): one KV4 g32 launch at 65k tokens
     step 60 ncu --target-processes all -k regex:_gather_kernel --launch-skip 2 --launch-count 1 \

@@ -34,3 +34,13 @@ def test_script_runs_and_writes_its_json(script, tmp_path):
     assert result["hardware"]["device"] == "cpu"
     assert result["command"].startswith(f"python benchmarks/{script}.py --device cpu")
     assert result.get("results") or result.get("rows")
+
+
+def test_graphs_need_a_gpu_and_say_so_in_one_line(tmp_path):
+    cmd = [sys.executable, str(BENCH / "attention_decode.py"), "--device", "cpu", "--graphs",
+           "--output", str(tmp_path / "x.json")]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=BENCH)
+    assert res.returncode == 2 and res.stderr.strip().splitlines() == [
+        "error: --graphs times CUDA-graph replays: it needs --device cuda"
+    ]
+    assert not (tmp_path / "x.json").exists()
