@@ -104,8 +104,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--graphs",
         action="store_true",
-        help="time CUDA-graph replays of both (what SGLang's decode graphs run: no host work; "
-        "an eager call at 16 × 8k waits on the host)",
+        help="time CUDA-graph replays of both (what SGLang's decode graphs run: no host work)",
     )
     p.add_argument("--output", type=Path, default=OUT)
     return p.parse_args()
