@@ -440,8 +440,8 @@ def collect(tool, groups: list[str]) -> list[dict]:
                     widths = {"ldgsts_widths": async_copy_widths(sass),
                               "stg_widths": store_widths(sass)}  # fmt: skip
                     loop = loop_instructions(sass)
-                    row["warps_per_sm"] = row["programs_per_sm"] * row["num_warps"]
                     rows.append({"label": label, **row, **widths, "loop_sass": loop,
+                                 "warps_per_sm": row["programs_per_sm"] * row["num_warps"],
                                  "row_sass": row_instructions(row),
                                  "token_sass": token_instructions(row, loop)})  # fmt: skip
     return rows

@@ -182,10 +182,11 @@ def plan_decode(batch: AttentionBatch, *, sms: int | None = None) -> DecodePlan:
     a time and keys are not pre-RoPE), else 32 tokens, 2 stages. Pre-RoPE keys rotated over at
     least half the row: 16 tokens on 8 warps (2 stages at a full width and 16-byte rows, else
     unpipelined)."""
-    rotary = 0 if batch.rope_freq is None or kivi_keys(batch) else 2 * batch.rope_freq.shape[0]
+    kivi = kivi_keys(batch)
+    rotary = 0 if batch.rope_freq is None or kivi else 2 * batch.rope_freq.shape[0]
     vec = min(batch.k_vec, batch.v_vec)
     wide = batch.head_dim <= 128 and wide_rows(batch.k_spec, batch.v_spec)
-    plain = batch.rope_freq is None and batch.k_tail is None and not kivi_keys(batch)
+    plain = batch.rope_freq is None and batch.k_tail is None and not kivi
     if plain and batch.head_dim <= 128:
         tile = dict(block_tokens=32, num_warps=1, num_stages=2)
     elif wide and (not rotary or batch.k_spec.bits == 4):  # pre-RoPE: 4-bit keys measured

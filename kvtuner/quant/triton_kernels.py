@@ -268,7 +268,8 @@ def _check(buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_dim: i
 def _launch_args(
     buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_dim: int, *, pack: bool
 ):
-    """Grid and the keyword arguments shared by every kernel of one call."""
+    """Grid and the keyword arguments shared by every kernel of one call (``pack``: the
+    scatter kernels, else the gather ones)."""
     n_tokens = loc.shape[0]
     rotate = _rotates(spec)
     # Rows a program and its warps, per kernel, as the H200 timed them (65k-262k tokens × 8
@@ -280,7 +281,12 @@ def _launch_args(
     # unpack: a whole row a thread on one warp (0.65×; 4 warps 0.56×). Hadamard pack: 16 rows
     # on 4 warps, a row over 8 threads (0.17×; a whole row a thread, 206 registers and 9 warps
     # an SM with its loads spread through the butterflies, took 0.03×).
-    block, warps = (16, 4) if rotate and pack else (32, 1 if pack or rotate else 4)
+    if rotate and pack:
+        block, warps = 16, 4
+    elif pack or rotate:
+        block, warps = 32, 1
+    else:
+        block, warps = 32, 4
     block = min(block, next_power_of_2(max(n_tokens, 1)))
     grid = (cdiv(n_tokens, block), buffer.shape[1])  # token blocks × heads
     align = _row_align(buffer)
