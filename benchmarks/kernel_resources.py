@@ -13,10 +13,15 @@ registers, spills, shared memory and SASS mix; nothing runs. One row per (case, 
   ``128`` sixteen), ``ldgsts_widths`` (the same for async copies into shared memory, what Triton's
   pipelined loads become), ``stg_widths`` (global stores by width), ``sass`` (MMA, conversions,
   loads, spills...), ``row_sass`` (pack and unpack: instructions the warps issue for one
-  token-head row, comparable across rows a program and warps), ``token_sass`` (attention: loop
-  instructions the warps issue for one key of a tile), ``loop_sass`` (instructions a warp issues
-  per trip of the kernel's main loop: one K/V tile for attention; the cost of a tile where the
-  schedulers, not DRAM, set the pace, as Nsight Compute found for decode on the H200).
+  token-head row, comparable across rows a program and warps), ``token_sass`` (attention: the
+  loop's instructions the warps issue for one key of a tile), ``loop_sass`` and
+  ``loop_common_sass`` (instructions a warp issues per trip of the kernel's main loop, all of
+  them and its common path: one K/V tile for attention). Decode waits on its own dependent
+  instructions, not on DRAM: Nsight Compute on the H200 found 0.36 issues a cycle a scheduler,
+  no warp eligible 64 % of cycles; every measured tile issued at about that rate, so
+  instructions a key set its time. ``h200_x_bf16``: × bf16 SDPA that a fit to the H200's
+  one-warp 32-token decode tile predicts from the loop's common path a key
+  (:data:`H200_TILE`).
 
 A clean row does not prove speed (a GPU run does); a row that spills, converts every element, loads
 codes a byte at a time or holds few warps an SM while it waits on memory is slow there. Shapes:
@@ -382,24 +387,41 @@ def async_copy_widths(sass: str) -> dict[str, int]:
     return dict(collections.Counter(w or "32" for w in found))
 
 
-def loop_instructions(sass: str) -> int:
-    """SASS instructions in the kernel's largest loop (the span from a backward branch's
-    target to the branch): what every warp issues per K/V tile, so the cost of a tile when
-    the schedulers, not DRAM, are the limit (0 where the kernel has no loop)."""
-    ops = [
+def _instructions(sass: str) -> list[tuple[int, str, str]]:
+    """(address, opcode, operands) of every SASS instruction (predicates dropped)."""
+    return [
         (int(addr, 16), op, rest)
         for addr, op, rest in re.findall(
             r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);", sass
         )
     ]
-    spans = [
-        (int(target, 16), addr)
+
+
+def _branches(ops: list[tuple[int, str, str]]) -> list[tuple[int, int]]:
+    """(address, target) of every branch with a target."""
+    return [
+        (addr, int(target, 16))
         for addr, op, rest in ops
-        if op.startswith("BRA") and (target := _branch_target(rest)) and int(target, 16) < addr
+        if op.startswith("BRA") and (target := _branch_target(rest))
     ]
+
+
+def loop_instructions(sass: str) -> tuple[int, int]:
+    """SASS instructions in the kernel's largest loop (the span from a backward branch's
+    target to the branch): what every warp issues per K/V tile, so the cost of a tile; and
+    the same less what forward branches inside the loop skip (its common path: the decode
+    loop's rescale of the accumulator runs only where a row's max grew). (0, 0) where the
+    kernel has no loop."""
+    ops = _instructions(sass)
+    branches = _branches(ops)
+    spans = [(target, addr) for addr, target in branches if target < addr]
     if not spans:
-        return 0
-    return max(sum(lo <= a <= hi for a, _, _ in ops) for lo, hi in spans)
+        return 0, 0
+    lo, hi = max(spans, key=lambda span: sum(span[0] <= a <= span[1] for a, _, _ in ops))
+    body = [a for a, _, _ in ops if lo <= a <= hi]
+    skips = [(addr, target) for addr, target in branches if lo <= addr < target <= hi]
+    common = [a for a in body if not any(addr < a < target for addr, target in skips)]
+    return len(body), len(common)
 
 
 def row_instructions(row: dict) -> float:
@@ -422,6 +444,27 @@ def token_instructions(row: dict, loop: int) -> float:
     return round(loop * row["num_warps"] / tokens, 1)
 
 
+# The H200's one-warp, 32-token decode tile, wherever the launch filled the device (batch 64 ×
+# 8k-32k, 16 × 32k at 16 splits; benchmarks/results/h200-2026-11-26-check/): KV4 g32, KV8 g64
+# and K8V4 all issued 345-382 G warp instructions/s (token_sass × tokens/s), and bf16 SDPA read
+# 4.3-4.5 TB/s. So on that tile a key takes its instructions / 3.6e11 s and SDPA's 512 bytes a
+# key-head 512 / 4.4e12 s: the ratio below, within 5 % of all nine measured points.
+H200_TILE = dict(block_tokens=32, num_warps=1, warp_instructions=3.6e11, sdpa_bytes=4.4e12)
+
+
+def h200_estimate(row: dict) -> float | None:
+    """× bf16 SDPA that the H200 fit predicts for a decode row on its one-warp 32-token tile
+    (:data:`H200_TILE`); None for other kernels and tiles."""
+    fit, consts = H200_TILE, row["constexprs"]
+    tile = (consts.get("BT"), row["num_warps"]) == (fit["block_tokens"], fit["num_warps"])
+    if row["kernel"] != "_decode_kernel" or not tile or not row["loop_common_sass"]:
+        return None
+    key_head_bf16 = 2 * 2 * consts["D"]  # K and V, 2 bytes an element
+    seconds_bf16 = key_head_bf16 / fit["sdpa_bytes"]
+    per_key = token_instructions(row, row["loop_common_sass"])
+    return round(seconds_bf16 * fit["warp_instructions"] / per_key, 2)
+
+
 def _branch_target(operands: str) -> str | None:
     found = re.search(r"0x([0-9a-f]+)", operands)
     return found.group(1) if found else None
@@ -439,20 +482,22 @@ def collect(tool, groups: list[str]) -> list[dict]:
                     sass = Path(sass_dir, f"{i:02d}_{row['kernel']}.sass").read_text()
                     widths = {"ldgsts_widths": async_copy_widths(sass),
                               "stg_widths": store_widths(sass)}  # fmt: skip
-                    loop = loop_instructions(sass)
+                    loop, common = loop_instructions(sass)
                     rows.append({"label": label, **row, **widths, "loop_sass": loop,
+                                 "loop_common_sass": common,
                                  "warps_per_sm": row["programs_per_sm"] * row["num_warps"],
                                  "row_sass": row_instructions(row),
                                  "token_sass": token_instructions(row, loop)})  # fmt: skip
+                    rows[-1]["h200_x_bf16"] = h200_estimate(rows[-1])
     return rows
 
 
 def table(rows: list[dict]) -> str:
     head = (
         "| label | kernel | warps | REG | spill B | shared B | programs/SM | warps/SM | loop "
-        "| a row/key | cvt | int | mma | ldg | ldgsts | stg |"
+        "| a row/key | ≈× bf16 (H200 fit) | cvt | int | mma | ldg | ldgsts | stg |"
     )
-    lines = [head, "|" + "---|" * 16]
+    lines = [head, "|" + "---|" * 17]
     for r in rows:
         ldg, ldgsts, stg = (
             ",".join(f"{w}x{n}" for w, n in sorted(r[key].items()))
@@ -462,7 +507,8 @@ def table(rows: list[dict]) -> str:
             f"| {r['label']} | {r['kernel']} | {r.get('num_warps')} | {r['reg']} | "
             f"{r['spill_bytes']} | {r.get('shared')} | {r['programs_per_sm']} | "
             f"{r['warps_per_sm']} | "
-            f"{r['loop_sass']} | {r['row_sass'] or r['token_sass'] or ''} | {r['sass']['cvt']} "
+            f"{r['loop_sass']} | {r['row_sass'] or r['token_sass'] or ''} | "
+            f"{r['h200_x_bf16'] or ''} | {r['sass']['cvt']} "
             f"| {r['sass']['int']} | {r['sass']['mma']} "
             f"| {ldg} | {ldgsts} | {stg} |"
         )

@@ -72,6 +72,26 @@ def test_every_served_format_matches_the_reference(k_spec, v_spec, ratio):
     check(q, args, kw)  # the launcher's own plan
 
 
+@pytest.mark.parametrize("rising", [True, False])
+def test_the_accumulator_rescales_only_where_a_row_max_grows(rising):
+    """Keys along q, their scores rising tile after tile (every tile's max grows: every tile
+    rescales) or falling (only the first tile sets it: no later tile rescales), at one and
+    several splits: both match the reference."""
+    spec = QuantSpec(4)
+    q = torch.randn(2, 4, D, generator=gen(11))
+    steps = torch.linspace(-3, 3, 150) if rising else torch.linspace(3, -3, 150)
+    along = q[0, 0] / q[0, 0].norm()  # [D]: KV head 0's first query row
+    slots = 310
+    k = torch.randn(slots, 2, D, generator=gen(12)) * 0.1
+    table = scattered_table([150, 150], slots, gen(13))
+    k[table[0].long(), 0] += steps[:, None] * along * 4
+    v = torch.randn(slots, 2, D, generator=gen(14))
+    args = (quantize(k, spec), quantize(v, spec), spec, spec)
+    kw = dict(lengths=torch.tensor([150, 150], dtype=torch.int32), slot_table=table)
+    for splits in (1, 3):
+        check(q, args, kw, block_tokens=16, num_splits=splits)
+
+
 @pytest.mark.parametrize("rotation", ["none", "hadamard"])
 def test_hf_rows_with_a_tail_left_padding_a_window_and_sinks(rotation):
     k_spec = QuantSpec(4, rotation=rotation)
