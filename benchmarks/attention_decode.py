@@ -11,8 +11,10 @@ what a decode call runs, :mod:`kvtuner.attention.decode_kernel` where it serves 
 ``baseline`` forces the general kernel, which dequantizes every element before ``tl.dot``;
 ``scale-after-dot`` the general kernel dotting raw codes, scales and zeros per group after it)
 is timed at every point of the same run; ``× base`` = baseline µs / variant µs.
-``--block-tokens``, ``--num-splits``, ``--num-warps`` and ``--num-stages`` take several values:
-every combination is timed at every point (a tile sweep; the ``tile`` column, ``-`` = default).
+``--block-tokens``, ``--num-splits``, ``--num-warps``, ``--num-stages`` and ``--max-registers``
+(the decode kernel's register cap, ``none`` for the compiler's choice; decode-kernel variant
+only) take several values: every combination is timed at every point (a tile sweep; the
+``tile`` column, ``-`` = default).
 ``--dtype float16`` runs q (and SDPA's K/V, same bytes as bf16: the ``*_bf16_*`` keys keep
 their names) in fp16. ``--specs "KV4 g32 pre-RoPE"`` (not in the default list) times keys
 stored pre-RoPE: every K tile rotated forward in the kernel, element-wise in both variants;
@@ -101,6 +103,13 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument("--num-warps", type=int, nargs="+", default=[None], help="default: Triton's")
     p.add_argument("--num-stages", type=int, nargs="+", default=[None], help="default: Triton's")
+    p.add_argument(
+        "--max-registers",
+        type=lambda s: None if s == "none" else int(s),
+        nargs="+",
+        default=[None],
+        help="the decode kernel's cap on registers a thread (ptxas' maxnreg); none: no cap",
+    )
     p.add_argument(
         "--graphs",
         action="store_true",
@@ -239,6 +248,8 @@ def measure(args, seconds, batch: int, context: int, label: str) -> list[dict]:
     kw = dict(lengths=lengths, slot_table=table, **rope_kw(k_spec, d, dev))
     fused = {}
     for launch, name in itertools.product(launch_grid(args), args.variants):
+        if launch[LAUNCH.index("max_registers")] and name != "decode-kernel":
+            continue  # a register cap is the decode kernel's alone
         call = lambda variant=VARIANTS[name], launch=launch: decode_attention(  # noqa: E731
             q, k_rows, v_rows, k_spec, v_spec, **kw, **dict(zip(LAUNCH, launch, strict=True)),
             **variant)  # fmt: skip
@@ -274,7 +285,7 @@ def measure(args, seconds, batch: int, context: int, label: str) -> list[dict]:
     ]
 
 
-LAUNCH = ("block_tokens", "num_splits", "num_warps", "num_stages")
+LAUNCH = ("block_tokens", "num_splits", "num_warps", "num_stages", "max_registers")
 
 
 def _over(base: float | None, t: float) -> float | None:

@@ -13,7 +13,8 @@
 #                                         # resources, decode kernel vs general vs bf16 SDPA at
 #                                         # 16/64 x 8k/32k, pack/unpack, the SGLang step
 #   bash scripts/gpu_session.sh check     # a 15-minute lease in one call: pack/unpack, the decode
-#                                         # plans at 16/64 x 8k/32k, pytest -m cuda
+#                                         # plans at 16/64 x 8k/32k, a register cap on the
+#                                         # one-warp tile, pytest -m cuda
 #   bash scripts/gpu_session.sh tune      # tiles of the rows the plans have not timed yet
 #   bash scripts/gpu_session.sh profile   # the GPU-only tests again, the decode tile sweep of
 #                                         # KV8 g64 / KV4 g32 / K8V4, ncu on the decode kernel
@@ -78,7 +79,8 @@ case "$stage" in
     ;;
   check)  # one call of a 15-minute lease (the start takes 1-2 of them): what the last lease's
     # timings chose, timed as a set: pack and unpack (warps per kernel), the decode plans
-    # (one-warp tiles at 16 programs an SM) against bf16 SDPA, then the GPU-only tests
+    # (one-warp tiles at 16 programs an SM, the lazy rescale) against bf16 SDPA, a register
+    # cap on the one-warp tile, then the GPU-only tests
     nvidia-smi -L >>"$log" 2>&1
     step 60 python3 benchmarks/quant_throughput.py --device cuda --rounds 3 \
       --output "$out/quant_throughput_kernels.json"
@@ -88,6 +90,11 @@ case "$stage" in
     step 40 python3 benchmarks/attention_decode.py --device cuda --batch 16 --context 8192 \
       --specs "KV4 g32" "KV8 g64" --variants decode-kernel --graphs \
       --output "$out/attention_decode_graphs.json"  # 16 x 8k without the host's eager work
+    # the one-warp tile capped at 168 / 128 registers: 12 / 16 programs an SM, 104 / 456 B spilled
+    # (the sm_90a build); decode waited on its own instructions at 8 (Nsight Compute, H200)
+    step 45 python3 benchmarks/attention_decode.py --device cuda --batch 16 64 \
+      --context 8192 32768 --specs "KV4 g32" "KV8 g64" --variants decode-kernel \
+      --max-registers none 168 128 --output "$out/attention_decode_max_registers.json"
     step 210 python3 -m pytest -m cuda -q -n 16 -p no:cacheprovider -rf $cuda_tests
     # where unpack's time goes (0.20-0.48x clone() so far): one KV4 g32 launch at 65k tokens
     step 60 ncu --target-processes all -k regex:_gather_kernel --launch-skip 2 --launch-count 1 \

@@ -86,6 +86,7 @@ def extend_attention(
     scale_after_dot: bool | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    max_registers: int | None = None,
     query_rows: int | None = None,
     specialized: bool = True,
     **fields: Any,
@@ -124,12 +125,14 @@ def extend_attention(
       layout, :mod:`.rope`) before its dot; such keys always run element-wise (at decode
       the decode kernel where :func:`.rope_rows.rope_decodable` says, else the general one).
     num_splits (default: from the device, batch and length), block_tokens (default: the decode
-    and extend kernels' plans, the general kernel's 64), Triton's num_warps and num_stages, and
-    query_rows (the extend kernel's rows a program: new tokens × a KV head's query heads, a
-    power of two >= 16) tune the launch; one query token per request over token-axis rows runs
-    the decode kernel (:mod:`.decode_kernel`), queries over a paged pool of such rows the
-    extend kernel (:mod:`.extend_kernel`); ``specialized=False`` forces the general one, for
-    comparison; ``scale_after_dot`` picks the kernel variant (default None: the environment variable
+    and extend kernels' plans, the general kernel's 64), Triton's num_warps and num_stages,
+    max_registers (the decode kernel's cap on registers a thread, ptxas' maxnreg: a tile
+    sweep's knob; other kernels refuse it) and query_rows (the extend kernel's rows a program:
+    new tokens × a KV head's query heads, a power of two >= 16) tune the launch; one query
+    token per request over token-axis rows runs the decode kernel (:mod:`.decode_kernel`),
+    queries over a paged pool of such rows the extend kernel (:mod:`.extend_kernel`);
+    ``specialized=False`` forces the general one, for comparison; ``scale_after_dot`` picks
+    the kernel variant (default None: the environment variable
     ``KVTUNER_SCALE_AFTER_DOT=1`` turns it on, else off): on, packed token-axis rows with
     groups >= 16 channels are not dequantized element-wise, their codes go into ``tl.dot``
     and the scales and zeros are applied per group after it (:mod:`.after_dot`).
@@ -145,6 +148,7 @@ def extend_attention(
         scale_after_dot=scale_after_dot,
         num_warps=num_warps,
         num_stages=num_stages,
+        max_registers=max_registers,
         query_rows=query_rows,
         specialized=specialized,
     )
@@ -158,6 +162,7 @@ def attend(
     scale_after_dot: bool | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    max_registers: int | None = None,
     query_rows: int | None = None,
     specialized: bool = True,
 ) -> torch.Tensor:
@@ -174,8 +179,11 @@ def attend(
     options = {k: v for k, v in options.items() if v}  # what the caller set, over the plans'
     if specialized and serves(batch):  # its plan chooses its own splits
         plan = plan_decode(batch)
-        plan = dataclasses.replace(plan, **options) if options else plan
+        plan = dataclasses.replace(plan, **options, max_registers=max_registers)
         out = launch_decode(batch, *inputs, plan, out_dtype=out_dtype)
+    elif max_registers is not None:
+        raise ValueError("max_registers caps the decode kernel's registers: this batch runs "
+                         "another kernel (see decode_kernel.serves)")  # fmt: skip
     else:
         programs = batch.batch_size * batch.q_tokens  # about: rows of queries per KV head
         splits = num_splits or choose_splits(programs, batch.kv_heads, batch.span, q.device)

@@ -154,19 +154,25 @@ def _decode_kernel(
 @dataclass(frozen=True)
 class DecodePlan:
     """How one decode launch is cut: packed-token splits, tokens a tile, Triton's warps and
-    pipeline stages (None: Triton's default)."""
+    pipeline stages (None: Triton's default), and a cap on registers a thread (ptxas'
+    ``maxnreg``; None: the compiler's choice). A cap buys programs an SM with spill: the
+    one-warp KV4 g32 tile at 168 registers spills 104 bytes and fits 12 programs an SM, not 8
+    (the sm_90a build); whether that pays is the GPU's to say."""
 
     splits: int
     block_tokens: int = 32
     num_warps: int = 4
     num_stages: int | None = 2
+    max_registers: int | None = None
 
     def __post_init__(self) -> None:
-        bt = self.block_tokens
+        bt, regs = self.block_tokens, self.max_registers
         if self.splits < 1 or bt < 16 or bt & (bt - 1):
             raise ValueError(f"need splits >= 1 and power-of-two block_tokens >= 16: {self}")
         if self.num_warps not in (1, 2, 4, 8):
             raise ValueError(f"num_warps must be 1, 2, 4 or 8, got {self.num_warps}")
+        if regs is not None and not 64 <= regs <= 255:
+            raise ValueError(f"max_registers must be None or 64..255, got {regs}")
 
 
 def plan_decode(batch: AttentionBatch, *, sms: int | None = None) -> DecodePlan:
@@ -259,6 +265,8 @@ def launch_decode(
     starts = batch.starts if batch.starts is not None else batch.lengths
     k, v = batch.k_spec, batch.v_spec
     tuning = {"num_stages": plan.num_stages} if plan.num_stages else {}
+    if plan.max_registers:
+        tuning["maxnreg"] = plan.max_registers
     freq, k_pos0, rope_half = kernel_rope(batch)
     stage = batch.k_stage if batch.k_stage is not None else empty  # [rows, G, Hkv, D]
     stage_rows = batch.k_stage_rows if batch.k_stage is not None else batch.lengths

@@ -14,6 +14,7 @@ from kvtuner.attention import (
     choose_splits,
     decode_attention,
     decode_attention_reference,
+    extend_attention,
 )
 from kvtuner.attention.decode_kernel import DecodePlan, launch_decode, plan_decode, serves
 from kvtuner.attention.packed_rows import decodable
@@ -182,9 +183,23 @@ def test_plans_fill_the_device_and_reject_bad_tiles():
                            k_spec=args[2], v_spec=args[3], **kw)  # fmt: skip
     assert plan_decode(batch).splits <= 2  # the interpreter: at most 2
     assert plan_decode(batch, sms=132).splits == 1  # 150 tokens: one split of >= 256
-    for bad in (dict(splits=0), dict(splits=1, block_tokens=24), dict(splits=1, num_warps=3)):
+    bad_plans = (dict(splits=0), dict(splits=1, block_tokens=24), dict(splits=1, num_warps=3),
+                 dict(splits=1, max_registers=40), dict(splits=1, max_registers=256))  # fmt: skip
+    for bad in bad_plans:
         with pytest.raises(ValueError):
             DecodePlan(**bad)
+
+
+def test_a_register_cap_reaches_the_decode_kernel_and_no_other():
+    """``max_registers`` (ptxas' maxnreg, a tile sweep's knob) leaves the result as it was; a
+    batch for another kernel (here: two query tokens a request) refuses it."""
+    args, kw = pool(QuantSpec(4), QuantSpec(4))
+    q = torch.randn(3, 4, D, generator=gen(15))
+    capped = check(q, args, kw, max_registers=168)
+    assert torch.equal(capped, decode_attention(q, *args, **kw))
+    two = torch.randn(3, 2, 4, D, generator=gen(16))
+    with pytest.raises(ValueError, match="max_registers"):
+        extend_attention(two, *args, **kw, max_registers=168)
 
 
 def test_plans_follow_the_row_alignment_and_the_rotary_width():

@@ -16,7 +16,8 @@ TINY_MODEL = ["--layers", "2", "--heads", "4", "--kv-heads", "2", "--head-dim", 
               "--hidden", "128", "--intermediate", "256", "--vocab", "128"]  # fmt: skip
 CASES = {
     "attention_decode": ["--batch", "2", "--context", "48", "--heads", "4", "--kv-heads", "2",
-                         "--head-dim", "32", "--specs", "KV4 g32"],
+                         "--head-dim", "32", "--specs", "KV4 g32", "--max-registers", "none",
+                         "168"],
     "sglang_backend_step": ["--smoke"],
     "hf_decode": ["--batch", "1", "--context", "24", "--new-tokens", "3", "--caches", "dynamic",
                   "KV4 g32", *TINY_MODEL],
