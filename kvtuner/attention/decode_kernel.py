@@ -139,12 +139,12 @@ def _decode_kernel(
             rope, pages, D, BT, K_BITS, K_G, K_SYM, K_VEC, V_BITS, V_G, V_SYM, V_VEC, PAGED,
             WINDOW, SOFTCAP, False, DOT_IEEE, ROPE_HALF, 2,
         )  # fmt: skip
-    else:  # the tail's own program
+    else:  # the tail's own program, 16 tokens a tile (32 spilled 24 bytes on one warp)
         kt_base = kt_ptr + b64 * kt_sb + h64 * kt_sh
         vt_base = vt_ptr + b64 * vt_sb + h64 * vt_sh
         m, denom, acc = _tail_part(
             q, kt_base, vt_base, kt_st, vt_st, tail_len, packed, start, qpos, window,
-            score_scale, cap_log2, rope, D, BT, HAS_START, WINDOW, SOFTCAP, DOT_IEEE, ROPE_HALF,
+            score_scale, cap_log2, rope, D, 16, HAS_START, WINDOW, SOFTCAP, DOT_IEEE, ROPE_HALF,
             K_BITS,
         )  # fmt: skip
     at = ((b64 * tl.num_programs(1) + h64) * GROUP + r) * tl.num_programs(2) + split
@@ -176,24 +176,29 @@ class DecodePlan:
 
 
 def plan_decode(batch: AttentionBatch, *, sms: int | None = None) -> DecodePlan:
-    """Tiles as timed on an H200 (docs/results/gpu.md), splits from batch × KV heads × context
-    × SMs (``sms`` None: the device's own; on CPU the interpreter's 1–2) at the tile's warps.
+    """Tiles as timed on an H200 (docs/results/gpu.md) or, where marked, as the sm_90a build
+    predicts; splits from batch × KV heads × context × SMs (``sms`` None: the device's own; on
+    CPU the interpreter's 1–2) at the tile's warps.
 
-    Token-axis keys stored after RoPE, d <= 128, no unpacked tail: 32 tokens on one warp, 2
-    stages (no cross-warp softmax; at 32-64 × 8192 and 16-64 × 32768 KV4 g32 ran at 1.10-1.15×
-    bf16 SDPA against 0.67× on 64 tokens × 4 warps, KV8 g64 at 0.81-0.88× against 0.61-0.66×,
-    K8V4 at 0.90-0.91×; the sm_90a build: 205-255 registers, 8-9 programs an SM, no spill). The HF
-    cache's tail and KIVI pages spill there (24-104 B), so they keep 4 warps: 64 tokens where K
-    and V are :func:`.packed_rows.wide_rows` at d <= 128 (3 stages where rows load 16 bytes at
-    a time and keys are not pre-RoPE), else 32 tokens, 2 stages. Pre-RoPE keys rotated over at
-    least half the row: 16 tokens on 8 warps (2 stages at a full width and 16-byte rows, else
-    unpipelined)."""
+    32 tokens on one warp, 2 stages (no cross-warp softmax), at d <= 128, for keys stored after
+    RoPE: a pool's token rows (timed: at 32-64 × 8192 and 16-64 × 32768 KV4 g32 ran at
+    1.10-1.15× bf16 SDPA against 0.67× on 64 tokens × 4 warps, KV8 g64 at 0.81-0.88× against
+    0.61-0.66×, K8V4 at 0.90-0.91×), and, build-predicted, the HF cache's rows with a tail and
+    KIVI pages (38 and 45 instructions a key against 50 and 68 on 4 warps); and for token rows
+    of keys stored pre-RoPE with a partial rotary width (build-predicted: 52-62 instructions a
+    key against 69-95). Every such build: 218-255 registers, 8-9 programs an SM, no spill.
+    The rest spill on one warp (full-width rotary keys of 3 bits, 8 bytes at 4 bits; KIVI
+    pre-RoPE pages 8-120), so: 64 tokens on 4 warps where K and V are
+    :func:`.packed_rows.wide_rows` at d <= 128 and the keys not pre-RoPE or of 4 bits (3 stages
+    where rows load 16 bytes at a time and keys are not pre-RoPE); pre-RoPE keys rotated over
+    at least half the row: 16 tokens on 8 warps (2 stages at a full width and 16-byte rows,
+    else unpipelined); else 32 tokens on 4 warps, 2 stages."""
     kivi = kivi_keys(batch)
     rotary = 0 if batch.rope_freq is None or kivi else 2 * batch.rope_freq.shape[0]
     vec = min(batch.k_vec, batch.v_vec)
     wide = batch.head_dim <= 128 and wide_rows(batch.k_spec, batch.v_spec)
-    plain = batch.rope_freq is None and batch.k_tail is None and not kivi
-    if plain and batch.head_dim <= 128:
+    partial = 0 < rotary < batch.head_dim and batch.k_tail is None
+    if batch.head_dim <= 128 and (batch.rope_freq is None or partial):
         tile = dict(block_tokens=32, num_warps=1, num_stages=2)
     elif wide and (not rotary or batch.k_spec.bits == 4):  # pre-RoPE: 4-bit keys measured
         tile = dict(block_tokens=64, num_warps=4, num_stages=3 if vec == 4 and not rotary else 2)

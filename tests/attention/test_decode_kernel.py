@@ -203,10 +203,11 @@ def test_a_register_cap_reaches_the_decode_kernel_and_no_other():
 
 
 def test_plans_follow_the_row_alignment_and_the_rotary_width():
-    """Keys stored after RoPE: 32 tokens on one warp, 2 stages, at any row (the H200's fastest,
-    2026-11-26). Pre-RoPE 4-bit keys on 2/4/8-bit (or 16-bit) rows: 64 tokens on 4 warps, 2
-    stages. Pre-RoPE keys rotated over at least half the row: 16 on 8 warps (2 stages at a full
-    rotary width and 16-byte rows). Other pre-RoPE rows: 32 tokens on 4 warps, 2 stages."""
+    """Keys stored after RoPE (pool rows, the HF cache's with a tail, KIVI pages) and pre-RoPE
+    keys rotated over part of the row: 32 tokens on one warp, 2 stages, at any row (the H200's
+    fastest, 2026-11-26; the rest by the sm_90a build). Keys rotated over the whole row: 4-bit
+    keys on 2/4/8-bit (or 16-bit) rows 64 tokens on 4 warps, 2 stages; others 16 on 8 warps (2
+    stages at 16-byte rows)."""
     spec, rope = QuantSpec(4, 16), QuantSpec(4, 16, pre_rope=True)
     sym, sym_rope = QuantSpec(4, 8, symmetric=True), QuantSpec(4, 8, symmetric=True, pre_rope=True)
 
@@ -221,12 +222,12 @@ def test_plans_follow_the_row_alignment_and_the_rotary_width():
     for k_spec, v_spec in ((spec, spec), (spec, QuantSpec(4)), (QuantSpec(16), QuantSpec(8, 16)),
                            (sym, sym), (QuantSpec(3), QuantSpec(3))):  # fmt: skip
         assert plan(k_spec, v_spec) == (32, 1, 2), (k_spec, v_spec)
-    for rotary in (D, D // 2, D // 4):
-        assert plan(rope, rotary=rotary) == (64, 4, 2)
+    assert plan(rope, rotary=D) == (64, 4, 2)
     assert plan(sym_rope, sym, rotary=D) == (16, 8, 2)
-    assert plan(sym_rope, sym, rotary=D // 2) == (16, 8, 1)
-    assert plan(sym_rope, sym, rotary=D // 4) == (32, 4, 2)
     assert plan(sym_rope, QuantSpec(4, 16, symmetric=True), rotary=D) == (16, 8, 1)
+    for k_spec, v_spec in ((rope, spec), (sym_rope, sym)):
+        for rotary in (D // 2, D // 4):
+            assert plan(k_spec, v_spec, rotary=rotary) == (32, 1, 2), (k_spec, rotary)
 
 
 def test_splits_fill_two_whole_waves_of_one_warp_programs_or_4_an_sm_of_more():
