@@ -180,37 +180,58 @@ def plan_decode(batch: AttentionBatch, *, sms: int | None = None) -> DecodePlan:
     predicts; splits from batch × KV heads × context × SMs (``sms`` None: the device's own; on
     CPU the interpreter's 1–2) at the tile's warps.
 
-    32 tokens on one warp, 2 stages (no cross-warp softmax), at d <= 128, for keys stored after
-    RoPE: a pool's token rows (timed: at 32-64 × 8192 and 16-64 × 32768 KV4 g32 ran at
-    1.10-1.15× bf16 SDPA against 0.67× on 64 tokens × 4 warps, KV8 g64 at 0.81-0.88× against
-    0.61-0.66×, K8V4 at 0.90-0.91×), and, build-predicted, the HF cache's rows with a tail and
-    KIVI pages (38 and 45 instructions a key against 50 and 68 on 4 warps); and for token rows
-    of keys stored pre-RoPE with a partial rotary width (build-predicted: 52-62 instructions a
-    key against 69-95). Every such build: 218-255 registers, 8-9 programs an SM, no spill.
-    The rest spill on one warp (full-width rotary keys of 3 bits, 8 bytes at 4 bits; KIVI
-    pre-RoPE pages 8-120), so: 64 tokens on 4 warps where K and V are
+    One warp, 2 stages (no cross-warp softmax), at d <= 128:
+    - 32 tokens for keys stored after RoPE: a pool's token rows (timed: at 32-64 × 8192 and
+      16-64 × 32768 KV4 g32 ran at 1.10-1.15× bf16 SDPA against 0.67× on 64 tokens × 4
+      warps, KV8 g64 at 0.81-0.88× against 0.61-0.66×, K8V4 at 0.90-0.91×) and, build-
+      predicted, the HF cache's rows with a tail and KIVI pages (38 and 45 instructions a key
+      against 50 and 68 on 4 warps); and for token rows of pre-RoPE keys rotated over part of
+      the row (build-predicted: 52-62 against 69-95);
+    - 16 tokens, build-predicted, for KIVI pages of pre-RoPE keys (69-104 instructions a key
+      against 112) and token rows of keys rotated over the whole row whose codes fill words (2,
+      4, 8 or 16 bits: 84-110 against 95-221 on 4-8 warps).
+    Those builds: 168-255 registers, 8-12 programs an SM, no spill. The rest spilled on one
+    warp (3/5/6-bit keys rotated over the whole row, 32 bytes at 16 tokens), or are d > 128 or
+    pre-RoPE keys with a tail: 64 tokens on 4 warps where K and V are
     :func:`.packed_rows.wide_rows` at d <= 128 and the keys not pre-RoPE or of 4 bits (3 stages
     where rows load 16 bytes at a time and keys are not pre-RoPE); pre-RoPE keys rotated over
     at least half the row: 16 tokens on 8 warps (2 stages at a full width and 16-byte rows,
     else unpipelined); else 32 tokens on 4 warps, 2 stages."""
-    kivi = kivi_keys(batch)
-    rotary = 0 if batch.rope_freq is None or kivi else 2 * batch.rope_freq.shape[0]
-    vec = min(batch.k_vec, batch.v_vec)
-    wide = batch.head_dim <= 128 and wide_rows(batch.k_spec, batch.v_spec)
-    partial = 0 < rotary < batch.head_dim and batch.k_tail is None
-    if batch.head_dim <= 128 and (batch.rope_freq is None or partial):
-        tile = dict(block_tokens=32, num_warps=1, num_stages=2)
-    elif wide and (not rotary or batch.k_spec.bits == 4):  # pre-RoPE: 4-bit keys measured
-        tile = dict(block_tokens=64, num_warps=4, num_stages=3 if vec == 4 and not rotary else 2)
-    elif 2 * rotary >= batch.head_dim:
-        stages = 2 if rotary == batch.head_dim and vec == 4 else 1
-        tile = dict(block_tokens=16, num_warps=8, num_stages=stages)
-    else:
-        tile = dict(block_tokens=32, num_warps=4, num_stages=2)
+    tile = _one_warp_tile(batch) or _multi_warp_tile(batch)
     splits = choose_splits(batch.batch_size, batch.kv_heads, batch.span, batch.q.device,
                            sms=sms, num_warps=tile["num_warps"])  # fmt: skip
     plan = DecodePlan(splits, **tile)
     return _within_pages(batch, plan)
+
+
+def _one_warp_tile(batch: AttentionBatch) -> dict | None:
+    """:func:`plan_decode`'s one-warp tiles, None where the batch takes more warps."""
+    if batch.head_dim > 128:
+        return None
+    if batch.rope_freq is None:
+        return dict(block_tokens=32, num_warps=1, num_stages=2)
+    kivi = kivi_keys(batch)
+    partial = 2 * batch.rope_freq.shape[0] < batch.head_dim
+    if not kivi and partial and batch.k_tail is None:
+        return dict(block_tokens=32, num_warps=1, num_stages=2)
+    words = all(not s.is_quantized or 32 % s.bits == 0 for s in (batch.k_spec, batch.v_spec))
+    if kivi or (words and batch.k_tail is None):
+        return dict(block_tokens=16, num_warps=1, num_stages=2)
+    return None
+
+
+def _multi_warp_tile(batch: AttentionBatch) -> dict:
+    """:func:`plan_decode`'s tiles of 4-8 warps (d > 128, and what spilled on one warp)."""
+    kivi = kivi_keys(batch)
+    rotary = 0 if batch.rope_freq is None or kivi else 2 * batch.rope_freq.shape[0]
+    vec = min(batch.k_vec, batch.v_vec)
+    wide = batch.head_dim <= 128 and wide_rows(batch.k_spec, batch.v_spec)
+    if wide and (not rotary or batch.k_spec.bits == 4):  # pre-RoPE: 4-bit keys measured
+        return dict(block_tokens=64, num_warps=4, num_stages=3 if vec == 4 and not rotary else 2)
+    if 2 * rotary >= batch.head_dim:
+        stages = 2 if rotary == batch.head_dim and vec == 4 else 1
+        return dict(block_tokens=16, num_warps=8, num_stages=stages)
+    return dict(block_tokens=32, num_warps=4, num_stages=2)
 
 
 def _within_pages(batch: AttentionBatch, plan: DecodePlan) -> DecodePlan:
