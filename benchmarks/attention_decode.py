@@ -16,7 +16,8 @@ is timed at every point of the same run; ``× base`` = baseline µs / variant µ
 only) take several values: every combination is timed at every point (a tile sweep; the
 ``tile`` column, ``-`` = default).
 ``--dtype float16`` runs q (and SDPA's K/V, same bytes as bf16: the ``*_bf16_*`` keys keep
-their names) in fp16. ``--specs "KV4 g32 pre-RoPE"`` (not in the default list) times keys
+their names) in fp16. ``--specs "KV4 g32 pre-RoPE"`` (and ``"KV8 g64 pre-RoPE"``; not in the
+default list) time keys
 stored pre-RoPE: every K tile rotated forward in the kernel, element-wise in both variants;
 ``"KV3 g32"``, ``"KV4 g32 sym"`` and ``"K5V3 had"`` (not in it either) the rows the plans
 still tile by the sm_90a build alone (the last: 5-bit Hadamard keys in g64, 84-byte rows, and
@@ -52,6 +53,7 @@ SPECS = {  # label: (K spec kwargs, V spec kwargs)
     "KV4 g128": (dict(bits=4, group_size=128), dict(bits=4, group_size=128)),  # per token-head
     "K8V4 (mixed)": (dict(bits=8, group_size=64), dict(bits=4)),
     "KV4 g32 pre-RoPE": (dict(bits=4, pre_rope=True), dict(bits=4)),  # opt-in from here on
+    "KV8 g64 pre-RoPE": (dict(bits=8, group_size=64, pre_rope=True), dict(bits=8, group_size=64)),
     "KV3 g32": (dict(bits=3), dict(bits=3)),  # the plans' other rows: 3/5/6-bit chunks,
     "KV4 g32 sym": (dict(bits=4, symmetric=True), dict(bits=4, symmetric=True)),  # symmetric
     "K5V3 had": (dict(bits=5, group_size=64, rotation="hadamard"), dict(bits=3)),

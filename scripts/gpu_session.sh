@@ -84,9 +84,10 @@ case "$stage" in
     nvidia-smi -L >>"$log" 2>&1
     step 60 python3 benchmarks/quant_throughput.py --device cuda --rounds 3 \
       --output "$out/quant_throughput_kernels.json"
-    step 120 python3 benchmarks/attention_decode.py --device cuda --batch 16 64 \
+    step 150 python3 benchmarks/attention_decode.py --device cuda --batch 16 64 \
       --context 8192 32768 --specs "KV4 g32" "KV8 g64" "K8V4 (mixed)" "KV4 g128" "KV3 g32" \
-      "KV4 g32 sym" --variants decode-kernel --output "$out/attention_decode_plans.json"
+      "KV4 g32 sym" "KV4 g32 pre-RoPE" "KV8 g64 pre-RoPE" --variants decode-kernel \
+      --output "$out/attention_decode_plans.json"  # pre-RoPE: one-warp plans, unmeasured
     step 40 python3 benchmarks/attention_decode.py --device cuda --batch 16 --context 8192 \
       --specs "KV4 g32" "KV8 g64" --variants decode-kernel --graphs \
       --output "$out/attention_decode_graphs.json"  # 16 x 8k without the host's eager work
