@@ -17,8 +17,8 @@ only) take several values: every combination is timed at every point (a tile swe
 ``tile`` column, ``-`` = default).
 ``--dtype float16`` runs q (and SDPA's K/V, same bytes as bf16: the ``*_bf16_*`` keys keep
 their names) in fp16. ``--specs "KV4 g32 pre-RoPE"`` (and ``"KV8 g64 pre-RoPE"``; not in the
-default list) time keys
-stored pre-RoPE: every K tile rotated forward in the kernel, element-wise in both variants;
+default list) time keys stored pre-RoPE: every K tile rotated forward in the kernel,
+element-wise in both variants;
 ``"KV3 g32"``, ``"KV4 g32 sym"`` and ``"K5V3 had"`` (not in it either) the rows the plans
 still tile by the sm_90a build alone (the last: 5-bit Hadamard keys in g64, 84-byte rows, and
 3-bit g32 values, a combination the shipped profiles use).

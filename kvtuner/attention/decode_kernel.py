@@ -185,7 +185,7 @@ def plan_decode(batch: AttentionBatch, *, sms: int | None = None) -> DecodePlan:
       16-64 × 32768 KV4 g32 ran at 1.10-1.15× bf16 SDPA against 0.67× on 64 tokens × 4
       warps, KV8 g64 at 0.81-0.88× against 0.61-0.66×, K8V4 at 0.90-0.91×) and, build-
       predicted, the HF cache's rows with a tail and KIVI pages (38 and 45 instructions a key
-      against 50 and 68 on 4 warps); and for token rows of pre-RoPE keys rotated over part of
+      against 49 and 65 on 4 warps); and for token rows of pre-RoPE keys rotated over part of
       the row (build-predicted: 52-62 against 69-95);
     - 16 tokens, build-predicted, for KIVI pages of pre-RoPE keys (69-104 instructions a key
       against 112) and token rows of keys rotated over the whole row whose codes fill words (2,
