@@ -84,7 +84,7 @@ case "$stage" in
     nvidia-smi -L >>"$log" 2>&1
     step 60 python3 benchmarks/quant_throughput.py --device cuda --rounds 3 \
       --output "$out/quant_throughput_kernels.json"
-    step 150 python3 benchmarks/attention_decode.py --device cuda --batch 16 64 \
+    step 140 python3 benchmarks/attention_decode.py --device cuda --batch 16 64 \
       --context 8192 32768 --specs "KV4 g32" "KV8 g64" "K8V4 (mixed)" "KV4 g128" "KV3 g32" \
       "KV4 g32 sym" "KV4 g32 pre-RoPE" "KV8 g64 pre-RoPE" --variants decode-kernel \
       --output "$out/attention_decode_plans.json"  # pre-RoPE: one-warp plans, unmeasured
@@ -93,7 +93,7 @@ case "$stage" in
       --output "$out/attention_decode_graphs.json"  # 16 x 8k without the host's eager work
     # the one-warp tile capped at 168 / 128 registers: 12 / 16 programs an SM, 104 / 456 B spilled
     # (the sm_90a build); decode waited on its own instructions at 8 (Nsight Compute, H200)
-    step 45 python3 benchmarks/attention_decode.py --device cuda --batch 16 64 \
+    step 30 python3 benchmarks/attention_decode.py --device cuda --batch 64 \
       --context 8192 32768 --specs "KV4 g32" "KV8 g64" --variants decode-kernel \
       --max-registers none 168 128 --output "$out/attention_decode_max_registers.json"
     step 210 python3 -m pytest -m cuda -q -n 16 -p no:cacheprovider -rf $cuda_tests
