@@ -179,7 +179,9 @@ def attend(
     options = {k: v for k, v in options.items() if v}  # what the caller set, over the plans'
     if specialized and serves(batch):  # its plan chooses its own splits
         plan = plan_decode(batch)
-        plan = dataclasses.replace(plan, **options, max_registers=max_registers)
+        if max_registers is not None:
+            options["max_registers"] = max_registers
+        plan = dataclasses.replace(plan, **options) if options else plan  # no copy a plain call
         out = launch_decode(batch, *inputs, plan, out_dtype=out_dtype)
     elif max_registers is not None:
         raise ValueError("max_registers caps the decode kernel's registers: this batch runs "
