@@ -16,12 +16,10 @@ registers, spills, shared memory and SASS mix; nothing runs. One row per (case, 
   token-head row, comparable across rows a program and warps), ``token_sass`` (attention: the
   loop's instructions the warps issue for one key of a tile), ``loop_sass`` and
   ``loop_common_sass`` (instructions a warp issues per trip of the kernel's main loop, all of
-  them and its common path: one K/V tile for attention). Decode waits on its own dependent
-  instructions, not on DRAM: Nsight Compute on the H200 found 0.36 issues a cycle a scheduler,
-  no warp eligible 64 % of cycles; every measured tile issued at about that rate, so
-  instructions a key set its time. ``h200_x_bf16``: × bf16 SDPA that a fit to the H200's
-  one-warp 32-token decode tile predicts from the loop's common path a key
-  (:data:`H200_TILE`).
+  them and its common path: one K/V tile for attention). Instructions a key do not set decode's
+  time alone: on the H200 the one-warp tile's symmetric KV4 rows issued 22 % more of them than
+  KV4 g32 and ran as fast, while rows read in 4-byte async copies (``ldgsts`` ``32``: KV4 g128,
+  KV3 g32) ran at half the speed their instructions implied (docs/results/gpu.md).
 
 A clean row does not prove speed (a GPU run does); a row that spills, converts every element, loads
 codes a byte at a time or holds few warps an SM while it waits on memory is slow there. Shapes:
@@ -444,27 +442,6 @@ def token_instructions(row: dict, loop: int) -> float:
     return round(loop * row["num_warps"] / tokens, 1)
 
 
-# The H200's one-warp, 32-token decode tile, wherever the launch filled the device (batch 64 ×
-# 8k-32k, 16 × 32k at 16 splits; benchmarks/results/h200-2026-11-26-check/): KV4 g32, KV8 g64
-# and K8V4 all issued 345-382 G warp instructions/s (token_sass × tokens/s), and bf16 SDPA read
-# 4.3-4.5 TB/s. So on that tile a key takes its instructions / 3.6e11 s and SDPA's 512 bytes a
-# key-head 512 / 4.4e12 s: the ratio below, within 5 % of all nine measured points.
-H200_TILE = dict(block_tokens=32, num_warps=1, warp_instructions=3.6e11, sdpa_bytes=4.4e12)
-
-
-def h200_estimate(row: dict) -> float | None:
-    """× bf16 SDPA that the H200 fit predicts for a decode row on its one-warp 32-token tile
-    (:data:`H200_TILE`); None for other kernels and tiles."""
-    fit, consts = H200_TILE, row["constexprs"]
-    tile = (consts.get("BT"), row["num_warps"]) == (fit["block_tokens"], fit["num_warps"])
-    if row["kernel"] != "_decode_kernel" or not tile or not row["loop_common_sass"]:
-        return None
-    key_head_bf16 = 2 * 2 * consts["D"]  # K and V, 2 bytes an element
-    seconds_bf16 = key_head_bf16 / fit["sdpa_bytes"]
-    per_key = token_instructions(row, row["loop_common_sass"])
-    return round(seconds_bf16 * fit["warp_instructions"] / per_key, 2)
-
-
 def _branch_target(operands: str) -> str | None:
     found = re.search(r"0x([0-9a-f]+)", operands)
     return found.group(1) if found else None
@@ -488,16 +465,15 @@ def collect(tool, groups: list[str]) -> list[dict]:
                                  "warps_per_sm": row["programs_per_sm"] * row["num_warps"],
                                  "row_sass": row_instructions(row),
                                  "token_sass": token_instructions(row, loop)})  # fmt: skip
-                    rows[-1]["h200_x_bf16"] = h200_estimate(rows[-1])
     return rows
 
 
 def table(rows: list[dict]) -> str:
     head = (
         "| label | kernel | warps | REG | spill B | shared B | programs/SM | warps/SM | loop "
-        "| a row/key | ≈× bf16 (H200 fit) | cvt | int | mma | ldg | ldgsts | stg |"
+        "| a row/key | cvt | int | mma | ldg | ldgsts | stg |"
     )
-    lines = [head, "|" + "---|" * 17]
+    lines = [head, "|" + "---|" * 16]
     for r in rows:
         ldg, ldgsts, stg = (
             ",".join(f"{w}x{n}" for w, n in sorted(r[key].items()))
@@ -508,7 +484,7 @@ def table(rows: list[dict]) -> str:
             f"{r['spill_bytes']} | {r.get('shared')} | {r['programs_per_sm']} | "
             f"{r['warps_per_sm']} | "
             f"{r['loop_sass']} | {r['row_sass'] or r['token_sass'] or ''} | "
-            f"{r['h200_x_bf16'] or ''} | {r['sass']['cvt']} "
+            f"{r['sass']['cvt']} "
             f"| {r['sass']['int']} | {r['sass']['mma']} "
             f"| {ldg} | {ldgsts} | {stg} |"
         )

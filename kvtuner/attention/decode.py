@@ -196,7 +196,7 @@ def attend(
             out = launch_extend(batch, inputs[0], plan, new, out_dtype=out_dtype)
         else:  # new tokens in hand or not, the general kernel reads them from their rows
             tuning = {k: options[k] for k in ("num_warps", "num_stages") if k in options}
-            out = launch(batch, *inputs, splits, block_tokens or 64,
+            out = launch(batch, *inputs, splits, block_tokens or 64, out_dtype=out_dtype,
                          scale_after_dot=scale_after_dot, **tuning)  # fmt: skip
     return _unrotated(out, batch)
 
@@ -206,7 +206,7 @@ def _v_rotated(batch: AttentionBatch) -> bool:
 
 
 def _merged_dtype(batch: AttentionBatch) -> torch.dtype:
-    """The dtype the decode and extend kernels' merge stores: q's on a GPU (an eager step then
+    """The dtype every kernel's merge stores: q's on a GPU (an eager step then
     makes no cast of its own), fp32 where V's rotation is still to be undone, and on CPU (the
     interpreter rounds fp32 to bf16 otherwise than torch does)."""
     return batch.q.dtype if batch.q.is_cuda and not _v_rotated(batch) else torch.float32

@@ -204,9 +204,11 @@ def launch(
     block_tokens: int,
     *,
     scale_after_dot: bool | None = None,
+    out_dtype: torch.dtype = torch.float32,
     **triton_options: int,
 ) -> torch.Tensor:
-    """Partial outputs of every split, merged: fp32 [B, Tq, Hq, D] (ragged: [N, Hq, D]).
+    """Partial outputs of every split, merged: [B, Tq, Hq, D] (ragged: [N, Hq, D]) in
+    ``out_dtype``.
     ``q`` and the tails as the kernel reads them (rotated, smoothed); the rest from ``batch``.
 
     ``scale_after_dot`` picks the kernel variant (None: the environment variable
@@ -251,5 +253,5 @@ def launch(
         K_AFTER_DOT=takes_after_dot(batch.k_spec, on and not rope_half),
         V_AFTER_DOT=takes_after_dot(batch.v_spec, on), ROPE_HALF=rope_half, **triton_options,
     )  # fmt: skip
-    out = merge_splits(partial, lse, batch.sinks)
+    out = merge_splits(partial, lse, batch.sinks, out_dtype)
     return out if ragged else out.view(bsz, q_len, hq, dim)

@@ -296,30 +296,12 @@ def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at
         m, denom, alpha, p = _softmax_step(s, seen, m, denom, score_scale, cap_log2, SOFTCAP)
         pv, pz = values(p, v_words, v_half, v_at, D, V_BITS, V_G, V_SYM,
                         q.dtype, IEEE)  # fmt: skip
-        acc, acc_z = _rescaled(acc, acc_z, alpha, ROPE_HALF == 0 and not CAUSAL)
-        acc += pv
-        acc_z += pz
+        acc = acc * alpha[:, None] + pv
+        acc_z = acc_z * alpha + pz
     acc += acc_z[:, None]
     if V_BITS < 16 and 32 % V_BITS == 0:  # acc is in the values' code order (pairs)
         acc = channel_order(acc, V_BITS)
     return m, denom, acc
-
-
-@triton.jit
-def _rescaled(acc, acc_z, alpha, LAZY: tl.constexpr):
-    """acc [QP, D] and acc_z [QP] times alpha [QP]. ``LAZY``: only where some row's max grew
-    (alpha < 1); after a request's first tiles it seldom does, and on the one-warp decode tile
-    the rescale was 66 of 1198 instructions a tile (the sm_90a build). Pre-RoPE keys and
-    extend rescale every tile: the branch spilled there (KIVI pages 8 bytes at 128 registers,
-    extend KV8 g64 24 bytes at 255)."""
-    if LAZY:
-        if tl.min(alpha, 0) < 1.0:
-            acc = acc * alpha[:, None]
-            acc_z = acc_z * alpha
-    else:
-        acc = acc * alpha[:, None]
-        acc_z = acc_z * alpha
-    return acc, acc_z
 
 
 @triton.jit

@@ -76,10 +76,10 @@ def test_every_served_format_matches_the_reference(k_spec, v_spec, ratio):
 
 
 @pytest.mark.parametrize("rising", [True, False])
-def test_the_accumulator_rescales_only_where_a_row_max_grows(rising):
+def test_the_accumulator_follows_a_rising_or_falling_row_max(rising):
     """Keys along q, their scores rising tile after tile (every tile's max grows: every tile
-    rescales) or falling (only the first tile sets it: no later tile rescales), at one and
-    several splits: both match the reference."""
+    rescales the accumulator by less than 1) or falling (only the first tile sets it: later
+    tiles rescale by 1), at one and several splits: both match the reference."""
     spec = QuantSpec(4)
     q = torch.randn(2, 4, D, generator=gen(11))
     steps = torch.linspace(-3, 3, 150) if rising else torch.linspace(3, -3, 150)
