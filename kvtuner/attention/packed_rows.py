@@ -135,21 +135,28 @@ def channel_order(x, BITS: tl.constexpr):
 
 @triton.jit
 def row_meta(words_ptr, half_ptr, at, C0: tl.constexpr, W: tl.constexpr, D: tl.constexpr,
-             BITS: tl.constexpr, G: tl.constexpr, SYM: tl.constexpr,
-             DT: tl.constexpr):  # fmt: skip
+             BITS: tl.constexpr, G: tl.constexpr, SYM: tl.constexpr, DT: tl.constexpr,
+             JOINT: tl.constexpr = False):  # fmt: skip
     """Scales and zeros of channels [C0, C0 + W) of the rows at word ``at`` [BT] -> ``DT``
     [BT, NG] each (NG the span's groups; 1 where the span lies inside one group), such that
     x = zero + scale·code (symmetric rows: scale/HALF and -scale). Loaded as whole int32
     words where they lie in them (:func:`_meta_words`), so that Triton's pipeline copies them
     ahead like the codes (an fp16 load is 2 bytes, too narrow for an async copy: KV8 g64 and
     one scale a token-head loaded theirs in the loop). Unmasked: every row a tile reads is one
-    some query of the program attends, or a re-read of one (:func:`packed_part`)."""
+    some query of the program attends, or a re-read of one (:func:`packed_part`). ``JOINT``:
+    a row's two groups (g64 at d 128) take their scales and zeros in one 8-byte copy, not two
+    of 4 bytes (decode KV8 g64, sm_90a: 1465 -> 1323 loop instructions; the extend kernel,
+    at 255 registers, spilled 8 bytes with it)."""
     NG: tl.constexpr = (W + G - 1) // G
     RG: tl.constexpr = D // G  # the row's groups: its scales, then (asymmetric) its zeros
     first = at + D * BITS // 32  # the word of the row's first scale
     if RG == 1 and not SYM:  # one scale and zero a row: one word, scale in its low half
         word = tl.load(words_ptr + first)[:, None]  # [BT, 1]
         scale, zero = _fp16_half(word, 0), _fp16_half(word, 1)
+    elif JOINT and NG == RG == 2 and not SYM:  # two groups' scales, then zeros
+        scale_word, zero_word = tl.split(tl.load(words_ptr + first[:, None] + tl.arange(0, 2)))
+        scale = tl.join(_fp16_half(scale_word, 0), _fp16_half(scale_word, 1))
+        zero = tl.join(_fp16_half(zero_word, 0), _fp16_half(zero_word, 1))
     elif NG % 2 == 0 and (C0 // G) % 2 == 0 and RG % 2 == 0:
         scale = _meta_words(words_ptr, first + C0 // G // 2, NG)
         zero = scale if SYM else _meta_words(words_ptr, first + (RG + C0 // G) // 2, NG)
@@ -183,7 +190,7 @@ def _fp16_half(words, HIGH: tl.constexpr):
 @triton.jit
 def dequantized(words_ptr, half_ptr, at, C0: tl.constexpr, W: tl.constexpr,
                 D: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr, SYM: tl.constexpr,
-                DT: tl.constexpr):  # fmt: skip
+                DT: tl.constexpr, JOINT: tl.constexpr = False):  # fmt: skip
     """Channels [C0, C0 + W) of the rows at word ``at`` [BT] -> ``DT`` [BT, W], in the codes'
     order: one fma an element (16-bit rows: loaded). A span starts at a word of codes (2/4/8
     bits) or a chunk of 32 channels (3/5/6 bits), and covers whole groups or lies in one."""
@@ -194,16 +201,18 @@ def dequantized(words_ptr, half_ptr, at, C0: tl.constexpr, W: tl.constexpr,
         NG: tl.constexpr = (W + G - 1) // G
         codes = row_codes(words_ptr, at + C0 * BITS // 32, W, BITS, DT)
         codes = tl.reshape(codes, [BT, NG, W // NG])
-        scale, zero = row_meta(words_ptr, half_ptr, at, C0, W, D, BITS, G, SYM, DT)
+        scale, zero = row_meta(words_ptr, half_ptr, at, C0, W, D, BITS, G, SYM, DT, JOINT)
         x = tl.reshape(tl.fma(codes, scale[:, :, None], zero[:, :, None]), [BT, W])
     return x
 
 
 @triton.jit
 def scores(q, q_sum, k_words, k_half, at, D: tl.constexpr, BITS: tl.constexpr,
-           G: tl.constexpr, SYM: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+           G: tl.constexpr, SYM: tl.constexpr, IEEE: tl.constexpr,
+           JOINT: tl.constexpr = False):  # fmt: skip
     """Raw scores fp32 [QP, BT] of q [QP, D] (row sums q_sum fp32 [QP]) against the keys at
-    word ``at`` [BT]; one scale a token-head: scale·(q·codes) + zero·Σq, after the dot."""
+    word ``at`` [BT]; one scale a token-head: scale·(q·codes) + zero·Σq, after the dot.
+    ``JOINT`` as in :func:`row_meta`."""
     BT: tl.constexpr = at.shape[0]
     if BITS < 16 and G == D:
         codes = row_codes(k_words, at, D, BITS, q.dtype)
@@ -211,16 +220,18 @@ def scores(q, q_sum, k_words, k_half, at, D: tl.constexpr, BITS: tl.constexpr,
         s = _dot(q, tl.trans(codes), IEEE)
         s = s * tl.reshape(scale, [1, BT]) + q_sum[:, None] * tl.reshape(zero, [1, BT])
     else:
-        k = dequantized(k_words, k_half, at, 0, D, D, BITS, G, SYM, q.dtype)
+        k = dequantized(k_words, k_half, at, 0, D, D, BITS, G, SYM, q.dtype, JOINT)
         s = _dot(q, tl.trans(k), IEEE)
     return s
 
 
 @triton.jit
 def values(p, v_words, v_half, at, D: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr,
-           SYM: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+           SYM: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr,
+           JOINT: tl.constexpr = False):  # fmt: skip
     """p fp32 [QP, BT] times the values at word ``at`` [BT] -> (fp32 [QP, D], fp32 [QP]: the
-    zeros' part Σ_t p·zero, added to every channel by the caller; 0 unless one scale a row)."""
+    zeros' part Σ_t p·zero, added to every channel by the caller; 0 unless one scale a row).
+    ``JOINT`` as in :func:`row_meta`."""
     BT: tl.constexpr = at.shape[0]
     if BITS < 16 and G == D:
         codes = row_codes(v_words, at, D, BITS, DT)
@@ -228,7 +239,7 @@ def values(p, v_words, v_half, at, D: tl.constexpr, BITS: tl.constexpr, G: tl.co
         pv = _dot((p * tl.reshape(scale, [1, BT])).to(DT), codes, IEEE)
         pz = tl.sum(p * tl.reshape(zero, [1, BT]), 1)
     else:
-        v = dequantized(v_words, v_half, at, 0, D, D, BITS, G, SYM, DT)
+        v = dequantized(v_words, v_half, at, 0, D, D, BITS, G, SYM, DT, JOINT)
         pv = _dot(p.to(DT), v, IEEE)
         pz = tl.zeros([p.shape[0]], tl.float32)
     return pv, pz
@@ -292,10 +303,11 @@ def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at
                               q.dtype)  # fmt: skip
             s = rope_scores(rope, spans, t, D, ROPE_HALF, IEEE)
         else:
-            s = scores(q, q_sum, k_words, k_half, k_at, D, K_BITS, K_G, K_SYM, IEEE)
+            s = scores(q, q_sum, k_words, k_half, k_at, D, K_BITS, K_G, K_SYM, IEEE,
+                       not CAUSAL)  # fmt: skip
         m, denom, alpha, p = _softmax_step(s, seen, m, denom, score_scale, cap_log2, SOFTCAP)
         pv, pz = values(p, v_words, v_half, v_at, D, V_BITS, V_G, V_SYM,
-                        q.dtype, IEEE)  # fmt: skip
+                        q.dtype, IEEE, not CAUSAL)  # fmt: skip
         acc = acc * alpha[:, None] + pv
         acc_z = acc_z * alpha + pz
     acc += acc_z[:, None]
