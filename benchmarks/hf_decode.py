@@ -1,8 +1,9 @@
 """HF ``generate`` decode speed and memory: packed caches (fused decode) vs DynamicCache and
 StaticCache, on a random-init model of a given shape (default: a 1B-shape Llama, bf16).
 
-Per batch × prompt length × cache: decode tok/s = batch × (new - 1) / (time of a ``new``-token
-generate - time of a 1-token generate) (prefill excluded; a 2-token warm-up first, which also
+Per batch × prompt length × cache: decode tok/s = batch / the median time between consecutive
+new tokens of a ``new``-token generate (a stopping criterion stamps each step after a device
+sync, so prefill and a step's one-off recompile stay out; a 2-token warm-up first, which also
 absorbs StaticCache's auto-compile); ``peak MiB`` = peak allocated during the ``new``-token
 generate above what was allocated before it (weights excluded); ``held MiB`` = allocated after a
 prefill beyond the weights (the cache and nothing else), beside the bytes the cache reports
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 from datetime import UTC, datetime
@@ -110,9 +112,29 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def timed_generate(model, args, label, ids, new: int) -> tuple[float, float | None]:
-    """(seconds, peak MiB above what was allocated before) of one greedy generate."""
+def step_clock(device: str):
+    """A stopping criterion that never stops and stamps the time of every step (``.stamps``,
+    perf_counter seconds) after a device sync."""
     import torch
+    import transformers
+
+    class StepClock(transformers.StoppingCriteria):
+        def __init__(self):
+            self.stamps: list[float] = []
+
+        def __call__(self, input_ids, scores, **kwargs):
+            sync(device)
+            self.stamps.append(time.perf_counter())
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    return StepClock()
+
+
+def timed_generate(model, args, label, ids, new: int) -> tuple[list[float], float | None]:
+    """(seconds between consecutive new tokens, peak MiB above what was allocated before) of
+    one greedy generate."""
+    import torch
+    import transformers
 
     cuda = args.device == "cuda"
     sync(args.device)
@@ -120,13 +142,12 @@ def timed_generate(model, args, label, ids, new: int) -> tuple[float, float | No
         torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated() if cuda else 0
     cache = new_cache(model, args, label, ids.shape[1] + new)
-    start = time.perf_counter()
+    clock = step_clock(args.device)
     model.generate(ids, **cache_kwargs(cache), max_new_tokens=new, min_new_tokens=new,
-                   do_sample=False, pad_token_id=0)  # fmt: skip
-    sync(args.device)
-    seconds = time.perf_counter() - start
+                   do_sample=False, pad_token_id=0,
+                   stopping_criteria=transformers.StoppingCriteriaList([clock]))  # fmt: skip
     peak = (torch.cuda.max_memory_allocated() - base) / MIB if cuda else None
-    return seconds, peak
+    return [b - a for a, b in zip(clock.stamps, clock.stamps[1:], strict=False)], peak
 
 
 def held_after_prefill(model, args, label, ids) -> tuple[float | None, float]:
@@ -150,12 +171,11 @@ def measure(model, args, batch: int, context: int, label: str) -> dict:
 
     ids = torch.randint(3, args.vocab, (batch, context), device=args.device)
     timed_generate(model, args, label, ids, 2)  # warm-up (and StaticCache's compile)
-    prefill, _ = timed_generate(model, args, label, ids, 1)
-    total, peak = timed_generate(model, args, label, ids, args.new_tokens)
+    steps, peak = timed_generate(model, args, label, ids, args.new_tokens)
     held, reported = held_after_prefill(model, args, label, ids)
     return {
         "batch": batch, "context": context, "cache": label,
-        "tok_s": batch * (args.new_tokens - 1) / max(total - prefill, 1e-9),
+        "tok_s": batch / statistics.median(steps), "steps_timed": len(steps),
         "peak_mib": peak, "held_mib": held, "nbytes_mib": reported,
     }  # fmt: skip
 

@@ -35,6 +35,8 @@ def test_script_runs_and_writes_its_json(script, tmp_path):
     assert result["hardware"]["device"] == "cpu"
     assert result["command"].startswith(f"python benchmarks/{script}.py --device cpu")
     assert result.get("results") or result.get("rows")
+    if script == "hf_decode":  # every new token after the first stamped: 3 tokens, 2 steps
+        assert [r["steps_timed"] for r in result["results"]] == [2, 2], result["results"]
 
 
 def test_graphs_need_a_gpu_and_say_so_in_one_line(tmp_path):
