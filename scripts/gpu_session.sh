@@ -13,8 +13,12 @@
 #                                         # resources, decode kernel vs general vs bf16 SDPA at
 #                                         # 16/64 x 8k/32k, pack/unpack, the SGLang step
 #   bash scripts/gpu_session.sh check     # a 15-minute lease in one call: pack/unpack, the decode
-#                                         # plans at 16/64 x 8k/32k, a register cap on the
-#                                         # one-warp tile, pytest -m cuda
+#                                         # plans at 16/64 x 8k/32k, an A/B against .ab/, HF
+#                                         # generate at batch 8, pytest -m cuda
+# An A/B (the check stage, where .ab/ is carried: carry [".whl", ".ab"]), on the development
+# machine first, REV the commit to compare this checkout against:
+#   echo /.ab/ >> .git/info/exclude; rm -rf .ab; mkdir .ab
+#   git archive REV kvtuner benchmarks | tar -x -C .ab
 #   bash scripts/gpu_session.sh tune      # tiles of the rows the plans have not timed yet
 #   bash scripts/gpu_session.sh profile   # the GPU-only tests again, the decode tile sweep of
 #                                         # KV8 g64 / KV4 g32 / K8V4, ncu on the decode kernel
@@ -77,32 +81,32 @@ case "$stage" in
       echo "== kernel_resources: no sm90_report.py beside the checkout, skipped" | tee -a "$log"
     fi
     ;;
-  check)  # one call of a 15-minute lease (the start takes 1-2 of them): what the last lease's
-    # timings chose, timed as a set: pack and unpack (warps per kernel), the decode plans
-    # (one-warp tiles at 16 programs an SM, the lazy rescale) against bf16 SDPA, a register
-    # cap on the one-warp tile, then the GPU-only tests
+  check)  # one call of a 15-minute lease (the start takes 1-2 of them): pack and unpack, the
+    # decode plans against bf16 SDPA, the same decode from the tree in .ab/ (another commit,
+    # where carried) interleaved with this one, HF generate at batch 8, then the GPU-only tests
     nvidia-smi -L >>"$log" 2>&1
-    step 60 python3 benchmarks/quant_throughput.py --device cuda --rounds 3 \
+    step 45 python3 benchmarks/quant_throughput.py --device cuda --rounds 3 \
       --output "$out/quant_throughput_kernels.json"
-    step 140 python3 benchmarks/attention_decode.py --device cuda --batch 16 64 \
+    step 90 python3 benchmarks/attention_decode.py --device cuda --batch 16 64 \
       --context 8192 32768 --specs "KV4 g32" "KV8 g64" "K8V4 (mixed)" "KV4 g128" "KV3 g32" \
       "KV4 g32 sym" "KV4 g32 pre-RoPE" "KV8 g64 pre-RoPE" --variants decode-kernel \
-      --output "$out/attention_decode_plans.json"  # pre-RoPE: one-warp plans, unmeasured
-    step 40 python3 benchmarks/attention_decode.py --device cuda --batch 16 --context 8192 \
+      --output "$out/attention_decode_plans.json"
+    step 30 python3 benchmarks/attention_decode.py --device cuda --batch 16 --context 8192 \
       --specs "KV4 g32" "KV8 g64" --variants decode-kernel --graphs \
       --output "$out/attention_decode_graphs.json"  # 16 x 8k without the host's eager work
-    # the one-warp tile capped at 168 / 128 registers: 12 / 16 programs an SM, 104 / 456 B spilled
-    # (the sm_90a build); decode waited on its own instructions at 8 (Nsight Compute, H200)
-    step 30 python3 benchmarks/attention_decode.py --device cuda --batch 64 \
-      --context 8192 32768 --specs "KV4 g32" "KV8 g64" --variants decode-kernel \
-      --max-registers none 168 128 --output "$out/attention_decode_max_registers.json"
-    step 210 python3 -m pytest -m cuda -q -n 16 -p no:cacheprovider -rf $cuda_tests
-    # where unpack's time goes (0.20-0.48x clone() so far): one KV4 g32 launch at 65k tokens
-    step 60 ncu --target-processes all -k regex:_gather_kernel --launch-skip 2 --launch-count 1 \
-      --section SpeedOfLight --section Occupancy --section WarpStateStats \
-      --section MemoryWorkloadAnalysis --log-file "$out/ncu_unpack_KV4g32.txt" \
-      python3 benchmarks/quant_throughput.py --device cuda --rounds 1 --min-run-time 0.01 \
-      --shape 65536 8 128 --output /tmp/ncu_unused.json
+    if [ -d .ab/kvtuner ]; then  # A/B at one shape, the two trees in turn, twice
+      for round in 1 2; do
+        for tree in .ab .; do
+          name=$([ "$tree" = . ] && echo this || echo ab)
+          step 45 env PYTHONPATH="/tmp/site:$PWD/$tree" python3 "$tree/benchmarks/attention_decode.py" \
+            --device cuda --batch 64 --context 32768 --specs "KV4 g32" "KV8 g64" "K8V4 (mixed)" \
+            --variants decode-kernel --output "$out/ab_${name}_$round.json"
+        done
+      done
+    fi
+    step 100 python3 benchmarks/hf_decode.py --device cuda --batch 8 --new-tokens 64 \
+      --output "$out/hf_decode_batch8.json"
+    step 180 python3 -m pytest -m cuda -q -n 16 -p no:cacheprovider -rf $cuda_tests
     ;;
   tune)  # what the plans still take from the sm_90a build alone, timed: decode tiles of
     # 3-bit, symmetric and 5-bit/3-bit rows (since 2c966f7 a chunk at a time, 32 tokens on 4
