@@ -83,30 +83,41 @@ case "$stage" in
     ;;
   check)  # one call of a 15-minute lease (the start takes 1-2 of them): pack and unpack, the
     # decode plans against bf16 SDPA, the same decode from the tree in .ab/ (another commit,
-    # where carried) interleaved with this one, HF generate at batch 8, then the GPU-only tests
+    # where carried) interleaved with this one, HF generate at batch 8, Nsight Compute on three
+    # decode rows, then the GPU-only tests (step limits: 595 s)
     nvidia-smi -L >>"$log" 2>&1
-    step 45 python3 benchmarks/quant_throughput.py --device cuda --rounds 3 \
+    step 40 python3 benchmarks/quant_throughput.py --device cuda --rounds 3 \
       --output "$out/quant_throughput_kernels.json"
-    step 90 python3 benchmarks/attention_decode.py --device cuda --batch 16 64 \
+    step 80 python3 benchmarks/attention_decode.py --device cuda --batch 16 64 \
       --context 8192 32768 --specs "KV4 g32" "KV8 g64" "K8V4 (mixed)" "KV4 g128" "KV3 g32" \
       "KV4 g32 sym" "KV4 g32 pre-RoPE" "KV8 g64 pre-RoPE" --variants decode-kernel \
       --output "$out/attention_decode_plans.json"
-    step 30 python3 benchmarks/attention_decode.py --device cuda --batch 16 --context 8192 \
+    step 20 python3 benchmarks/attention_decode.py --device cuda --batch 16 --context 8192 \
       --specs "KV4 g32" "KV8 g64" --variants decode-kernel --graphs \
       --output "$out/attention_decode_graphs.json"  # 16 x 8k without the host's eager work
     if [ -d .ab/kvtuner ]; then  # A/B at one shape, the two trees in turn, twice
       for round in 1 2; do
         for tree in .ab .; do
           name=$([ "$tree" = . ] && echo this || echo ab)
-          step 45 env PYTHONPATH="/tmp/site:$PWD/$tree" python3 "$tree/benchmarks/attention_decode.py" \
+          step 35 env PYTHONPATH="/tmp/site:$PWD/$tree" python3 "$tree/benchmarks/attention_decode.py" \
             --device cuda --batch 64 --context 32768 --specs "KV4 g32" "KV8 g64" "K8V4 (mixed)" \
             --variants decode-kernel --output "$out/ab_${name}_$round.json"
         done
       done
     fi
-    step 100 python3 benchmarks/hf_decode.py --device cuda --batch 8 --new-tokens 64 \
+    step 90 python3 benchmarks/hf_decode.py --device cuda --batch 8 --new-tokens 64 \
       --output "$out/hf_decode_batch8.json"
-    step 180 python3 -m pytest -m cuda -q -n 16 -p no:cacheprovider -rf $cuda_tests
+    # why rows read in 4-byte copies ran at half speed (KV4 g128, KV3 g32 against KV4 g32):
+    # sectors a request, stall reasons, one decode launch each at 64 x 8k
+    for spec in "KV4 g32" "KV4 g128" "KV3 g32"; do
+      step 25 ncu --target-processes all -k regex:_decode_kernel --launch-skip 3 --launch-count 1 \
+        --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+        --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
+        --log-file "$out/ncu_decode_${spec// /_}.txt" python3 benchmarks/attention_decode.py \
+        --device cuda --batch 64 --context 8192 --specs "$spec" --variants decode-kernel \
+        --output /tmp/ncu_unused.json
+    done
+    step 150 python3 -m pytest -m cuda -q -n 16 -p no:cacheprovider -rf $cuda_tests
     ;;
   tune)  # what the plans still take from the sm_90a build alone, timed: decode tiles of
     # 3-bit, symmetric and 5-bit/3-bit rows (since 2c966f7 a chunk at a time, 32 tokens on 4
