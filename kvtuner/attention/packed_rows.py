@@ -145,7 +145,7 @@ def row_meta(words_ptr, half_ptr, at, C0: tl.constexpr, W: tl.constexpr, D: tl.c
     one scale a token-head loaded theirs in the loop). Unmasked: every row a tile reads is one
     some query of the program attends, or a re-read of one (:func:`packed_part`). ``JOINT``:
     a row's two groups (g64 at d 128) take their scales and zeros in one 8-byte copy, not two
-    of 4 bytes (decode KV8 g64, sm_90a: 1465 -> 1323 loop instructions; the extend kernel,
+    of 4 bytes (decode KV8 g64, sm_90a: 1491 -> 1323 loop instructions; the extend kernel,
     at 255 registers, spilled 8 bytes with it)."""
     NG: tl.constexpr = (W + G - 1) // G
     RG: tl.constexpr = D // G  # the row's groups: its scales, then (asymmetric) its zeros
