@@ -14,12 +14,12 @@ registers, spills, shared memory and SASS mix; nothing runs. One row per (case, 
   pipelined loads become), ``stg_widths`` (global stores by width), ``sass`` (MMA, conversions,
   loads, spills...), ``row_sass`` (pack and unpack: instructions the warps issue for one
   token-head row, comparable across rows a program and warps), ``token_sass`` (attention: the
-  loop's instructions the warps issue for one key of a tile), ``loop_sass`` and
-  ``loop_common_sass`` (instructions a warp issues per trip of the kernel's main loop, all of
-  them and its common path: one K/V tile for attention). Instructions a key do not set decode's
-  time alone: on the H200 the one-warp tile's symmetric KV4 rows issued 22 % more of them than
-  KV4 g32 and ran as fast, while rows read in 4-byte async copies (``ldgsts`` ``32``: KV4 g128,
-  KV3 g32) ran at half the speed their instructions implied (docs/results/gpu.md).
+  loop's instructions the warps issue for one key of a tile), ``loop_sass`` (instructions a
+  warp issues per trip of the kernel's main loop: one K/V tile for attention). Instructions a
+  key do not set decode's time alone: on the H200 the one-warp tile's symmetric KV4 rows issued
+  25 % more of them than KV4 g32 and ran as fast, while rows read in 4-byte async copies
+  (``ldgsts`` ``32``: KV4 g128, KV3 g32) ran at half the speed their instructions implied
+  (docs/results/gpu.md).
 
 A clean row does not prove speed (a GPU run does); a row that spills, converts every element, loads
 codes a byte at a time or holds few warps an SM while it waits on memory is slow there. Shapes:
@@ -404,22 +404,16 @@ def _branches(ops: list[tuple[int, str, str]]) -> list[tuple[int, int]]:
     ]
 
 
-def loop_instructions(sass: str) -> tuple[int, int]:
+def loop_instructions(sass: str) -> int:
     """SASS instructions in the kernel's largest loop (the span from a backward branch's
-    target to the branch): what every warp issues per K/V tile, so the cost of a tile; and
-    the same less what forward branches inside the loop skip (its common path: the decode
-    loop's rescale of the accumulator runs only where a row's max grew). (0, 0) where the
-    kernel has no loop."""
+    target to the branch): what every warp issues per K/V tile, so the cost of a tile; 0 where
+    the kernel has no loop."""
     ops = _instructions(sass)
-    branches = _branches(ops)
-    spans = [(target, addr) for addr, target in branches if target < addr]
+    spans = [(target, addr) for addr, target in _branches(ops) if target < addr]
     if not spans:
-        return 0, 0
+        return 0
     lo, hi = max(spans, key=lambda span: sum(span[0] <= a <= span[1] for a, _, _ in ops))
-    body = [a for a, _, _ in ops if lo <= a <= hi]
-    skips = [(addr, target) for addr, target in branches if lo <= addr < target <= hi]
-    common = [a for a in body if not any(addr < a < target for addr, target in skips)]
-    return len(body), len(common)
+    return sum(lo <= a <= hi for a, _, _ in ops)
 
 
 def row_instructions(row: dict) -> float:
@@ -459,9 +453,8 @@ def collect(tool, groups: list[str]) -> list[dict]:
                     sass = Path(sass_dir, f"{i:02d}_{row['kernel']}.sass").read_text()
                     widths = {"ldgsts_widths": async_copy_widths(sass),
                               "stg_widths": store_widths(sass)}  # fmt: skip
-                    loop, common = loop_instructions(sass)
+                    loop = loop_instructions(sass)
                     rows.append({"label": label, **row, **widths, "loop_sass": loop,
-                                 "loop_common_sass": common,
                                  "warps_per_sm": row["programs_per_sm"] * row["num_warps"],
                                  "row_sass": row_instructions(row),
                                  "token_sass": token_instructions(row, loop)})  # fmt: skip

@@ -206,9 +206,9 @@ def _v_rotated(batch: AttentionBatch) -> bool:
 
 
 def _merged_dtype(batch: AttentionBatch) -> torch.dtype:
-    """The dtype every kernel's merge stores: q's on a GPU (an eager step then
-    makes no cast of its own), fp32 where V's rotation is still to be undone, and on CPU (the
-    interpreter rounds fp32 to bf16 otherwise than torch does)."""
+    """The dtype every kernel's merge stores: q's on a GPU (an eager step then makes no cast of
+    its own), fp32 where V's rotation is still to be undone, and on CPU (the interpreter rounds
+    fp32 to bf16 otherwise than torch does)."""
     return batch.q.dtype if batch.q.is_cuda and not _v_rotated(batch) else torch.float32
 
 
