@@ -28,6 +28,7 @@ pack/unpack 65536 tokens.
 
     python benchmarks/kernel_resources.py [--only decode] [--output FILE]
     python benchmarks/kernel_resources.py --only tiles --output /tmp/tiles.json  # plan sweep
+    python benchmarks/kernel_resources.py --only pool-plans --output /tmp/pool.json  # pack/unpack
 
 Exit 2 with one line where the shared tool is missing (``--tool`` names another copy).
 """
@@ -273,36 +274,53 @@ def pack_cases() -> dict:
     """Pack (scatter quantized into a slot pool) and unpack (gather dequantized to bf16), each
     with its launcher's grid and arguments (the launchers refuse CPU tensors outside the
     interpreter, so the kernels are called here as they call them)."""
-    import torch
-
     from kvtuner.quant import QuantSpec
     from kvtuner.quant import triton_kernels as tk
-
-    def pack(spec):
-        buf = torch.empty(PACK_TOKENS, HKV, spec.row_bytes(D), dtype=torch.uint8)
-        x = torch.empty(PACK_TOKENS, HKV, D, dtype=torch.bfloat16)
-        loc = torch.arange(PACK_TOKENS, dtype=torch.int64)
-        grid, args = tk._launch_args(buf, loc, spec, D, pack=True)
-        kernel = tk._scatter_kernel if spec.is_quantized else tk._scatter_fp16_kernel
-        return lambda: kernel[grid](x, loc, buf, stride_xt=x.stride(0), stride_xh=x.stride(1),
-                                    **args)  # fmt: skip
-
-    def unpack(spec):
-        buf = torch.empty(PACK_TOKENS, HKV, spec.row_bytes(D), dtype=torch.uint8)
-        out = torch.empty(PACK_TOKENS, HKV, D, dtype=torch.bfloat16)
-        loc = torch.arange(PACK_TOKENS, dtype=torch.int64)
-        grid, args = tk._launch_args(buf, loc, spec, D, pack=False)
-        kernel = tk._gather_kernel if spec.is_quantized else tk._gather_fp16_kernel
-        return lambda: kernel[grid](buf, loc, out, OUT_BF16=False, **args)  # a GPU's bf16 cast
 
     cases = {}
     for label, kw in PACK_SPECS.items():
         spec = QuantSpec(**kw)
-        cases[f"pack {label}"] = pack(spec)
-        cases[f"unpack {label}"] = unpack(spec)
+        cases[f"pack {label}"] = pool_launch(spec, tk.plan_pool(spec, pack=True), pack=True)
+        cases[f"unpack {label}"] = pool_launch(spec, tk.plan_pool(spec, pack=False), pack=False)
     cases["pack KIVI K4 g32 pages"] = kivi_pages(QuantSpec(4, axis="channel"))
     cases["pack KIVI K3 g32 pages"] = kivi_pages(QuantSpec(3, axis="channel"))
     return cases
+
+
+def pool_launch(spec, plan, *, pack: bool):
+    """Pack (``pack``) or unpack of PACK_TOKENS rows of ``spec`` at ``plan``, called as the
+    launchers call the kernels (they refuse CPU tensors outside the interpreter)."""
+    import torch
+
+    from kvtuner.quant import triton_kernels as tk
+
+    buf = torch.empty(PACK_TOKENS, HKV, spec.row_bytes(D), dtype=torch.uint8)
+    x = torch.empty(PACK_TOKENS, HKV, D, dtype=torch.bfloat16)  # pack's input, unpack's output
+    loc = torch.arange(PACK_TOKENS, dtype=torch.int64)
+    grid, args = tk._launch_args(buf, loc, spec, D, plan)
+    if pack:
+        kernel = tk._scatter_kernel if spec.is_quantized else tk._scatter_fp16_kernel
+        return lambda: kernel[grid](x, loc, buf, stride_xt=x.stride(0), stride_xh=x.stride(1),
+                                    **args)  # fmt: skip
+    kernel = tk._gather_kernel if spec.is_quantized else tk._gather_fp16_kernel
+    return lambda: kernel[grid](buf, loc, x, OUT_BF16=False, **args)  # a GPU's bf16 cast
+
+
+def pool_plan_cases() -> dict:
+    """Pack and unpack at each plan of ``quant_throughput.POOL_PLANS`` (the GPU sweep's), on
+    its specs: label ``pack <spec> at <plan>``."""
+    from quant_throughput import PLAN_SPECS, POOL_PLANS
+
+    from kvtuner.quant.triton_kernels import PoolPlan
+
+    return {
+        f"{verb} {spec.short()} at {label}": pool_launch(
+            spec, PoolPlan(*fields), pack=verb == "pack"
+        )
+        for spec in PLAN_SPECS
+        for label, fields in POOL_PLANS.items()
+        for verb in ("pack", "unpack")
+    }
 
 
 def kivi_pages(spec):
@@ -368,7 +386,7 @@ def extend_tile_cases() -> dict:
 
 
 GROUPS = {"decode": decode_cases, "extend": extend_cases, "pack": pack_cases, "tiles": tile_cases,
-          "extend-tiles": extend_tile_cases}  # fmt: skip
+          "extend-tiles": extend_tile_cases, "pool-plans": pool_plan_cases}  # fmt: skip
 DEFAULT_GROUPS = ["decode", "extend", "pack"]
 
 

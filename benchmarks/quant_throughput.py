@@ -18,6 +18,10 @@ Triton pool kernels, pack = ``triton_scatter_quantized`` into a slot pool, unpac
 
     python benchmarks/quant_throughput.py --device cuda
     python benchmarks/quant_throughput.py --kernels --shape 64 8 128   (CPU: proves it runs)
+
+``--plans`` times each launch plan of ``POOL_PLANS`` (rows a block × warps, a whole row a
+thread, row blocks a program × pipeline stages) on ``PLAN_SPECS`` instead, at the first shape
+(262 144 tokens unless ``--shape``): the sweep behind ``plan_pool``'s choices.
 """
 
 from __future__ import annotations
@@ -111,6 +115,22 @@ KERNEL_SPECS = (  # the issue's table
     QuantSpec(4, 32, rotation="hadamard"),
 )
 KERNEL_SHAPES = ((262144, 8, 128), (65536, 8, 128), (64, 8, 128))
+PLAN_SPECS = (
+    QuantSpec(4, 32),
+    QuantSpec(8, 64),
+    QuantSpec(3, 32),
+    QuantSpec(4, 32, rotation="hadamard"),
+)
+# label: PoolPlan fields (block_rows, num_warps, whole_rows, blocks, stages), for pack and unpack
+POOL_PLANS = {
+    "32x1": (32, 1, False, 1, 1),
+    "32x4": (32, 4, False, 1, 1),
+    "16x4": (16, 4, False, 1, 1),
+    "32x1 loop 8x3": (32, 1, False, 8, 3),
+    "32x4 loop 8x3": (32, 4, False, 8, 3),
+    "32x1 whole": (32, 1, True, 1, 1),
+    "32x1 whole loop 8x3": (32, 1, True, 8, 3),
+}
 
 
 def kernel_seconds(fn, device: torch.device) -> float:
@@ -121,23 +141,35 @@ def kernel_seconds(fn, device: torch.device) -> float:
     return seconds(fn, 0.2)
 
 
-def measure_kernels(shape: tuple[int, int, int], spec: QuantSpec, device: torch.device) -> dict:
-    from kvtuner.quant.triton_kernels import triton_gather_dequantized, triton_scatter_quantized
+def measure_kernels(
+    shape: tuple[int, int, int], spec: QuantSpec, device: torch.device, plan: str | None = None
+) -> dict:
+    """One row: clone, pack and unpack of ``shape`` at ``spec``, the kernels at
+    :data:`POOL_PLANS` ``[plan]`` (None: the launchers' own plans)."""
+    from kvtuner.quant.triton_kernels import (
+        PoolPlan,
+        triton_gather_dequantized,
+        triton_scatter_quantized,
+    )
 
     n, heads, d = shape
     x = torch.randn(*shape, device=device, dtype=torch.bfloat16)
     loc = torch.randperm(n, device=device)  # a pool's slots are scattered
     buf = torch.empty(n, heads, spec.row_bytes(d), dtype=torch.uint8, device=device)
+    pool_plan = PoolPlan(*POOL_PLANS[plan]) if plan else None
     stmts = {
         "clone": x.clone,
-        "pack": lambda: triton_scatter_quantized(buf, loc, x, spec),
-        "unpack": lambda: triton_gather_dequantized(buf, loc, spec, d, torch.bfloat16),
+        "pack": lambda: triton_scatter_quantized(buf, loc, x, spec, plan=pool_plan),
+        "unpack": lambda: triton_gather_dequantized(
+            buf, loc, spec, d, torch.bfloat16, plan=pool_plan
+        ),
     }
     stmts["pack"]()
     t = {name: kernel_seconds(fn, device) for name, fn in stmts.items()}
     return {
         "shape": list(shape),
         "spec": spec.short(),
+        "plan": plan or "default",
         "clone_us": 1e6 * t["clone"],
         "pack_us": 1e6 * t["pack"],
         "unpack_us": 1e6 * t["unpack"],
@@ -149,13 +181,14 @@ def measure_kernels(shape: tuple[int, int, int], spec: QuantSpec, device: torch.
 
 def kernel_table(results: list[dict]) -> str:
     lines = [
-        "| shape | spec | pack ratio | unpack ratio | pack µs | unpack µs | clone µs "
+        "| shape | spec | plan | pack ratio | unpack ratio | pack µs | unpack µs | clone µs "
         "| clone GB/s |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         lines.append(
-            f"| {r['shape']} | {r['spec']} | {r['pack_ratio']:.2f} | {r['unpack_ratio']:.2f} | "
+            f"| {r['shape']} | {r['spec']} | {r['plan']} | {r['pack_ratio']:.2f} | "
+            f"{r['unpack_ratio']:.2f} | "
             f"{r['pack_us']:.1f} | {r['unpack_us']:.1f} | {r['clone_us']:.1f} | "
             f"{r['clone_gbps']:.0f} |"
         )
@@ -167,7 +200,11 @@ def run_kernels(args: argparse.Namespace) -> None:
     prepare_device(device.type)  # CPU: the interpreter, before triton is first imported
     shapes = [tuple(args.shape)] if args.shape_given else KERNEL_SHAPES
     torch.manual_seed(0)
-    results = [measure_kernels(shape, spec, device) for shape in shapes for spec in KERNEL_SPECS]
+    if args.plans:  # every plan of POOL_PLANS on PLAN_SPECS, at the first shape
+        cases = [(shapes[0], spec, plan) for spec in PLAN_SPECS for plan in POOL_PLANS]
+    else:
+        cases = [(shape, spec, None) for shape in shapes for spec in KERNEL_SPECS]
+    results = [measure_kernels(shape, spec, device, plan) for shape, spec, plan in cases]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
     print(f"{name}, torch {torch.__version__}; ratio = clone() time / kernel time (bf16)")
     print(kernel_table(results))
@@ -219,6 +256,11 @@ def main() -> None:
     parser.add_argument("--output", type=Path)
     parser.add_argument("--device", default="cpu", help="cpu (reference) or cuda (kernels)")
     parser.add_argument("--kernels", action="store_true", help="time the Triton kernels")
+    parser.add_argument(
+        "--plans",
+        action="store_true",
+        help="kernel mode: every plan of POOL_PLANS on PLAN_SPECS at the first shape",
+    )
     args = parser.parse_args()
     args.shape_given = "--shape" in sys.argv
     if args.device != "cpu" or args.kernels:

@@ -23,6 +23,8 @@ that to run them on CPU tensors (tests).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -43,7 +45,13 @@ from .triton_codes import (
     store_group_meta,
 )
 
-__all__ = ["interpreted", "triton_gather_dequantized", "triton_scatter_quantized"]
+__all__ = [
+    "PoolPlan",
+    "interpreted",
+    "plan_pool",
+    "triton_gather_dequantized",
+    "triton_scatter_quantized",
+]
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -77,18 +85,32 @@ def _out_rows(tokens):
 
 @triton.jit
 def _row_bases(
-    buf_ptr, loc_ptr, n_tokens, stride_slot, stride_head, BLOCK: tl.constexpr,
+    buf_ptr, loc_ptr, n_tokens, stride_slot, stride_head, blk, BLOCK: tl.constexpr,
     ALIGN: tl.constexpr,
 ):  # fmt: skip
-    """This program's rows: BLOCK tokens of one KV head (grid: token blocks × heads, so no row
-    index is divided by the head count) -> tokens [BLOCK], their mask and buffer row pointers.
+    """Row block ``blk``: BLOCK tokens of this program's KV head (grid: token blocks × heads, so
+    no row index is divided by the head count) -> tokens [BLOCK], their mask and buffer row
+    pointers.
     Strides come in ``ALIGN``-byte units: a row offset is then a known multiple of ALIGN, so a
     row's bytes move 8 or 16 at a time where the rows allow (136-byte KV8 g64 rows: 8)."""
-    tokens = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tokens = blk * BLOCK + tl.arange(0, BLOCK)
     row_ok = tokens < n_tokens
     slot = tl.load(loc_ptr + tokens, mask=row_ok, other=0).to(tl.int64)
     unit = slot * stride_slot + tl.program_id(1).to(tl.int64) * stride_head
     return tokens.to(tl.int64), row_ok, buf_ptr + unit * ALIGN
+
+
+@triton.jit
+def _row_blocks(n_tokens, BLOCK: tl.constexpr, BLOCKS: tl.constexpr):
+    """This program's row blocks [first, last): ``BLOCKS`` consecutive ones (grid: the token
+    blocks / BLOCKS, rounded up). One block: ``last`` is ``first + 1`` and the loop folds away
+    (a bound through ``tl.minimum`` kept it, and unpack KV8 g64 took 55 registers, not 32)."""
+    first = tl.program_id(0) * BLOCKS
+    if BLOCKS == 1:  # noqa: SIM108 (a constexpr branch: one block builds no loop bound)
+        last = first + 1
+    else:
+        last = tl.minimum(first + BLOCKS, tl.cdiv(n_tokens, BLOCK))
+    return first, last
 
 
 @triton.jit
@@ -111,27 +133,52 @@ def _scatter_kernel(
     x_ptr, loc_ptr, buf_ptr, n_tokens, stride_slot, stride_head, stride_xt,
     stride_xh, D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr, SYMMETRIC: tl.constexpr,
     NW_PAD: tl.constexpr, BLOCK: tl.constexpr, ROTATE: tl.constexpr, ALIGN: tl.constexpr,
-    WORDS: tl.constexpr,
+    WORDS: tl.constexpr, WHOLE: tl.constexpr, BLOCKS: tl.constexpr, STAGES: tl.constexpr,
 ):  # fmt: skip
-    rows, row_ok, dst = _row_bases(
-        buf_ptr, loc_ptr, n_tokens, stride_slot, stride_head, BLOCK, ALIGN
-    )
-    NW: tl.constexpr = D // 8  # words of 8 codes per row
-    NB: tl.constexpr = NW * BITS  # code bytes per row
-    NG: tl.constexpr = D // G
+    first, last = _row_blocks(n_tokens, BLOCK, BLOCKS)
+    for blk in tl.range(first, last, num_stages=STAGES):
+        rows, row_ok, dst = _row_bases(
+            buf_ptr, loc_ptr, n_tokens, stride_slot, stride_head, blk, BLOCK, ALIGN
+        )
+        at = _x_offsets(rows, stride_xt, stride_xh)
+        x = _pack_tile(x_ptr, at, row_ok, D, G, NW_PAD, ROTATE, WHOLE)
+        _store_rows(dst, x, row_ok, D, BITS, SYMMETRIC, NW_PAD, ALIGN, WORDS)
+
+
+@triton.jit
+def _pack_tile(x_ptr, at, row_ok, D: tl.constexpr, G: tl.constexpr, NW_PAD: tl.constexpr,
+               ROTATE: tl.constexpr, WHOLE: tl.constexpr):  # fmt: skip
+    """The rows at ``at`` [BLOCK] as fp32 [BLOCK, NG_PAD, G], rotated where ``ROTATE``; held
+    a whole row a thread (``WHOLE``), whole groups a thread (G a multiple of 8), or a row over
+    the threads Triton picks."""
+    BLOCK: tl.constexpr = at.shape[0]
+    NW: tl.constexpr = D // 8  # chunks of 8 elements a row
     NG_PAD: tl.constexpr = NW_PAD * 8 // G  # groups of the padded tile (extra ones not stored)
-    at = _x_offsets(rows, stride_xt, stride_xh)
-    if ROTATE or G % 8:
+    if WHOLE:
+        x = tl.reshape(_group_tile(x_ptr, at, row_ok, D, NW_PAD * 8, 1, BLOCK), [BLOCK, NW_PAD, 8])
+    elif ROTATE or G % 8:
         w = tl.arange(0, NW_PAD)
         e = w[:, None] * 8 + tl.arange(0, 8)[None, :]  # [NW_PAD, 8] element index in the row
         mask = row_ok[:, None, None] & (w < NW)[None, :, None]
         x = tl.load(x_ptr + at[:, None, None] + e[None], mask=mask, other=0.0)
         x = x.to(tl.float32)  # [BLOCK, NW_PAD, 8]
-        if ROTATE:  # a row over 8 threads: a whole row a thread held too few warps (below)
-            x = hadamard_tile(x, D)
-        x = tl.reshape(x, [BLOCK, NG_PAD, G])  # the same elements, one group a middle index
     else:
         x = _group_tile(x_ptr, at, row_ok, D, G, NG_PAD, BLOCK)
+    if ROTATE:
+        x = hadamard_tile(tl.reshape(x, [BLOCK, NW_PAD, 8]), D)
+    return tl.reshape(x, [BLOCK, NG_PAD, G])  # the same elements, one group a middle index
+
+
+@triton.jit
+def _store_rows(dst, x, row_ok, D: tl.constexpr, BITS: tl.constexpr, SYMMETRIC: tl.constexpr,
+                NW_PAD: tl.constexpr, ALIGN: tl.constexpr, WORDS: tl.constexpr):  # fmt: skip
+    """Quantize fp32 ``x`` [BLOCK, NG_PAD, G] and store the rows at ``dst`` [BLOCK]: codes,
+    then scales and zeros."""
+    BLOCK: tl.constexpr = x.shape[0]
+    G: tl.constexpr = x.shape[2]
+    NB: tl.constexpr = D // 8 * BITS  # code bytes per row
+    NG: tl.constexpr = D // G
+    NG_PAD: tl.constexpr = x.shape[1]
     q, scale, zero, ok = grid_codes(x, 2, BITS, SYMMETRIC)  # scale, zero, ok: [BLOCK, NG_PAD]
     if NG == NG_PAD:  # the row's scales and zeros as one vector
         store_group_meta(dst, scale, zero, ok, row_ok, NB, SYMMETRIC, ALIGN % 2 + NB % 2 == 0)
@@ -154,18 +201,40 @@ def _gather_kernel(
     buf_ptr, loc_ptr, out_ptr, n_tokens, stride_slot, stride_head, D: tl.constexpr,
     G: tl.constexpr, BITS: tl.constexpr, SYMMETRIC: tl.constexpr, NW_PAD: tl.constexpr,
     BLOCK: tl.constexpr, OUT_BF16: tl.constexpr, ROTATE: tl.constexpr, ALIGN: tl.constexpr,
-    WORDS: tl.constexpr,
+    WORDS: tl.constexpr, WHOLE: tl.constexpr, BLOCKS: tl.constexpr, STAGES: tl.constexpr,
 ):  # fmt: skip
-    rows, row_ok, src = _row_bases(
-        buf_ptr, loc_ptr, n_tokens, stride_slot, stride_head, BLOCK, ALIGN
-    )
-    NW: tl.constexpr = D // 8
-    NB: tl.constexpr = NW * BITS
+    first, last = _row_blocks(n_tokens, BLOCK, BLOCKS)
+    for blk in tl.range(first, last, num_stages=STAGES):
+        rows, row_ok, src = _row_bases(
+            buf_ptr, loc_ptr, n_tokens, stride_slot, stride_head, blk, BLOCK, ALIGN
+        )
+        out = _dequantized_rows(src, row_ok, D, G, BITS, SYMMETRIC, NW_PAD, WORDS)
+        w = tl.arange(0, NW_PAD)
+        if ROTATE or WHOLE:  # a whole row a thread: stored as [D/8, BLOCK, 8], the chunk axis
+            # outermost, so each thread holds a row's chunks
+            if ROTATE:  # undo the rotation (H is its own inverse)
+                out = hadamard_tile(out, D)
+            out = tl.permute(out, (1, 0, 2))
+            at = out_ptr + _out_rows(rows)[None, :, None] * D + (w[:, None] * 8)[:, None, :]
+            mask = row_ok[None, :, None] & (w < D // 8)[:, None, None]
+            _store_out(at + tl.arange(0, 8)[None, None, :], out, mask, OUT_BF16)
+        else:
+            e = w[:, None] * 8 + tl.arange(0, 8)[None, :]  # [NW_PAD, 8]
+            mask = row_ok[:, None, None] & (w < D // 8)[None, :, None]
+            at = out_ptr + _out_rows(rows)[:, None, None] * D + e[None]
+            _store_out(at, out, mask, OUT_BF16)
+
+
+@triton.jit
+def _dequantized_rows(src, row_ok, D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr,
+                      SYMMETRIC: tl.constexpr, NW_PAD: tl.constexpr,
+                      WORDS: tl.constexpr):  # fmt: skip
+    """The rows at ``src`` [BLOCK] dequantized: fp32 [BLOCK, NW_PAD, 8]."""
+    BLOCK: tl.constexpr = row_ok.shape[0]
+    NB: tl.constexpr = D // 8 * BITS
     NG: tl.constexpr = D // G
     NG_PAD: tl.constexpr = NW_PAD * 8 // G
     HALF: tl.constexpr = (1 << (BITS - 1)) - 1
-    w = tl.arange(0, NW_PAD)
-    e = w[:, None] * 8 + tl.arange(0, 8)[None, :]  # [NW_PAD, 8]
     if WORDS:
         q = load_code_words(src, row_ok, NB, NW_PAD, BITS).to(tl.float32)  # [BLOCK, NW_PAD, 8]
     else:
@@ -184,49 +253,47 @@ def _gather_kernel(
         out = tl.math.div_rn((q - HALF) * scale, HALF * 1.0)
     else:
         out = zero[:, :, None] + q * scale
-    out = tl.reshape(out, [BLOCK, NW_PAD, 8])
-    if ROTATE:  # undo the rotation (H is its own inverse), a whole row a thread: stored as
-        # [D/8, BLOCK, 8], the chunk axis outermost, so each thread holds a row's chunks
-        out = tl.permute(hadamard_tile(out, D), (1, 0, 2))
-        at = out_ptr + _out_rows(rows)[None, :, None] * D + (w[:, None] * 8)[:, None, :]
-        _store_out(at + tl.arange(0, 8)[None, None, :], out, row_ok[None, :, None], OUT_BF16)
-    else:
-        mask = row_ok[:, None, None] & (w < NW)[None, :, None]
-        _store_out(out_ptr + _out_rows(rows)[:, None, None] * D + e[None], out, mask, OUT_BF16)
+    return tl.reshape(out, [BLOCK, NW_PAD, 8])
 
 
 @triton.jit
 def _scatter_fp16_kernel(
     x_ptr, loc_ptr, buf_ptr, n_tokens, stride_slot, stride_head, stride_xt, stride_xh,
     D: tl.constexpr, D_PAD: tl.constexpr, BLOCK: tl.constexpr, ALIGN: tl.constexpr,
+    BLOCKS: tl.constexpr, STAGES: tl.constexpr,
 ):  # fmt: skip
-    rows, row_ok, dst = _row_bases(
-        buf_ptr, loc_ptr, n_tokens, stride_slot, stride_head, BLOCK, ALIGN
-    )
-    e = tl.arange(0, D_PAD)
-    mask = row_ok[:, None] & (e < D)[None]
-    at = _x_offsets(rows, stride_xt, stride_xh)
-    x = tl.load(x_ptr + at[:, None] + e[None], mask=mask, other=0.0).to(tl.float32)
-    bits = x.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)  # [BLOCK, D_PAD]
-    bits = tl.where(x == x, bits, NAN_FP16)  # the format's NaN, whatever the GPU's cvt gives
-    halves = dst.to(tl.pointer_type(tl.int16))  # a row's fp16 as one vector, not byte pairs
-    tl.store(halves[:, None] + e[None], bits.to(tl.int16), mask=mask)
+    first, last = _row_blocks(n_tokens, BLOCK, BLOCKS)
+    for blk in tl.range(first, last, num_stages=STAGES):
+        rows, row_ok, dst = _row_bases(
+            buf_ptr, loc_ptr, n_tokens, stride_slot, stride_head, blk, BLOCK, ALIGN
+        )
+        e = tl.arange(0, D_PAD)
+        mask = row_ok[:, None] & (e < D)[None]
+        at = _x_offsets(rows, stride_xt, stride_xh)
+        x = tl.load(x_ptr + at[:, None] + e[None], mask=mask, other=0.0).to(tl.float32)
+        bits = x.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)  # [BLOCK, D_PAD]
+        bits = tl.where(x == x, bits, NAN_FP16)  # the format's NaN, whatever the GPU's cvt gives
+        halves = dst.to(tl.pointer_type(tl.int16))  # a row's fp16 as one vector, not byte pairs
+        tl.store(halves[:, None] + e[None], bits.to(tl.int16), mask=mask)
 
 
 @triton.jit
 def _gather_fp16_kernel(
     buf_ptr, loc_ptr, out_ptr, n_tokens, stride_slot, stride_head, D: tl.constexpr,
     D_PAD: tl.constexpr, BLOCK: tl.constexpr, OUT_BF16: tl.constexpr, ALIGN: tl.constexpr,
+    BLOCKS: tl.constexpr, STAGES: tl.constexpr,
 ):  # fmt: skip
-    rows, row_ok, src = _row_bases(
-        buf_ptr, loc_ptr, n_tokens, stride_slot, stride_head, BLOCK, ALIGN
-    )
-    e = tl.arange(0, D_PAD)
-    mask = row_ok[:, None] & (e < D)[None]
-    halves = src.to(tl.pointer_type(tl.int16))
-    x = tl.load(halves[:, None] + e[None], mask=mask, other=0)
-    x = x.to(tl.float16, bitcast=True).to(tl.float32)
-    _store_out(out_ptr + _out_rows(rows)[:, None] * D + e[None], x, mask, OUT_BF16)
+    first, last = _row_blocks(n_tokens, BLOCK, BLOCKS)
+    for blk in tl.range(first, last, num_stages=STAGES):
+        rows, row_ok, src = _row_bases(
+            buf_ptr, loc_ptr, n_tokens, stride_slot, stride_head, blk, BLOCK, ALIGN
+        )
+        e = tl.arange(0, D_PAD)
+        mask = row_ok[:, None] & (e < D)[None]
+        halves = src.to(tl.pointer_type(tl.int16))
+        x = tl.load(halves[:, None] + e[None], mask=mask, other=0)
+        x = x.to(tl.float16, bitcast=True).to(tl.float32)
+        _store_out(out_ptr + _out_rows(rows)[:, None] * D + e[None], x, mask, OUT_BF16)
 
 
 def interpreted() -> bool:
@@ -265,30 +332,63 @@ def _check(buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_dim: i
         )
 
 
+@dataclass(frozen=True)
+class PoolPlan:
+    """How one pack or unpack launch is cut: ``block_rows`` token rows of one KV head a row
+    block on ``num_warps`` warps; ``whole_rows``: a whole row a thread (else whole groups a
+    thread in pack, or the threads Triton picks); ``blocks``: row blocks a program, in a loop
+    whose copies run ``stages`` deep (``stages`` 1: no pipelining; more: Triton copies the
+    next blocks' rows while this one computes)."""
+
+    block_rows: int = 32
+    num_warps: int = 1
+    whole_rows: bool = False
+    blocks: int = 1
+    stages: int = 1
+
+    def __post_init__(self) -> None:
+        rows = self.block_rows
+        if rows < 1 or rows & (rows - 1) or self.num_warps not in (1, 2, 4, 8):
+            raise ValueError(f"need power-of-two block_rows and 1, 2, 4 or 8 warps: {self}")
+        if not isinstance(self.whole_rows, bool) or self.blocks < 1 or self.stages < 1:
+            raise ValueError(f"need a bool whole_rows, blocks >= 1 and stages >= 1: {self}")
+
+
+def plan_pool(spec: QuantSpec, *, pack: bool) -> PoolPlan:
+    """The plan of :func:`triton_scatter_quantized` (``pack``) or
+    :func:`triton_gather_dequantized` for rows of ``spec``: as the H200 timed them (65k-262k
+    tokens × 8 heads, d 128; docs/results/gpu.md › "H200, 2026-11-26, second lease"), except
+    Hadamard pack, build-predicted.
+
+    - pack: 32 rows on one warp, whole groups a thread (0.42-0.71× ``clone()``; 4 warps took
+      0.34-0.68×);
+    - unpack: 32 rows on 4 warps, 32-40 registers, up to 16 programs an SM (0.42-0.48×; one
+      warp, 156 registers and 13 warps an SM, took 0.20-0.31×);
+    - Hadamard unpack: a whole row a thread on one warp (0.65×; 4 warps 0.56×);
+    - Hadamard pack: a whole row a thread on one warp, 8 row blocks a program copied 3 deep.
+      Timed: 16 rows on 4 warps, a row over 8 threads, 0.17-0.19×: 605 instructions a row
+      (its butterflies cross threads: 4 layout changes, 176 shuffles), about its time at 4
+      issues a cycle on 132 SMs; a whole row a thread without the loop, 0.03×: its 16 row
+      loads spread through the butterflies, so each program waited on memory ten times in
+      turn. The loop's copies go out before the butterflies (sm_90a: 88 instructions a row,
+      203 registers, 10 programs an SM)."""
+    if spec.rotation == "hadamard" and spec.is_quantized:
+        if pack:
+            return PoolPlan(32, 1, whole_rows=True, blocks=8, stages=3)
+        return PoolPlan(32, 1, whole_rows=True)
+    return PoolPlan(32, 1) if pack else PoolPlan(32, 4)
+
+
 def _launch_args(
-    buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_dim: int, *, pack: bool
+    buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_dim: int, plan: PoolPlan
 ):
-    """Grid and the keyword arguments shared by every kernel of one call (``pack``: the
-    scatter kernels, else the gather ones)."""
+    """Grid and the keyword arguments shared by every kernel of one call."""
     n_tokens = loc.shape[0]
-    rotate = _rotates(spec)
-    # Rows a program and its warps, per kernel, as the H200 timed them (65k-262k tokens × 8
-    # heads, d 128; docs/results/gpu.md › "H200, 2026-11-26, second lease"). These kernels wait
-    # on memory: the warps an SM, not the instructions a row, set their pace where few warps
-    # fit. Pack: 32 rows on one warp, whole groups a thread (0.42-0.71× clone(); 4 warps took
-    # 0.34-0.68×). Unpack: 32 rows on 4 warps, 32-40 registers, up to 16 programs an SM
-    # (0.42-0.48×; one warp, 156 registers and 13 warps an SM, took 0.20-0.31×). Hadamard
-    # unpack: a whole row a thread on one warp (0.65×; 4 warps 0.56×). Hadamard pack: 16 rows
-    # on 4 warps, a row over 8 threads (0.17×; a whole row a thread, 206 registers and 9 warps
-    # an SM with its loads spread through the butterflies, took 0.03×).
-    if rotate and pack:
-        block, warps = 16, 4
-    elif pack or rotate:
-        block, warps = 32, 1
-    else:
-        block, warps = 32, 4
-    block = min(block, next_power_of_2(max(n_tokens, 1)))
-    grid = (cdiv(n_tokens, block), buffer.shape[1])  # token blocks × heads
+    if not spec.is_quantized and plan.whole_rows:
+        raise ValueError("16-bit rows have no groups: a plan for them takes whole_rows=False")
+    block = min(plan.block_rows, next_power_of_2(max(n_tokens, 1)))
+    blocks = min(plan.blocks, cdiv(n_tokens, block))
+    grid = (cdiv(cdiv(n_tokens, block), blocks), buffer.shape[1])  # row blocks × heads
     align = _row_align(buffer)
     common = dict(
         n_tokens=n_tokens,
@@ -297,8 +397,10 @@ def _launch_args(
         D=head_dim,
         BLOCK=block,
         ALIGN=align,
+        BLOCKS=blocks,
+        STAGES=plan.stages,
         enable_fp_fusion=False,
-        num_warps=warps,
+        num_warps=plan.num_warps,
     )
     if spec.is_quantized:
         nw_pad = next_power_of_2(head_dim // 8)
@@ -308,7 +410,8 @@ def _launch_args(
             BITS=spec.bits,
             SYMMETRIC=spec.symmetric,
             NW_PAD=nw_pad,
-            ROTATE=rotate,
+            ROTATE=_rotates(spec),
+            WHOLE=plan.whole_rows,
             # 3/5/6-bit codes as int32 words of whole 32-code chunks, where the rows allow
             WORDS=8 % spec.bits != 0 and align % 4 == 0 and code_bytes % 4 == 0 and nw_pad % 4 == 0,
         )
@@ -330,11 +433,16 @@ def _rotates(spec: QuantSpec) -> bool:
 
 
 def triton_scatter_quantized(
-    buffer: torch.Tensor, loc: torch.Tensor, x: torch.Tensor, spec: QuantSpec
+    buffer: torch.Tensor,
+    loc: torch.Tensor,
+    x: torch.Tensor,
+    spec: QuantSpec,
+    *,
+    plan: PoolPlan | None = None,
 ) -> None:
     """``buffer[loc] = quantize(x, spec)`` for x[N, heads, D]; other slots stay untouched.
     One kernel launch: the Hadamard rotation runs inside it; x is read through its strides
-    (a copy only when its last dim is strided)."""
+    (a copy only when its last dim is strided). ``plan`` None: :func:`plan_pool`'s."""
     if x.dim() != 3 or x.dtype not in _FLOATS:
         raise ValueError(f"x must be fp16/bf16/fp32 [N, heads, D], got {x.dtype} {tuple(x.shape)}")
     _check(buffer, loc, spec, x.shape[2])
@@ -347,7 +455,8 @@ def triton_scatter_quantized(
         return
     if x.stride(2) != 1:
         x = x.contiguous()
-    grid, args = _launch_args(buffer, loc, spec, x.shape[2], pack=True)
+    plan = plan or plan_pool(spec, pack=True)
+    grid, args = _launch_args(buffer, loc, spec, x.shape[2], plan)
     kernel = _scatter_kernel if spec.is_quantized else _scatter_fp16_kernel
     kernel[grid](x, loc, buffer, stride_xt=x.stride(0), stride_xh=x.stride(1), **args)
 
@@ -358,9 +467,11 @@ def triton_gather_dequantized(
     spec: QuantSpec,
     head_dim: int,
     dtype: torch.dtype = torch.float32,
+    *,
+    plan: PoolPlan | None = None,
 ) -> torch.Tensor:
     """``dequantize(buffer[loc], spec, head_dim, dtype)`` -> [N, heads, head_dim]; one kernel
-    launch (the rotation is undone inside it)."""
+    launch (the rotation is undone inside it). ``plan`` None: :func:`plan_pool`'s."""
     if dtype not in _FLOATS:
         raise ValueError(f"dtype must be one of {_FLOATS}, got {dtype}")
     _check(buffer, loc, spec, head_dim)
@@ -368,7 +479,8 @@ def triton_gather_dequantized(
     out = torch.empty(shape, dtype=dtype, device=buffer.device)
     if loc.shape[0] == 0:
         return out
-    grid, args = _launch_args(buffer, loc, spec, head_dim, pack=False)
+    plan = plan or plan_pool(spec, pack=False)
+    grid, args = _launch_args(buffer, loc, spec, head_dim, plan)
     kernel = _gather_kernel if spec.is_quantized else _gather_fp16_kernel
     by_hand = out.dtype == torch.bfloat16 and interpreted()  # a GPU rounds bf16 itself
     target = out.view(torch.int16) if by_hand else out

@@ -47,3 +47,21 @@ def test_graphs_need_a_gpu_and_say_so_in_one_line(tmp_path):
         "error: --graphs times CUDA-graph replays: it needs --device cuda"
     ]
     assert not (tmp_path / "x.json").exists()
+
+
+def test_pool_plan_sweep_times_every_plan_of_every_spec(tmp_path, monkeypatch):
+    """``quant_throughput.py --plans`` (the GPU session's pack/unpack sweep): one row per plan
+    and spec, each naming its plan."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    from quant_throughput import PLAN_SPECS, POOL_PLANS
+
+    out = tmp_path / "plans.json"
+    cmd = [sys.executable, str(BENCH / "quant_throughput.py"), "--kernels", "--plans",
+           "--shape", "8", "1", "64", "--output", str(out)]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=BENCH)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = json.loads(out.read_text())["results"]
+    assert [(r["spec"], r["plan"]) for r in rows] == [
+        (spec.short(), plan) for spec in PLAN_SPECS for plan in POOL_PLANS
+    ]
+    assert all(r["pack_us"] > 0 and r["unpack_us"] > 0 for r in rows)

@@ -111,7 +111,9 @@ def test_pack_and_unpack_move_rows_in_words_at_every_row_length(decode_rows):
     SM (on the H200, 52-64 ran at 0.42-0.48× clone(), 13 on one warp at 0.20-0.31×, though
     they issued a quarter fewer instructions a row). Instructions a row: pack did 107 (KV4
     g32) and 112 (KV8 g64) on 4 warps, a group reduced across four threads, 53 on one warp;
-    Hadamard unpack, a whole row a thread, 61 (172 with a row over eight threads)."""
+    Hadamard unpack, a whole row a thread, 61 (172 with a row over eight threads); Hadamard
+    pack, a whole row a thread with its rows copied ahead 16 bytes at a time, 89 (606 with a
+    row over eight threads, its butterflies through shuffles and shared memory)."""
     rows = [r for r in decode_rows if r["label"].startswith(("pack ", "unpack "))]
     assert {r["label"] for r in rows} >= {"pack KV8 g64", "unpack KV3 g32", "pack K16"}
     for row in rows:
@@ -127,3 +129,6 @@ def test_pack_and_unpack_move_rows_in_words_at_every_row_length(decode_rows):
     per_row = {r["label"]: r["row_sass"] for r in rows}
     assert per_row["pack KV4 g32"] <= 60 and per_row["pack KV8 g64"] <= 60, per_row
     assert per_row["unpack KV4 g32 hadamard"] <= 70, per_row
+    assert per_row["pack KV4 g32 hadamard"] <= 100, per_row
+    (had,) = (r for r in rows if r["label"] == "pack KV4 g32 hadamard")
+    assert set(had["ldgsts_widths"]) <= {"128", "64"} and had["ldgsts_widths"].get("128"), had

@@ -287,6 +287,59 @@ def test_many_rows_span_several_programs(tk):
     )
 
 
+PLANS = [
+    dict(block_rows=16, num_warps=4),
+    dict(block_rows=8, num_warps=2, whole_rows=True),
+    dict(block_rows=8, num_warps=1, blocks=3, stages=3),
+    dict(block_rows=16, num_warps=1, whole_rows=True, blocks=2, stages=2),
+]
+
+
+@pytest.mark.parametrize("plan", PLANS, ids=lambda p: "-".join(f"{v}" for v in p.values()))
+@pytest.mark.parametrize(
+    ("spec", "head_dim"),
+    [
+        (QuantSpec(4, 32), 64),
+        (QuantSpec(3, 32), 96),
+        (QuantSpec(2, 8, True), 64),
+        (QuantSpec(8, 64, rotation="hadamard"), 64),
+        (QuantSpec(16), 64),
+    ],
+    ids=lambda v: v.short() if isinstance(v, QuantSpec) else f"d{v}",
+)
+def test_every_plan_writes_and_reads_the_reference(tk, plan, spec, head_dim):
+    """A plan moves the same bytes: rows a block, warps, a whole row a thread, several row
+    blocks a program in a pipelined loop (70 tokens: blocks that do not divide them)."""
+    plan = tk.PoolPlan(**plan)
+    if not spec.is_quantized and plan.whole_rows:
+        with pytest.raises(ValueError, match="whole_rows=False"):
+            tk.triton_scatter_quantized(BUF_16, LOC, torch.zeros(5, HEADS, 64), spec, plan=plan)
+        return
+    loc = torch.randperm(400, generator=torch.Generator().manual_seed(1))[:70]
+    x = torch.randn(70, 2, head_dim, generator=torch.Generator().manual_seed(2))
+    buf = torch.zeros(400, 2, spec.row_bytes(head_dim), dtype=torch.uint8)
+    expected = buf.clone()
+    expected[loc] = quantize(x, spec)
+    tk.triton_scatter_quantized(buf, loc, x, spec, plan=plan)
+    assert torch.equal(buf, expected)
+    out = tk.triton_gather_dequantized(buf, loc, spec, head_dim, torch.bfloat16, plan=plan)
+    assert _same_values(out, dequantize(expected[loc], spec, head_dim, torch.bfloat16))
+
+
+BUF_16 = torch.zeros(SLOTS, HEADS, 128, dtype=torch.uint8)
+
+
+def test_plans_check_their_fields_and_the_default_plans(tk):
+    for bad in (dict(block_rows=24), dict(num_warps=3), dict(blocks=0), dict(stages=0)):
+        with pytest.raises(ValueError, match="need"):
+            tk.PoolPlan(**bad)
+    assert tk.plan_pool(QuantSpec(4, 32), pack=True) == tk.PoolPlan(32, 1)
+    assert tk.plan_pool(QuantSpec(4, 32), pack=False) == tk.PoolPlan(32, 4)
+    hadamard = QuantSpec(4, 32, rotation="hadamard")
+    assert tk.plan_pool(hadamard, pack=False) == tk.PoolPlan(32, 1, whole_rows=True)
+    assert tk.plan_pool(hadamard, pack=True).stages > 1  # its copies ahead of the butterflies
+
+
 def _odd_nans(dtype: torch.dtype) -> torch.Tensor:
     """x[2, HEADS, 64] holding NaNs of every sign and payload a GPU could turn into its own."""
     x = torch.randn(2, HEADS, 64)
@@ -444,7 +497,7 @@ GPU_COMPILE = textwrap.dedent("""
     for spec in (QuantSpec(4, 32), QuantSpec(4, 32, True), QuantSpec(16), QuantSpec(3, 32),
                  QuantSpec(6, 16, True)):
         buf = torch.zeros(8, 2, spec.row_bytes(64), dtype=torch.uint8)
-        _, args = tk._launch_args(buf, loc, spec, 64, pack=True)
+        _, args = tk._launch_args(buf, loc, spec, 64, tk.plan_pool(spec, pack=True))
         q = spec.is_quantized
         scatter = compile_ptx(tk._scatter_kernel if q else tk._scatter_fp16_kernel,
                               {"x_ptr": "*bf16", "loc_ptr": "*i64", "buf_ptr": "*u8"}, dict(args),
@@ -462,7 +515,7 @@ GPU_COMPILE = textwrap.dedent("""
     # Hadamard fused as fp32 butterflies: no FMA, no tensor-core (TF32) instructions
     spec = QuantSpec(4, 32, rotation="hadamard")
     buf = torch.zeros(8, 2, spec.row_bytes(64), dtype=torch.uint8)
-    _, args = tk._launch_args(buf, loc, spec, 64, pack=True)
+    _, args = tk._launch_args(buf, loc, spec, 64, tk.plan_pool(spec, pack=True))
     scatter = compile_ptx(tk._scatter_kernel, {"x_ptr": "*bf16", "loc_ptr": "*i64",
                           "buf_ptr": "*u8"}, dict(args), ("stride_xt", "stride_xh"))
     gather = compile_ptx(tk._gather_kernel, {"buf_ptr": "*u8", "loc_ptr": "*i32",
