@@ -12,9 +12,9 @@
 #   bash scripts/gpu_session.sh first     # the first call: pytest -m cuda, the sm_90 build's
 #                                         # resources, decode kernel vs general vs bf16 SDPA at
 #                                         # 16/64 x 8k/32k, pack/unpack, the SGLang step
-#   bash scripts/gpu_session.sh check     # a 15-minute lease in one call: pack/unpack, the decode
-#                                         # plans at 16/64 x 8k/32k, an A/B against .ab/, HF
-#                                         # generate at batch 8, pytest -m cuda
+#   bash scripts/gpu_session.sh check     # a 15-minute lease in one call: pack/unpack at each
+#                                         # plan, the decode plans at 16/64 x 8k/32k, an A/B
+#                                         # against .ab/, HF at batch 8, pytest -m cuda
 # An A/B (the check stage, where .ab/ is carried: carry [".whl", ".ab"]), on the development
 # machine first, REV the commit to compare this checkout against:
 #   echo /.ab/ >> .git/info/exclude; rm -rf .ab; mkdir .ab
@@ -81,18 +81,19 @@ case "$stage" in
       echo "== kernel_resources: no sm90_report.py beside the checkout, skipped" | tee -a "$log"
     fi
     ;;
-  check)  # one call of a 15-minute lease (the start takes 1-2 of them): pack and unpack, the
-    # decode plans against bf16 SDPA, the same decode from the tree in .ab/ (another commit,
-    # where carried) interleaved with this one, HF generate at batch 8, Nsight Compute on three
-    # decode rows, then the GPU-only tests (step limits: 595 s)
+  check)  # one call of a 15-minute lease (the start takes 1-2 of them): pack and unpack at
+    # each launch plan (the timed ones, row blocks in a pipelined loop, Hadamard pack's new
+    # plan), the decode plans against bf16 SDPA, the same decode from the tree in .ab/
+    # (another commit, where carried) interleaved with this one, HF generate at batch 8,
+    # Nsight Compute on three decode rows, then the GPU-only tests (step limits: 595 s)
     nvidia-smi -L >>"$log" 2>&1
-    step 40 python3 benchmarks/quant_throughput.py --device cuda --rounds 3 \
-      --output "$out/quant_throughput_kernels.json"
-    step 80 python3 benchmarks/attention_decode.py --device cuda --batch 16 64 \
+    step 75 python3 benchmarks/quant_throughput.py --device cuda --plans \
+      --output "$out/quant_throughput_plans.json"
+    step 70 python3 benchmarks/attention_decode.py --device cuda --batch 16 64 \
       --context 8192 32768 --specs "KV4 g32" "KV8 g64" "K8V4 (mixed)" "KV4 g128" "KV3 g32" \
       "KV4 g32 sym" "KV4 g32 pre-RoPE" "KV8 g64 pre-RoPE" --variants decode-kernel \
       --output "$out/attention_decode_plans.json"
-    step 20 python3 benchmarks/attention_decode.py --device cuda --batch 16 --context 8192 \
+    step 10 python3 benchmarks/attention_decode.py --device cuda --batch 16 --context 8192 \
       --specs "KV4 g32" "KV8 g64" --variants decode-kernel --graphs \
       --output "$out/attention_decode_graphs.json"  # 16 x 8k without the host's eager work
     if [ -d .ab/kvtuner ]; then  # A/B at one shape, the two trees in turn, twice
@@ -110,7 +111,7 @@ case "$stage" in
     # why rows read in 4-byte copies ran at half speed (KV4 g128, KV3 g32 against KV4 g32):
     # sectors a request, stall reasons, one decode launch each at 64 x 8k
     for spec in "KV4 g32" "KV4 g128" "KV3 g32"; do
-      step 25 ncu --target-processes all -k regex:_decode_kernel --launch-skip 3 --launch-count 1 \
+      step 20 ncu --target-processes all -k regex:_decode_kernel --launch-skip 3 --launch-count 1 \
         --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
         --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
         --log-file "$out/ncu_decode_${spec// /_}.txt" python3 benchmarks/attention_decode.py \
