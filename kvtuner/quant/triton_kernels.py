@@ -257,6 +257,13 @@ def _dequantized_rows(src, row_ok, D: tl.constexpr, G: tl.constexpr, BITS: tl.co
 
 
 @triton.jit
+def _fp16_columns(row_ok, D: tl.constexpr, D_PAD: tl.constexpr):
+    """16-bit rows: the columns [D_PAD] of a row and their mask [BLOCK, D_PAD]."""
+    e = tl.arange(0, D_PAD)
+    return e, row_ok[:, None] & (e < D)[None]
+
+
+@triton.jit
 def _scatter_fp16_kernel(
     x_ptr, loc_ptr, buf_ptr, n_tokens, stride_slot, stride_head, stride_xt, stride_xh,
     D: tl.constexpr, D_PAD: tl.constexpr, BLOCK: tl.constexpr, ALIGN: tl.constexpr,
@@ -267,8 +274,7 @@ def _scatter_fp16_kernel(
         rows, row_ok, dst = _row_bases(
             buf_ptr, loc_ptr, n_tokens, stride_slot, stride_head, blk, BLOCK, ALIGN
         )
-        e = tl.arange(0, D_PAD)
-        mask = row_ok[:, None] & (e < D)[None]
+        e, mask = _fp16_columns(row_ok, D, D_PAD)
         at = _x_offsets(rows, stride_xt, stride_xh)
         x = tl.load(x_ptr + at[:, None] + e[None], mask=mask, other=0.0).to(tl.float32)
         bits = x.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)  # [BLOCK, D_PAD]
@@ -288,8 +294,7 @@ def _gather_fp16_kernel(
         rows, row_ok, src = _row_bases(
             buf_ptr, loc_ptr, n_tokens, stride_slot, stride_head, blk, BLOCK, ALIGN
         )
-        e = tl.arange(0, D_PAD)
-        mask = row_ok[:, None] & (e < D)[None]
+        e, mask = _fp16_columns(row_ok, D, D_PAD)
         halves = src.to(tl.pointer_type(tl.int16))
         x = tl.load(halves[:, None] + e[None], mask=mask, other=0)
         x = x.to(tl.float16, bitcast=True).to(tl.float32)
