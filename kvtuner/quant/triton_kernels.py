@@ -103,14 +103,9 @@ def _row_bases(
 @triton.jit
 def _row_blocks(n_tokens, BLOCK: tl.constexpr, BLOCKS: tl.constexpr):
     """This program's row blocks [first, last): ``BLOCKS`` consecutive ones (grid: the token
-    blocks / BLOCKS, rounded up). One block: ``last`` is ``first + 1`` and the loop folds away
-    (a bound through ``tl.minimum`` kept it, and unpack KV8 g64 took 55 registers, not 32)."""
+    blocks / BLOCKS, rounded up)."""
     first = tl.program_id(0) * BLOCKS
-    if BLOCKS == 1:  # noqa: SIM108 (a constexpr branch: one block builds no loop bound)
-        last = first + 1
-    else:
-        last = tl.minimum(first + BLOCKS, tl.cdiv(n_tokens, BLOCK))
-    return first, last
+    return first, tl.minimum(first + BLOCKS, tl.cdiv(n_tokens, BLOCK))
 
 
 @triton.jit
@@ -135,14 +130,29 @@ def _scatter_kernel(
     NW_PAD: tl.constexpr, BLOCK: tl.constexpr, ROTATE: tl.constexpr, ALIGN: tl.constexpr,
     WORDS: tl.constexpr, WHOLE: tl.constexpr, BLOCKS: tl.constexpr, STAGES: tl.constexpr,
 ):  # fmt: skip
-    first, last = _row_blocks(n_tokens, BLOCK, BLOCKS)
-    for blk in tl.range(first, last, num_stages=STAGES):
-        rows, row_ok, dst = _row_bases(
-            buf_ptr, loc_ptr, n_tokens, stride_slot, stride_head, blk, BLOCK, ALIGN
-        )
-        at = _x_offsets(rows, stride_xt, stride_xh)
-        x = _pack_tile(x_ptr, at, row_ok, D, G, NW_PAD, ROTATE, WHOLE)
-        _store_rows(dst, x, row_ok, D, BITS, SYMMETRIC, NW_PAD, ALIGN, WORDS)
+    if BLOCKS == 1:  # no loop: one that runs once builds otherwise (sm_90a Hadamard pack at
+        # 16 rows x 4 warps: 121 registers, not 95)
+        _scatter_block(tl.program_id(0), x_ptr, loc_ptr, buf_ptr, n_tokens, stride_slot,
+            stride_head, stride_xt, stride_xh, D, G, BITS, SYMMETRIC, NW_PAD, BLOCK, ROTATE,
+            ALIGN, WORDS, WHOLE)  # fmt: skip
+    else:
+        first, last = _row_blocks(n_tokens, BLOCK, BLOCKS)
+        for blk in tl.range(first, last, num_stages=STAGES):
+            _scatter_block(blk, x_ptr, loc_ptr, buf_ptr, n_tokens, stride_slot, stride_head,
+                stride_xt, stride_xh, D, G, BITS, SYMMETRIC, NW_PAD, BLOCK, ROTATE, ALIGN,
+                WORDS, WHOLE)  # fmt: skip
+
+
+@triton.jit
+def _scatter_block(blk, x_ptr, loc_ptr, buf_ptr, n_tokens, stride_slot, stride_head, stride_xt,
+    stride_xh, D, G, BITS, SYMMETRIC, NW_PAD, BLOCK, ROTATE, ALIGN, WORDS, WHOLE):  # fmt: skip
+    """Row block ``blk`` of :func:`_scatter_kernel`."""
+    rows, row_ok, dst = _row_bases(
+        buf_ptr, loc_ptr, n_tokens, stride_slot, stride_head, blk, BLOCK, ALIGN
+    )
+    at = _x_offsets(rows, stride_xt, stride_xh)
+    x = _pack_tile(x_ptr, at, row_ok, D, G, NW_PAD, ROTATE, WHOLE)
+    _store_rows(dst, x, row_ok, D, BITS, SYMMETRIC, NW_PAD, ALIGN, WORDS)
 
 
 @triton.jit
@@ -203,26 +213,40 @@ def _gather_kernel(
     BLOCK: tl.constexpr, OUT_BF16: tl.constexpr, ROTATE: tl.constexpr, ALIGN: tl.constexpr,
     WORDS: tl.constexpr, WHOLE: tl.constexpr, BLOCKS: tl.constexpr, STAGES: tl.constexpr,
 ):  # fmt: skip
-    first, last = _row_blocks(n_tokens, BLOCK, BLOCKS)
-    for blk in tl.range(first, last, num_stages=STAGES):
-        rows, row_ok, src = _row_bases(
-            buf_ptr, loc_ptr, n_tokens, stride_slot, stride_head, blk, BLOCK, ALIGN
-        )
-        out = _dequantized_rows(src, row_ok, D, G, BITS, SYMMETRIC, NW_PAD, WORDS)
-        w = tl.arange(0, NW_PAD)
-        if ROTATE or WHOLE:  # a whole row a thread: stored as [D/8, BLOCK, 8], the chunk axis
-            # outermost, so each thread holds a row's chunks
-            if ROTATE:  # undo the rotation (H is its own inverse)
-                out = hadamard_tile(out, D)
-            out = tl.permute(out, (1, 0, 2))
-            at = out_ptr + _out_rows(rows)[None, :, None] * D + (w[:, None] * 8)[:, None, :]
-            mask = row_ok[None, :, None] & (w < D // 8)[:, None, None]
-            _store_out(at + tl.arange(0, 8)[None, None, :], out, mask, OUT_BF16)
-        else:
-            e = w[:, None] * 8 + tl.arange(0, 8)[None, :]  # [NW_PAD, 8]
-            mask = row_ok[:, None, None] & (w < D // 8)[None, :, None]
-            at = out_ptr + _out_rows(rows)[:, None, None] * D + e[None]
-            _store_out(at, out, mask, OUT_BF16)
+    if BLOCKS == 1:  # no loop (see _scatter_kernel)
+        _gather_block(tl.program_id(0), buf_ptr, loc_ptr, out_ptr, n_tokens, stride_slot,
+            stride_head, D, G, BITS, SYMMETRIC, NW_PAD, BLOCK, OUT_BF16, ROTATE, ALIGN, WORDS,
+            WHOLE)  # fmt: skip
+    else:
+        first, last = _row_blocks(n_tokens, BLOCK, BLOCKS)
+        for blk in tl.range(first, last, num_stages=STAGES):
+            _gather_block(blk, buf_ptr, loc_ptr, out_ptr, n_tokens, stride_slot, stride_head,
+                D, G, BITS, SYMMETRIC, NW_PAD, BLOCK, OUT_BF16, ROTATE, ALIGN, WORDS,
+                WHOLE)  # fmt: skip
+
+
+@triton.jit
+def _gather_block(blk, buf_ptr, loc_ptr, out_ptr, n_tokens, stride_slot, stride_head, D, G,
+    BITS, SYMMETRIC, NW_PAD, BLOCK, OUT_BF16, ROTATE, ALIGN, WORDS, WHOLE):  # fmt: skip
+    """Row block ``blk`` of :func:`_gather_kernel`."""
+    rows, row_ok, src = _row_bases(
+        buf_ptr, loc_ptr, n_tokens, stride_slot, stride_head, blk, BLOCK, ALIGN
+    )
+    out = _dequantized_rows(src, row_ok, D, G, BITS, SYMMETRIC, NW_PAD, WORDS)
+    w = tl.arange(0, NW_PAD)
+    if ROTATE or WHOLE:  # a whole row a thread: stored as [D/8, BLOCK, 8], the chunk axis
+        # outermost, so each thread holds a row's chunks
+        if ROTATE:  # undo the rotation (H is its own inverse)
+            out = hadamard_tile(out, D)
+        out = tl.permute(out, (1, 0, 2))
+        at = out_ptr + _out_rows(rows)[None, :, None] * D + (w[:, None] * 8)[:, None, :]
+        mask = row_ok[None, :, None] & (w < D // 8)[:, None, None]
+        _store_out(at + tl.arange(0, 8)[None, None, :], out, mask, OUT_BF16)
+    else:
+        e = w[:, None] * 8 + tl.arange(0, 8)[None, :]  # [NW_PAD, 8]
+        mask = row_ok[:, None, None] & (w < D // 8)[None, :, None]
+        at = out_ptr + _out_rows(rows)[:, None, None] * D + e[None]
+        _store_out(at, out, mask, OUT_BF16)
 
 
 @triton.jit
@@ -269,18 +293,30 @@ def _scatter_fp16_kernel(
     D: tl.constexpr, D_PAD: tl.constexpr, BLOCK: tl.constexpr, ALIGN: tl.constexpr,
     BLOCKS: tl.constexpr, STAGES: tl.constexpr,
 ):  # fmt: skip
-    first, last = _row_blocks(n_tokens, BLOCK, BLOCKS)
-    for blk in tl.range(first, last, num_stages=STAGES):
-        rows, row_ok, dst = _row_bases(
-            buf_ptr, loc_ptr, n_tokens, stride_slot, stride_head, blk, BLOCK, ALIGN
-        )
-        e, mask = _fp16_columns(row_ok, D, D_PAD)
-        at = _x_offsets(rows, stride_xt, stride_xh)
-        x = tl.load(x_ptr + at[:, None] + e[None], mask=mask, other=0.0).to(tl.float32)
-        bits = x.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)  # [BLOCK, D_PAD]
-        bits = tl.where(x == x, bits, NAN_FP16)  # the format's NaN, whatever the GPU's cvt gives
-        halves = dst.to(tl.pointer_type(tl.int16))  # a row's fp16 as one vector, not byte pairs
-        tl.store(halves[:, None] + e[None], bits.to(tl.int16), mask=mask)
+    if BLOCKS == 1:  # no loop (see _scatter_kernel)
+        _scatter_fp16_block(tl.program_id(0), x_ptr, loc_ptr, buf_ptr, n_tokens, stride_slot,
+            stride_head, stride_xt, stride_xh, D, D_PAD, BLOCK, ALIGN)  # fmt: skip
+    else:
+        first, last = _row_blocks(n_tokens, BLOCK, BLOCKS)
+        for blk in tl.range(first, last, num_stages=STAGES):
+            _scatter_fp16_block(blk, x_ptr, loc_ptr, buf_ptr, n_tokens, stride_slot,
+                stride_head, stride_xt, stride_xh, D, D_PAD, BLOCK, ALIGN)  # fmt: skip
+
+
+@triton.jit
+def _scatter_fp16_block(blk, x_ptr, loc_ptr, buf_ptr, n_tokens, stride_slot, stride_head,
+    stride_xt, stride_xh, D, D_PAD, BLOCK, ALIGN):  # fmt: skip
+    """Row block ``blk`` of :func:`_scatter_fp16_kernel`."""
+    rows, row_ok, dst = _row_bases(
+        buf_ptr, loc_ptr, n_tokens, stride_slot, stride_head, blk, BLOCK, ALIGN
+    )
+    e, mask = _fp16_columns(row_ok, D, D_PAD)
+    at = _x_offsets(rows, stride_xt, stride_xh)
+    x = tl.load(x_ptr + at[:, None] + e[None], mask=mask, other=0.0).to(tl.float32)
+    bits = x.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)  # [BLOCK, D_PAD]
+    bits = tl.where(x == x, bits, NAN_FP16)  # the format's NaN, whatever the GPU's cvt gives
+    halves = dst.to(tl.pointer_type(tl.int16))  # a row's fp16 as one vector, not byte pairs
+    tl.store(halves[:, None] + e[None], bits.to(tl.int16), mask=mask)
 
 
 @triton.jit
@@ -289,16 +325,28 @@ def _gather_fp16_kernel(
     D_PAD: tl.constexpr, BLOCK: tl.constexpr, OUT_BF16: tl.constexpr, ALIGN: tl.constexpr,
     BLOCKS: tl.constexpr, STAGES: tl.constexpr,
 ):  # fmt: skip
-    first, last = _row_blocks(n_tokens, BLOCK, BLOCKS)
-    for blk in tl.range(first, last, num_stages=STAGES):
-        rows, row_ok, src = _row_bases(
-            buf_ptr, loc_ptr, n_tokens, stride_slot, stride_head, blk, BLOCK, ALIGN
-        )
-        e, mask = _fp16_columns(row_ok, D, D_PAD)
-        halves = src.to(tl.pointer_type(tl.int16))
-        x = tl.load(halves[:, None] + e[None], mask=mask, other=0)
-        x = x.to(tl.float16, bitcast=True).to(tl.float32)
-        _store_out(out_ptr + _out_rows(rows)[:, None] * D + e[None], x, mask, OUT_BF16)
+    if BLOCKS == 1:  # no loop (see _scatter_kernel)
+        _gather_fp16_block(tl.program_id(0), buf_ptr, loc_ptr, out_ptr, n_tokens, stride_slot,
+            stride_head, D, D_PAD, BLOCK, OUT_BF16, ALIGN)  # fmt: skip
+    else:
+        first, last = _row_blocks(n_tokens, BLOCK, BLOCKS)
+        for blk in tl.range(first, last, num_stages=STAGES):
+            _gather_fp16_block(blk, buf_ptr, loc_ptr, out_ptr, n_tokens, stride_slot,
+                stride_head, D, D_PAD, BLOCK, OUT_BF16, ALIGN)  # fmt: skip
+
+
+@triton.jit
+def _gather_fp16_block(blk, buf_ptr, loc_ptr, out_ptr, n_tokens, stride_slot, stride_head, D,
+    D_PAD, BLOCK, OUT_BF16, ALIGN):  # fmt: skip
+    """Row block ``blk`` of :func:`_gather_fp16_kernel`."""
+    rows, row_ok, src = _row_bases(
+        buf_ptr, loc_ptr, n_tokens, stride_slot, stride_head, blk, BLOCK, ALIGN
+    )
+    e, mask = _fp16_columns(row_ok, D, D_PAD)
+    halves = src.to(tl.pointer_type(tl.int16))
+    x = tl.load(halves[:, None] + e[None], mask=mask, other=0)
+    x = x.to(tl.float16, bitcast=True).to(tl.float32)
+    _store_out(out_ptr + _out_rows(rows)[:, None] * D + e[None], x, mask, OUT_BF16)
 
 
 def interpreted() -> bool:
