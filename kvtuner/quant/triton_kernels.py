@@ -2,14 +2,15 @@
 
 ``triton_scatter_quantized``: ``buffer[loc] = quantize(x)``; ``triton_gather_dequantized``:
 ``dequantize(buffer[loc])``. Token axis only (what a slot pool stores), every bits value of
-``SUPPORTED_BITS`` (2/3/4/5/6/8, and 16 = fp16 bytes). Each program handles ``BLOCK`` tokens of
-one KV head; a row's codes are held as a tile [BLOCK, D/8, 8]: 8 consecutive codes are one word of
-``bits`` bytes of the row's little-endian bit stream. 2/4/8 bits pack bytes of whole codes in
-int32 (the tile reshaped to [BLOCK, code_bytes, codes_per_byte]); 3/5/6 bits shift-and-OR a word
+``SUPPORTED_BITS`` (2/3/4/5/6/8, and 16 = fp16 bytes). Each program handles ``BLOCKS`` row blocks
+of ``BLOCK`` tokens of one KV head (:class:`PoolPlan`; several blocks run in a loop whose copies
+Triton pipelines); a row's codes are held as a tile [BLOCK, D/8, 8]: 8 consecutive codes are one
+word of ``bits`` bytes of the row's little-endian bit stream. 2/4/8 bits pack bytes of whole codes
+in int32 (the tile reshaped to [BLOCK, code_bytes, codes_per_byte]); 3/5/6 bits shift-and-OR a word
 into int64 (at most 48 bits); four such words (32 codes) are ``bits`` int32 words of the stream,
 stored and loaded 4 bytes at a time where rows are 4-byte aligned (else byte by byte). A row's
-bytes move in units of the power of two every row offset shares (``ALIGN``): 16 or 8 bytes a
-store where rows allow.
+bytes move in units of the power of two every row offset shares (``ALIGN``): 16 or 8 bytes a store
+where rows allow.
 
 The bytes equal :mod:`.reference` exactly: IEEE ``1 / scale`` (``div_rn``) once a group, no FMA
 contraction (``enable_fp_fusion=False``), half-up rounding, fp16 metadata rounded down/up by a
@@ -423,8 +424,8 @@ def plan_pool(spec: QuantSpec, *, pack: bool) -> PoolPlan:
       (its butterflies cross threads: 4 layout changes, 176 shuffles), about its time at 4
       issues a cycle on 132 SMs; a whole row a thread without the loop, 0.03×: its 16 row
       loads spread through the butterflies, so each program waited on memory ten times in
-      turn. The loop's copies go out before the butterflies (sm_90a: 88 instructions a row,
-      203 registers, 10 programs an SM)."""
+      turn. The loop's copies go out before the butterflies (sm_90a: 89 instructions a row,
+      206 registers, 9 programs an SM)."""
     if spec.rotation == "hadamard" and spec.is_quantized:
         if pack:
             return PoolPlan(32, 1, whole_rows=True, blocks=8, stages=3)
