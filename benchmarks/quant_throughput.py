@@ -122,6 +122,7 @@ POOL_PLANS = {
     "32x1": (32, 1, False, 1, 1),
     "32x4": (32, 4, False, 1, 1),
     "16x4": (16, 4, False, 1, 1),
+    "32x1 whole": (32, 1, True, 1, 1),
     "32x1 loop 8x3": (32, 1, False, 8, 3),
     "32x4 loop 8x3": (32, 4, False, 8, 3),
     "32x1 whole loop 8x3": (32, 1, True, 8, 3),
