@@ -175,8 +175,8 @@ def _pack_tile(x_ptr, at, row_ok, D: tl.constexpr, G: tl.constexpr, NW_PAD: tl.c
         x = x.to(tl.float32)  # [BLOCK, NW_PAD, 8]
     else:
         x = _group_tile(x_ptr, at, row_ok, D, G, NG_PAD, BLOCK)
-    if ROTATE:
-        x = hadamard_tile(tl.reshape(x, [BLOCK, NW_PAD, 8]), D)
+    if ROTATE:  # x is [BLOCK, NW_PAD, 8] on both branches that take rotated rows
+        x = hadamard_tile(x, D)
     return tl.reshape(x, [BLOCK, NG_PAD, G])  # the same elements, one group a middle index
 
 
@@ -426,7 +426,7 @@ def plan_pool(spec: QuantSpec, *, pack: bool) -> PoolPlan:
       loads spread through the butterflies, so each program waited on memory ten times in
       turn. The loop's copies go out before the butterflies (sm_90a: 89 instructions a row,
       206 registers, 9 programs an SM)."""
-    if spec.rotation == "hadamard" and spec.is_quantized:
+    if _rotates(spec):
         if pack:
             return PoolPlan(32, 1, whole_rows=True, blocks=8, stages=3)
         return PoolPlan(32, 1, whole_rows=True)

@@ -287,6 +287,7 @@ def test_many_rows_span_several_programs(tk):
     )
 
 
+BUF_16 = torch.zeros(SLOTS, HEADS, 128, dtype=torch.uint8)  # 16-bit rows of head_dim 64
 PLANS = [
     dict(block_rows=16, num_warps=4),
     dict(block_rows=8, num_warps=2, whole_rows=True),
@@ -324,9 +325,6 @@ def test_every_plan_writes_and_reads_the_reference(tk, plan, spec, head_dim):
     assert torch.equal(buf, expected)
     out = tk.triton_gather_dequantized(buf, loc, spec, head_dim, torch.bfloat16, plan=plan)
     assert _same_values(out, dequantize(expected[loc], spec, head_dim, torch.bfloat16))
-
-
-BUF_16 = torch.zeros(SLOTS, HEADS, 128, dtype=torch.uint8)
 
 
 def test_plans_check_their_fields_and_the_default_plans(tk):
