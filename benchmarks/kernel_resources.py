@@ -15,7 +15,9 @@ registers, spills, shared memory and SASS mix; nothing runs. One row per (case, 
   loads, spills...), ``row_sass`` (pack and unpack: instructions the warps issue for one
   token-head row, comparable across rows a program and warps), ``token_sass`` (attention: the
   loop's instructions the warps issue for one key of a tile), ``loop_sass`` (instructions a
-  warp issues per trip of the kernel's main loop: one K/V tile for attention). Instructions a
+  warp issues per trip of the kernel's main loop: one K/V tile for attention),
+  ``loop_shared_bytes`` (bytes a thread moves through shared memory per trip, the async
+  copies' writes aside: layout changes and staged operands). Instructions a
   key do not set decode's time alone: on the H200 the one-warp tile's symmetric KV4 rows issued
   25 % more of them than KV4 g32 and ran as fast, while rows read in 4-byte async copies
   (``ldgsts`` ``32``: KV4 g128, KV3 g32) ran at half the speed their instructions implied
@@ -422,16 +424,43 @@ def _branches(ops: list[tuple[int, str, str]]) -> list[tuple[int, int]]:
     ]
 
 
-def loop_instructions(sass: str) -> int:
-    """SASS instructions in the kernel's largest loop (the span from a backward branch's
-    target to the branch): what every warp issues per K/V tile, so the cost of a tile; 0 where
-    the kernel has no loop."""
+def _loop(sass: str) -> list[tuple[int, str, str]]:
+    """The instructions of the kernel's largest loop (the span from a backward branch's target
+    to the branch); none where the kernel has no loop."""
     ops = _instructions(sass)
     spans = [(target, addr) for addr, target in _branches(ops) if target < addr]
     if not spans:
-        return 0
+        return []
     lo, hi = max(spans, key=lambda span: sum(span[0] <= a <= span[1] for a, _, _ in ops))
-    return sum(lo <= a <= hi for a, _, _ in ops)
+    return [op for op in ops if lo <= op[0] <= hi]
+
+
+def loop_instructions(sass: str) -> int:
+    """SASS instructions in the kernel's largest loop: what every warp issues per K/V tile, so
+    the cost of a tile; 0 where the kernel has no loop."""
+    return len(_loop(sass))
+
+
+SHARED_BYTES = {"LDS": 4, "STS": 4, "LDSM": 4, "STSM": 4}  # a thread's bytes, unsuffixed
+SHARED_WIDTHS = {"U8": 1, "S8": 1, "U16": 2, "S16": 2, "64": 8, "128": 16}
+
+
+def loop_shared_bytes(sass: str) -> int:
+    """Bytes a thread reads from and writes to shared memory per trip of the largest loop
+    (``LDS``/``STS`` by width, ``LDSM``/``STSM`` by matrices; the async copies' writes not
+    counted): on the H200 decode's warps waited on shared memory more than on anything else
+    (Nsight Compute, docs/results/gpu.md)."""
+    total = 0
+    for _, op, operands in _loop(sass):
+        base, *suffixes = op.split(".")
+        if base not in SHARED_BYTES or "[RZ]" in operands:  # `@!PT LDS RZ, [RZ]`: padding
+            continue
+        width = next((SHARED_WIDTHS[s] for s in suffixes if s in SHARED_WIDTHS), 4)
+        matrices = 1  # LDSM/STSM: .2 or .4 matrices (none: one)
+        if base in ("LDSM", "STSM") and suffixes[-1].isdigit():
+            matrices = int(suffixes[-1])
+        total += width * matrices
+    return total
 
 
 def row_instructions(row: dict) -> float:
@@ -473,6 +502,7 @@ def collect(tool, groups: list[str]) -> list[dict]:
                               "stg_widths": store_widths(sass)}  # fmt: skip
                     loop = loop_instructions(sass)
                     rows.append({"label": label, **row, **widths, "loop_sass": loop,
+                                 "loop_shared_bytes": loop_shared_bytes(sass),
                                  "warps_per_sm": row["programs_per_sm"] * row["num_warps"],
                                  "row_sass": row_instructions(row),
                                  "token_sass": token_instructions(row, loop)})  # fmt: skip
@@ -482,9 +512,9 @@ def collect(tool, groups: list[str]) -> list[dict]:
 def table(rows: list[dict]) -> str:
     head = (
         "| label | kernel | warps | REG | spill B | shared B | programs/SM | warps/SM | loop "
-        "| a row/key | cvt | int | mma | ldg | ldgsts | stg |"
+        "| loop smem B | a row/key | cvt | int | mma | ldg | ldgsts | stg |"
     )
-    lines = [head, "|" + "---|" * 16]
+    lines = [head, "|" + "---|" * 17]
     for r in rows:
         ldg, ldgsts, stg = (
             ",".join(f"{w}x{n}" for w, n in sorted(r[key].items()))
@@ -494,7 +524,8 @@ def table(rows: list[dict]) -> str:
             f"| {r['label']} | {r['kernel']} | {r.get('num_warps')} | {r['reg']} | "
             f"{r['spill_bytes']} | {r.get('shared')} | {r['programs_per_sm']} | "
             f"{r['warps_per_sm']} | "
-            f"{r['loop_sass']} | {r['row_sass'] or r['token_sass'] or ''} | "
+            f"{r['loop_sass']} | {r['loop_shared_bytes']} | "
+            f"{r['row_sass'] or r['token_sass'] or ''} | "
             f"{r['sass']['cvt']} "
             f"| {r['sass']['int']} | {r['sass']['mma']} "
             f"| {ldg} | {ldgsts} | {stg} |"

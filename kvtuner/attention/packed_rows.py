@@ -10,7 +10,8 @@ at word offsets; every row offset is a multiple of ``VEC`` words (the launcher p
   the softmax in fp32. Under the CPU interpreter q is fp32 (``IEEE``): everything stays fp32;
 - 2/4/8-bit codes come out two at a time in *pair order* (:func:`word_codes`): q is put in
   that order once (:func:`pair_order`) and a value result taken back once
-  (:func:`channel_order`); 3/5/6-bit codes in channel order (:func:`stream_codes`);
+  (:func:`channel_order`); decode's value tiles go on to the MMA's own order
+  (:func:`value_lanes`); 3/5/6-bit codes in channel order (:func:`stream_codes`);
 - one scale and zero per token-head (``group_size == head_dim``) skips the element-wise
   dequantization: ``q·x_t = scale_t·(q·c_t) + zero_t·Σq`` and ``Σ_t p_t·x_t = Σ_t (p_t·scale_t)·
   c_t + Σ_t p_t·zero_t`` (one dot each, two multiply-adds a token);
@@ -134,9 +135,39 @@ def channel_order(x, BITS: tl.constexpr):
 
 
 @triton.jit
+def value_lanes(x, BITS: tl.constexpr):
+    """Values x [BT, D] in pair order -> *value lane order*. The fp16 MMA's B operand (the
+    value tile, [BT, D]) gives lane g of each 8 the columns g + 8i of a pair of tokens; in
+    this order those columns are the codes of D/(8P) consecutive words of a row (P =
+    32/BITS), so each lane dequantizes only the words it reads and the tile reaches the dot
+    without a change of layout through shared memory (one-warp KV4 g32 decode, sm_90a: 245
+    -> 182 registers, 8 -> 11 programs an SM, shared-memory bytes a tile halved). Identity
+    where D is not a multiple of 8P."""
+    R: tl.constexpr = x.shape[0]
+    D: tl.constexpr = x.shape[1]
+    P: tl.constexpr = 32 // BITS
+    if D % (8 * P) == 0:
+        x = tl.permute(tl.reshape(x, [R, 8, D // (8 * P), P]), (0, 2, 3, 1))
+        x = tl.reshape(x, [R, D])
+    return x
+
+
+@triton.jit
+def value_channels(x, BITS: tl.constexpr):
+    """Inverse of :func:`value_lanes`."""
+    R: tl.constexpr = x.shape[0]
+    D: tl.constexpr = x.shape[1]
+    P: tl.constexpr = 32 // BITS
+    if D % (8 * P) == 0:
+        x = tl.permute(tl.reshape(x, [R, D // (8 * P), P, 8]), (0, 3, 1, 2))
+        x = tl.reshape(x, [R, D])
+    return x
+
+
+@triton.jit
 def row_meta(words_ptr, half_ptr, at, C0: tl.constexpr, W: tl.constexpr, D: tl.constexpr,
              BITS: tl.constexpr, G: tl.constexpr, SYM: tl.constexpr, DT: tl.constexpr,
-             JOINT: tl.constexpr = False):  # fmt: skip
+             JOINT: tl.constexpr = False, LANES: tl.constexpr = False):  # fmt: skip
     """Scales and zeros of channels [C0, C0 + W) of the rows at word ``at`` [BT] -> ``DT``
     [BT, NG] each (NG the span's groups; 1 where the span lies inside one group), such that
     x = zero + scale·code (symmetric rows: scale/HALF and -scale). Loaded as whole int32
@@ -146,13 +177,20 @@ def row_meta(words_ptr, half_ptr, at, C0: tl.constexpr, W: tl.constexpr, D: tl.c
     some query of the program attends, or a re-read of one (:func:`packed_part`). ``JOINT``:
     a row's two groups (g64 at d 128) take their scales and zeros in one 8-byte copy, not two
     of 4 bytes (decode KV8 g64, sm_90a: 1491 -> 1323 loop instructions; the extend kernel,
-    at 255 registers, spilled 8 bytes with it)."""
+    at 255 registers, spilled 8 bytes with it). ``LANES``: each group's scale and zero read
+    from its own whole word (:func:`_meta_halves`), for a tile in :func:`value_lanes` order,
+    where a lane holds one group of a token (their join of a word's halves changed layout
+    through shared memory every tile)."""
     NG: tl.constexpr = (W + G - 1) // G
     RG: tl.constexpr = D // G  # the row's groups: its scales, then (asymmetric) its zeros
     first = at + D * BITS // 32  # the word of the row's first scale
     if RG == 1 and not SYM:  # one scale and zero a row: one word, scale in its low half
         word = tl.load(words_ptr + first)[:, None]  # [BT, 1]
         scale, zero = _fp16_half(word, 0), _fp16_half(word, 1)
+    elif LANES:
+        g = C0 // G + tl.arange(0, NG)
+        scale = _meta_halves(words_ptr, first, g)
+        zero = scale if SYM else _meta_halves(words_ptr, first, RG + g)
     elif JOINT and NG == RG == 2 and not SYM:  # two groups' scales, then zeros
         scale_word, zero_word = tl.split(tl.load(words_ptr + first[:, None] + tl.arange(0, 2)))
         scale = tl.join(_fp16_half(scale_word, 0), _fp16_half(scale_word, 1))
@@ -182,6 +220,15 @@ def _meta_words(words_ptr, first, NG: tl.constexpr):
 
 
 @triton.jit
+def _meta_halves(words_ptr, first, index):
+    """The fp16 at places ``index`` [NG] after word ``first`` [BT] -> fp16 [BT, NG], each read
+    from its whole int32 word (a lane-ordered tile's lane needs only its own group's)."""
+    words = tl.load(words_ptr + first[:, None] + (index // 2)[None, :])
+    half = (words >> (16 * (index % 2))[None, :]).to(tl.int16)
+    return half.to(tl.float16, bitcast=True)
+
+
+@triton.jit
 def _fp16_half(words, HIGH: tl.constexpr):
     """The low (``HIGH`` 0) or high 16 bits of int32 ``words``, as the fp16 they hold."""
     return (words >> (16 * HIGH)).to(tl.int16).to(tl.float16, bitcast=True)
@@ -190,10 +237,12 @@ def _fp16_half(words, HIGH: tl.constexpr):
 @triton.jit
 def dequantized(words_ptr, half_ptr, at, C0: tl.constexpr, W: tl.constexpr,
                 D: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr, SYM: tl.constexpr,
-                DT: tl.constexpr, JOINT: tl.constexpr = False):  # fmt: skip
+                DT: tl.constexpr, JOINT: tl.constexpr = False,
+                LANES: tl.constexpr = False):  # fmt: skip
     """Channels [C0, C0 + W) of the rows at word ``at`` [BT] -> ``DT`` [BT, W], in the codes'
     order: one fma an element (16-bit rows: loaded). A span starts at a word of codes (2/4/8
-    bits) or a chunk of 32 channels (3/5/6 bits), and covers whole groups or lies in one."""
+    bits) or a chunk of 32 channels (3/5/6 bits), and covers whole groups or lies in one.
+    ``JOINT`` and ``LANES`` as in :func:`row_meta`."""
     BT: tl.constexpr = at.shape[0]
     if BITS == 16:
         x = tl.load(half_ptr + 2 * at[:, None] + C0 + tl.arange(0, W)[None, :]).to(DT)
@@ -201,7 +250,8 @@ def dequantized(words_ptr, half_ptr, at, C0: tl.constexpr, W: tl.constexpr,
         NG: tl.constexpr = (W + G - 1) // G
         codes = row_codes(words_ptr, at + C0 * BITS // 32, W, BITS, DT)
         codes = tl.reshape(codes, [BT, NG, W // NG])
-        scale, zero = row_meta(words_ptr, half_ptr, at, C0, W, D, BITS, G, SYM, DT, JOINT)
+        scale, zero = row_meta(words_ptr, half_ptr, at, C0, W, D, BITS, G, SYM, DT, JOINT,
+                               LANES)  # fmt: skip
         x = tl.reshape(tl.fma(codes, scale[:, :, None], zero[:, :, None]), [BT, W])
     return x
 
@@ -228,10 +278,11 @@ def scores(q, q_sum, k_words, k_half, at, D: tl.constexpr, BITS: tl.constexpr,
 @triton.jit
 def values(p, v_words, v_half, at, D: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr,
            SYM: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr,
-           JOINT: tl.constexpr = False):  # fmt: skip
+           JOINT: tl.constexpr = False, LANES: tl.constexpr = False):  # fmt: skip
     """p fp32 [QP, BT] times the values at word ``at`` [BT] -> (fp32 [QP, D], fp32 [QP]: the
     zeros' part Σ_t p·zero, added to every channel by the caller; 0 unless one scale a row).
-    ``JOINT`` as in :func:`row_meta`."""
+    ``JOINT`` as in :func:`row_meta`; ``LANES`` (2/4/8-bit groups narrower than the row): the
+    result in :func:`value_lanes` order."""
     BT: tl.constexpr = at.shape[0]
     if BITS < 16 and G == D:
         codes = row_codes(v_words, at, D, BITS, DT)
@@ -239,7 +290,9 @@ def values(p, v_words, v_half, at, D: tl.constexpr, BITS: tl.constexpr, G: tl.co
         pv = _dot((p * tl.reshape(scale, [1, BT])).to(DT), codes, IEEE)
         pz = tl.sum(p * tl.reshape(zero, [1, BT]), 1)
     else:
-        v = dequantized(v_words, v_half, at, 0, D, D, BITS, G, SYM, DT, JOINT)
+        v = dequantized(v_words, v_half, at, 0, D, D, BITS, G, SYM, DT, JOINT, LANES)
+        if LANES:
+            v = value_lanes(v, BITS)
         pv = _dot(p.to(DT), v, IEEE)
         pz = tl.zeros([p.shape[0]], tl.float32)
     return pv, pz
@@ -266,6 +319,9 @@ def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at
     (:func:`page_rows`); 2, a filling page's staged values (:func:`staged_rows`, ``pages`` its
     staging)."""
     QP: tl.constexpr = q.shape[0]
+    # decode: the value tile in lane order (extend, at 4-8 warps and up to 255 registers,
+    # spilled 80 bytes with it at KV8 g64; one scale a row spilled 8 at KV4 g128)
+    V_LANES: tl.constexpr = not CAUSAL and V_BITS < 16 and 32 % V_BITS == 0 and V_G < D
     if not ROPE_HALF:
         q_sum = tl.sum(q.to(tl.float32), 1)
         if K_BITS < 16 and 32 % K_BITS == 0 and K_CHANNEL != 2:
@@ -307,10 +363,12 @@ def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at
                        not CAUSAL)  # fmt: skip
         m, denom, alpha, p = _softmax_step(s, seen, m, denom, score_scale, cap_log2, SOFTCAP)
         pv, pz = values(p, v_words, v_half, v_at, D, V_BITS, V_G, V_SYM,
-                        q.dtype, IEEE, not CAUSAL)  # fmt: skip
+                        q.dtype, IEEE, not CAUSAL, V_LANES)  # fmt: skip
         acc = acc * alpha[:, None] + pv
         acc_z = acc_z * alpha + pz
     acc += acc_z[:, None]
+    if V_LANES:
+        acc = value_channels(acc, V_BITS)
     if V_BITS < 16 and 32 % V_BITS == 0:  # acc is in the values' code order (pairs)
         acc = channel_order(acc, V_BITS)
     return m, denom, acc

@@ -126,6 +126,22 @@ def test_left_padding_rows_stay_unread_so_nan_there_never_reaches_a_result(spec)
     assert torch.equal(decode_attention(q, *args, **kw, block_tokens=16, num_splits=2), clean)
 
 
+@pytest.mark.parametrize(
+    "v_spec",
+    [QuantSpec(4), QuantSpec(8, group_size=64), QuantSpec(2, group_size=32, symmetric=True)],
+    ids=QuantSpec.short,
+)
+def test_value_tiles_in_the_mma_lane_order_at_head_dim_128(v_spec):
+    """Decode reads value tiles in the MMA's lane order (:func:`value_lanes`): at head_dim 128
+    a lane dequantizes 1, 2 or 4 words of each row (2, 4, 8 bits) with its own group's scale
+    and zero, and the result comes back to channel order once; at head_dim 64 (the tests
+    above) 2-bit rows keep pair order."""
+    args, kw = pool(QuantSpec(4), v_spec, lengths=[100, 40], dim=128)
+    q = torch.randn(2, 8, 128, generator=gen(5))
+    check(q, args, kw, block_tokens=16, num_splits=2)
+    check(q, args, kw)
+
+
 def test_rows_of_68_bytes_load_words_and_nan_rows_outside_the_window_stay_unread():
     """KV4 at one scale a token-head of 128 channels: 68-byte rows (4-byte loads, VEC 1)."""
     spec = QuantSpec(4, group_size=128)
