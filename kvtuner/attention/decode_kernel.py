@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from ..quant.intmath import next_power_of_2
-from .layout import AttentionBatch, choose_splits, placeholder
+from .layout import AttentionBatch, choose_splits, placeholder, programs_an_sm
 from .packed_rows import (
     decodable,
     dot_operand,
@@ -178,7 +178,8 @@ class DecodePlan:
 def plan_decode(batch: AttentionBatch, *, sms: int | None = None) -> DecodePlan:
     """Tiles as timed on an H200 (docs/results/gpu.md) or, where marked, as the sm_90a build
     predicts; splits from batch × KV heads × context × SMs (``sms`` None: the device's own; on
-    CPU the interpreter's 1–2) at the tile's warps.
+    CPU the interpreter's 1–2) at the tile's warps and, for one warp, the programs an SM its
+    build holds (known once the build has run on this GPU: :func:`_remember`).
 
     One warp, 2 stages (no cross-warp softmax), at d <= 128:
     - 32 tokens for keys stored after RoPE: a pool's token rows (timed: at 32-64 × 8192 and
@@ -202,10 +203,45 @@ def plan_decode(batch: AttentionBatch, *, sms: int | None = None) -> DecodePlan:
     at least half the row: 16 tokens on 8 warps (2 stages at a full width and 16-byte rows,
     else unpipelined); else 32 tokens on 4 warps, 2 stages."""
     tile = _one_warp_tile(batch) or _multi_warp_tile(batch)
+    tile["block_tokens"] = page_tile(batch, tile["block_tokens"])
+    per_sm = _PROGRAMS_AN_SM.get(_build_key(batch, **tile), GUESSED_PROGRAMS_AN_SM)
     splits = choose_splits(batch.batch_size, batch.kv_heads, batch.span, batch.q.device,
-                           sms=sms, num_warps=tile["num_warps"])  # fmt: skip
-    plan = DecodePlan(splits, **tile)
-    return _within_pages(batch, plan)
+                           sms=sms, num_warps=tile["num_warps"],
+                           programs_an_sm=per_sm)  # fmt: skip
+    return DecodePlan(splits, **tile)
+
+
+# programs an SM of each decode build launched on this process's GPUs (from its registers and
+# shared memory: :func:`_remember`); a build not launched yet is planned at the guess (the
+# one-warp tile held 8 before its value tiles came in lane order, 10-12 since: sm_90a)
+_PROGRAMS_AN_SM: dict[tuple, int] = {}
+GUESSED_PROGRAMS_AN_SM = 8
+
+
+def _build_key(batch: AttentionBatch, block_tokens: int, num_warps: int,
+               num_stages: int | None, max_registers: int | None = None) -> tuple:  # fmt: skip
+    """What the decode kernel's build depends on (its arguments' alignment aside)."""
+    rotary = None if batch.rope_freq is None else batch.rope_freq.shape[0]
+    return (batch.q.device, batch.q.dtype, batch.k_spec, batch.v_spec, batch.q.shape[-2],
+            batch.head_dim, batch.kv_heads, batch.slot_table is None, batch.k_tail is None,
+            batch.starts is None, batch.window is None, batch.logit_cap is None, rotary,
+            block_tokens, num_warps, num_stages, max_registers)  # fmt: skip
+
+
+def _remember(batch: AttentionBatch, plan: DecodePlan, kernel) -> None:
+    """Record the programs an SM of a build just launched on a GPU (``kernel``: Triton's
+    compiled kernel), for :func:`plan_decode`'s splits."""
+    key = _build_key(batch, plan.block_tokens, plan.num_warps, plan.num_stages,
+                     plan.max_registers)  # fmt: skip
+    if key in _PROGRAMS_AN_SM:
+        return
+    props = torch.cuda.get_device_properties(batch.q.device)
+    _PROGRAMS_AN_SM[key] = programs_an_sm(
+        kernel.n_regs, kernel.metadata.shared, plan.num_warps,
+        sm_registers=getattr(props, "regs_per_multiprocessor", 65536),
+        sm_shared=getattr(props, "shared_memory_per_multiprocessor", 233472),
+        sm_warps=props.max_threads_per_multi_processor // 32,
+    )  # fmt: skip
 
 
 def _one_warp_tile(batch: AttentionBatch) -> dict | None:
@@ -300,7 +336,7 @@ def launch_decode(
     freq, k_pos0, rope_half = kernel_rope(batch)
     stage = batch.k_stage if batch.k_stage is not None else empty  # [rows, G, Hkv, D]
     stage_rows = batch.k_stage_rows if batch.k_stage is not None else batch.lengths
-    _decode_kernel[(bsz, hkv, parts)](
+    kernel = _decode_kernel[(bsz, hkv, parts)](
         q, k_args[0], k_args[1], v_args[0], v_args[1], k_tail, v_tail, table, rows,
         batch.lengths, starts, partial, lse, freq, k_pos0, stage, stage_rows, q.stride(0),
         q.stride(2), *k_args[2:], *v_args[2:], *k_tail.stride()[:3], *v_tail.stride()[:3],
@@ -313,4 +349,6 @@ def launch_decode(
         HAS_TAIL=parts > splits, ROPE_HALF=rope_half, K_CHANNEL=kivi_keys(batch),
         num_warps=plan.num_warps, **tuning,
     )  # fmt: skip
+    if q.is_cuda:
+        _remember(batch, plan, kernel)
     return merge_splits(partial, lse, batch.sinks, out_dtype).view(bsz, 1, hq, dim)

@@ -10,7 +10,7 @@ import torch
 from ..quant.spec import QuantSpec
 from .rope import check_rope
 
-__all__ = ["AttentionBatch", "choose_splits", "placeholder"]
+__all__ = ["AttentionBatch", "choose_splits", "placeholder", "programs_an_sm"]
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 _INTS = (torch.int32, torch.int64)
@@ -337,18 +337,39 @@ def choose_splits(
     *,
     sms: int | None = None,
     num_warps: int = 4,
+    programs_an_sm: int = 8,
 ) -> int:
     """Sequence splits per (query rows of a request, KV head), each of at least 256 tokens to
     amortize its reduce; on CPU (interpreter) at most 2. ``sms`` (default: the device's) plans
-    a GPU launch anywhere. Tiles of 4-8 warps: about 4 programs an SM. Tiles of one warp (8-9
-    programs an SM by their registers): as many as two whole waves of 8 hold, never a few
-    programs past them. On the H200, KV4 g32 at 16 × 32k ran at 0.85× bf16 SDPA on 4 splits,
-    1.15-1.16× on 16 (2048 programs) and 0.96× on 17 (2176: a third wave for 6 %); at 64 ×
-    8k 1.16× on 4 splits, 1.05× on 5."""
+    a GPU launch anywhere. Tiles of 4-8 warps: about 4 programs an SM. Tiles of one warp
+    (``programs_an_sm`` of them fit an SM, by their registers and shared memory): as many as
+    two whole waves hold, never a few programs past them. On the H200 (8 one-warp programs an
+    SM), KV4 g32 at 16 × 32k ran at 0.85× bf16 SDPA on 4 splits, 1.15-1.16× on 16 (2048
+    programs) and 0.96× on 17 (2176: a third wave for 6 %); at 64 × 8k 1.16× on 4 splits,
+    1.05× on 5."""
     if sms is None and device.type != "cuda":
         return 1 if max_tokens <= 64 else 2
     if sms is None:
         sms = torch.cuda.get_device_properties(device).multi_processor_count
     programs = max(1, batch * kv_heads)
-    wanted = 16 * sms // programs if num_warps == 1 else -(-4 * sms // programs)
+    whole_waves = 2 * programs_an_sm * sms // programs  # one warp: two whole waves
+    wanted = whole_waves if num_warps == 1 else -(-4 * sms // programs)
     return max(1, min(wanted, -(-max_tokens // 256), 64))
+
+
+def programs_an_sm(
+    registers: int,
+    shared: int,
+    num_warps: int,
+    *,
+    sm_registers: int = 65536,
+    sm_shared: int = 233472,
+    sm_warps: int = 64,
+) -> int:
+    """Programs of a kernel one SM holds at once (Hopper's limits by default): registers are
+    given out 256 to a warp, each program's shared memory takes 1 KiB more (the driver's), at
+    most 32 programs and ``sm_warps`` warps; at least 1."""
+    per_warp = -(-max(registers, 1) * 32 // 256) * 256
+    by_registers = sm_registers // per_warp // num_warps
+    by_shared = sm_shared // (shared + 1024)
+    return max(1, min(by_registers, by_shared, sm_warps // num_warps, 32))

@@ -9,11 +9,16 @@ from conftest import cuda_kernel_launches, tiny_model
 
 from kvtuner import ModelFingerprint, Profile, QuantSpec
 from kvtuner.attention import (
+    AttentionBatch,
+    attend,
+    choose_splits,
     decode_attention,
     decode_attention_reference,
+    decode_kernel,
     extend_attention,
     extend_attention_reference,
 )
+from kvtuner.attention.decode_kernel import plan_decode
 from kvtuner.quant import quantize
 from kvtuner.runtime_loader.hf import cache_kwargs, make_cache, use_kvtuner_attention
 
@@ -119,6 +124,28 @@ def test_a_step_launches_its_kernel_and_the_merge():
     q = torch.randn(sum(new), 32, D, device="cuda", dtype=torch.bfloat16)
     kw["k_new"], kw["v_new"] = (torch.randn(sum(new), 8, D, device="cuda").bfloat16() for _ in "kv")
     assert cuda_kernel_launches(lambda: extend_attention(q, *args, **kw)) == 2
+
+
+def test_one_warp_splits_follow_the_programs_an_sm_measured_at_the_first_launch():
+    """A decode step records its build's programs an SM (registers and shared memory on this
+    GPU); the next plan cuts two whole waves of them: 11 an SM for KV4 g32 in the sm_90a build
+    of value tiles in lane order (8 before)."""
+    spec = QuantSpec(4)
+    k_rows, v_rows = (quantize(torch.randn(16 * 2048, 8, D, device="cuda"), spec) for _ in "kv")
+    table = torch.arange(16 * 2048, device="cuda", dtype=torch.int32).view(16, 2048)
+    lengths = torch.full((16,), 2048, dtype=torch.int32, device="cuda")
+    q = torch.randn(16, 1, 32, D, device="cuda", dtype=torch.bfloat16)
+    batch = AttentionBatch(q=q, k_rows=k_rows, v_rows=v_rows, k_spec=spec, v_spec=spec,
+                           lengths=lengths, slot_table=table)  # fmt: skip
+    plan = plan_decode(batch)
+    attend(batch)
+    measured = decode_kernel._PROGRAMS_AN_SM[
+        decode_kernel._build_key(batch, plan.block_tokens, plan.num_warps, plan.num_stages)
+    ]
+    assert plan.num_warps == 1 and 8 <= measured <= 16, measured
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    want = choose_splits(16, 8, 2048, q.device, sms=sms, num_warps=1, programs_an_sm=measured)
+    assert plan_decode(batch).splits == want
 
 
 @torch.inference_mode()

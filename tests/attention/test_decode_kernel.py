@@ -19,6 +19,7 @@ from kvtuner.attention import (
     extend_attention,
 )
 from kvtuner.attention.decode_kernel import DecodePlan, launch_decode, plan_decode, serves
+from kvtuner.attention.layout import programs_an_sm
 from kvtuner.attention.packed_rows import decodable
 from kvtuner.quant import QuantSpec, quantize
 
@@ -262,3 +263,19 @@ def test_splits_fill_two_whole_waves_of_one_warp_programs_or_4_an_sm_of_more():
     assert choose_splits(16, 8, 32768, cpu, sms=132, num_warps=8) == 5
     assert choose_splits(16, 8, 1024, cpu, sms=132, num_warps=1) == 4
     assert choose_splits(4096, 8, 8192, cpu, sms=132, num_warps=1) == 1
+
+
+def test_one_warp_splits_follow_the_programs_an_sm_the_build_holds():
+    """Value tiles in lane order took the one-warp KV4 g32 build from 245 to 182 registers
+    (sm_90a): 11 programs an SM, not 8, so two whole waves are 22 splits at 16 × 8 KV heads
+    (16 would fill 1.45 waves) and 5 at 64 × 8; the count is Hopper's register and
+    shared-memory arithmetic, as sm90_report and Nsight Compute give it."""
+    cpu = torch.device("cpu")
+    assert choose_splits(16, 8, 32768, cpu, sms=132, num_warps=1, programs_an_sm=11) == 22
+    assert choose_splits(64, 8, 8192, cpu, sms=132, num_warps=1, programs_an_sm=11) == 5
+    assert choose_splits(16, 8, 32768, cpu, sms=132, num_warps=4, programs_an_sm=11) == 5
+    assert programs_an_sm(182, 9984, 1) == 11 and programs_an_sm(245, 9728, 1) == 8
+    assert programs_an_sm(196, 11264, 1) == 10 and programs_an_sm(168, 8704, 1) == 12
+    assert programs_an_sm(154, 30000, 4) == 3  # 4 warps: registers
+    assert programs_an_sm(64, 120000, 1) == 1  # shared memory
+    assert programs_an_sm(32, 0, 1) == 32  # at most 32 programs
