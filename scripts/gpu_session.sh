@@ -97,12 +97,15 @@ case "$stage" in
       --specs "KV4 g32" "KV8 g64" --variants decode-kernel --graphs \
       --output "$out/attention_decode_graphs.json"  # 16 x 8k without the host's eager work
     if [ -d .ab/kvtuner ]; then  # A/B at one shape, the two trees in turn, one round (two
-      # rounds agreed within 0.5 % in the third lease)
+      # rounds agreed within 0.5 % in the third lease); .ab/REV names the other commit
+      # (2026-11-27: bdfb5d3, the value tiles' layout change through shared memory and 8
+      # one-warp programs an SM, against lane order, 11, and splits from the build)
+      cat .ab/REV >>"$log" 2>/dev/null
       for tree in .ab .; do
         name=$([ "$tree" = . ] && echo this || echo ab)
         step 35 env PYTHONPATH="/tmp/site:$PWD/$tree" python3 "$tree/benchmarks/attention_decode.py" \
-          --device cuda --batch 64 --context 32768 --specs "KV4 g32" "KV8 g64" "K8V4 (mixed)" \
-          --variants decode-kernel --output "$out/ab_${name}.json"
+          --device cuda --batch 16 64 --context 32768 --specs "KV4 g32" "KV8 g64" \
+          --variants decode-kernel --output "$out/ab_${name}.json"  # 22 and 5 splits now
       done
     fi
     step 90 python3 benchmarks/hf_decode.py --device cuda --batch 8 --new-tokens 64 \
