@@ -230,17 +230,20 @@ def _build_key(batch: AttentionBatch, block_tokens: int, num_warps: int,
 
 def _remember(batch: AttentionBatch, plan: DecodePlan, kernel) -> None:
     """Record the programs an SM of a build just launched on a GPU (``kernel``: Triton's
-    compiled kernel), for :func:`plan_decode`'s splits."""
+    compiled kernel, its registers and shared memory), for :func:`plan_decode`'s splits; a
+    kernel object without them leaves the guess."""
     key = _build_key(batch, plan.block_tokens, plan.num_warps, plan.num_stages,
                      plan.max_registers)  # fmt: skip
-    if key in _PROGRAMS_AN_SM:
+    registers = getattr(kernel, "n_regs", None)
+    shared = getattr(getattr(kernel, "metadata", None), "shared", None)
+    if key in _PROGRAMS_AN_SM or registers is None or shared is None:
         return
     props = torch.cuda.get_device_properties(batch.q.device)
     _PROGRAMS_AN_SM[key] = programs_an_sm(
-        kernel.n_regs, kernel.metadata.shared, plan.num_warps,
+        registers, shared, plan.num_warps,
         sm_registers=getattr(props, "regs_per_multiprocessor", 65536),
         sm_shared=getattr(props, "shared_memory_per_multiprocessor", 233472),
-        sm_warps=props.max_threads_per_multi_processor // 32,
+        sm_warps=getattr(props, "max_threads_per_multi_processor", 2048) // 32,
     )  # fmt: skip
 
 
