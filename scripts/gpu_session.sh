@@ -126,12 +126,15 @@ case "$stage" in
     # 3-bit, symmetric and 5-bit/3-bit rows (since 2c966f7 a chunk at a time, 32 tokens on 4
     # warps; on 1-2 warps the build issues fewer instructions a key: symmetric 72 -> 52 at
     # 16 x 1, KV3 89 -> 65 at 32 x 1, at 8-12 warps an SM), extend rows and tiles of K8V4
-    # (mixed widths) and symmetric rows; and decode splits (choose_splits aims at 4 programs
-    # an SM; the plans' tiles fit 3)
+    # (mixed widths) and symmetric rows; and decode splits around the waves of the one-warp
+    # tile (11 programs an SM in the sm_90a build since value lanes: at 16 x 8 KV heads 11
+    # splits are 0.97 of a wave on 132 SMs, 16 1.41, 22 1.94; at 64 x 8, 4 are 1.41, 5 1.76)
+    # at 2 and 3 stages (the build has 176 registers at 3)
     nvidia-smi -L >>"$log" 2>&1
-    step 60 python3 benchmarks/attention_decode.py --device cuda --batch 16 64 \
+    step 150 python3 benchmarks/attention_decode.py --device cuda --batch 16 64 \
       --context 8192 32768 --specs "KV4 g32" "KV8 g64" --variants decode-kernel \
-      --num-splits 1 2 3 4 5 8 --output "$out/attention_decode_splits.json"
+      --num-splits 4 5 8 11 16 22 32 --num-stages 2 3 \
+      --output "$out/attention_decode_splits.json"
     step 240 python3 benchmarks/attention_decode.py --device cuda --batch 16 64 --context 8192 \
       --specs "KV3 g32" "KV4 g32 sym" "K5V3 had" --variants decode-kernel --block-tokens 16 32 64 \
       --num-warps 1 2 4 --num-stages 2 3 --output "$out/attention_decode_tune.json"
