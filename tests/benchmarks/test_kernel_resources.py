@@ -86,13 +86,14 @@ def test_rows_of_16_byte_multiples_load_codes_16_bytes_at_a_time(decode_rows):
 
 def test_decode_value_tiles_reach_the_dot_without_a_layout_change(decode_rows):
     """The value tile in the MMA's lane order (``value_lanes``): no staging of the dequantized
-    tile through shared memory, so a thread moves at most 900 bytes through it a 32-key tile
-    (KV4 g32: 800; 1424 when the tile changed layout there) and the one-warp tile holds at
-    least 10 programs an SM (KV4 g32: 245 registers and 8 before, 182 and 11 now)."""
+    tile through shared memory, so a thread moves at most 1000 bytes through it a 32-key tile
+    (456-880 in the build; KV4 g32 at most 800: 696, and 1424 when the tile changed layout
+    there) and the one-warp tile holds at least 10 programs an SM (KV4 g32: 245 registers and 8
+    before, 182 and 11 now)."""
     decode = {r["label"]: r for r in decode_rows if r["kernel"] == "_decode_kernel"}
     for label in ("decode KV4 g32", "decode KV8 g64", "decode K8V4 g64/g32", "decode KV2 g32"):
         row = decode[label]
-        assert row["loop_shared_bytes"] <= 900, (label, row["loop_shared_bytes"])
+        assert row["loop_shared_bytes"] <= 1000, (label, row["loop_shared_bytes"])
         assert row["programs_per_sm"] >= 10, (label, row["programs_per_sm"])
     assert decode["decode KV4 g32"]["loop_shared_bytes"] <= 800
 
