@@ -209,7 +209,13 @@ def _merged_dtype(batch: AttentionBatch) -> torch.dtype:
     """The dtype every kernel's merge stores: q's on a GPU (an eager step then makes no cast of
     its own), fp32 where V's rotation is still to be undone, and on CPU (the interpreter rounds
     fp32 to bf16 otherwise than torch does)."""
-    return batch.q.dtype if batch.q.is_cuda and not _v_rotated(batch) else torch.float32
+    return batch.q.dtype if _merges_in_q_dtype(batch.q) and not _v_rotated(batch) else torch.float32
+
+
+def _merges_in_q_dtype(q: torch.Tensor) -> bool:
+    """Whether the merge may store q's dtype: on a GPU (``benchmarks/host_cost.py`` says yes
+    on CPU too, to time what a GPU call pays)."""
+    return q.is_cuda
 
 
 def _unrotated(out: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
