@@ -97,6 +97,7 @@ def _decode_kernel(
     V_SYM: tl.constexpr, V_VEC: tl.constexpr, PAGED: tl.constexpr, HAS_START: tl.constexpr,
     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, DOT_IEEE: tl.constexpr,
     HAS_TAIL: tl.constexpr, ROPE_HALF: tl.constexpr, K_CHANNEL: tl.constexpr,
+    ONE_WARP: tl.constexpr,
 ):  # fmt: skip
     b, h, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b64, h64 = b.to(tl.int64), h.to(tl.int64)
@@ -129,7 +130,7 @@ def _decode_kernel(
             q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at0, k_st, v_st,
             stride_table, lo, hi, qpos, window, score_scale, cap_log2, rope, pages, D, BT,
             K_BITS, K_G, K_SYM, K_VEC, V_BITS, V_G, V_SYM, V_VEC, PAGED, WINDOW, SOFTCAP, False,
-            DOT_IEEE, ROPE_HALF, 1 if K_CHANNEL else 0,
+            DOT_IEEE, ROPE_HALF, 1 if K_CHANNEL else 0, ONE_WARP,
         )  # fmt: skip
     elif K_CHANNEL:  # the filling page's own program: its staged values
         row = tl.load(rows_ptr + b).to(tl.int64)
@@ -137,7 +138,7 @@ def _decode_kernel(
             q, k_words, k_half, v_words, v_half, table_ptr, row, 0, h64 * v_sh * V_VEC, k_st,
             v_st, stride_table, packed // K_G * K_G, packed, qpos, window, score_scale, cap_log2,
             rope, pages, D, BT, K_BITS, K_G, K_SYM, K_VEC, V_BITS, V_G, V_SYM, V_VEC, PAGED,
-            WINDOW, SOFTCAP, False, DOT_IEEE, ROPE_HALF, 2,
+            WINDOW, SOFTCAP, False, DOT_IEEE, ROPE_HALF, 2, ONE_WARP,
         )  # fmt: skip
     else:  # the tail's own program, 16 tokens a tile (32 spilled 24 bytes on one warp)
         kt_base = kt_ptr + b64 * kt_sb + h64 * kt_sh
@@ -350,7 +351,7 @@ def launch_decode(
         V_G=v.group_size, V_SYM=v.symmetric and v.is_quantized, V_VEC=batch.v_vec, PAGED=paged,
         HAS_START=batch.starts is not None, DOT_IEEE=q.dtype == torch.float32,
         HAS_TAIL=parts > splits, ROPE_HALF=rope_half, K_CHANNEL=kivi_keys(batch),
-        num_warps=plan.num_warps, **tuning,
+        ONE_WARP=plan.num_warps == 1, num_warps=plan.num_warps, **tuning,
     )  # fmt: skip
     if q.is_cuda:
         _remember(batch, plan, kernel)

@@ -306,7 +306,8 @@ def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at
                 V_G: tl.constexpr, V_SYM: tl.constexpr, V_VEC: tl.constexpr,
                 PAGED: tl.constexpr, WINDOW: tl.constexpr,
                 SOFTCAP: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr,
-                ROPE_HALF: tl.constexpr, K_CHANNEL: tl.constexpr):  # fmt: skip
+                ROPE_HALF: tl.constexpr, K_CHANNEL: tl.constexpr,
+                ONE_WARP: tl.constexpr = False):  # fmt: skip
     """Online softmax of q [QP, D] (channel order) over packed positions [lo, hi) -> (m, denom,
     acc [QP, D] in channel order) fp32. Decode: ``qpos`` is the one query's position (every
     row sees every position in range); ``CAUSAL`` (extend): ``qpos`` [QP], row r sees positions
@@ -319,9 +320,10 @@ def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at
     (:func:`page_rows`); 2, a filling page's staged values (:func:`staged_rows`, ``pages`` its
     staging)."""
     QP: tl.constexpr = q.shape[0]
-    # decode: the value tile in lane order (extend, at 4-8 warps and up to 255 registers,
-    # spilled 80 bytes with it at KV8 g64; one scale a row spilled 8 at KV4 g128)
-    V_LANES: tl.constexpr = not CAUSAL and V_BITS < 16 and 32 % V_BITS == 0 and V_G < D
+    # one-warp decode: the value tile in lane order (on 4 warps, d 256, it took more shared
+    # memory, not less; extend, at 4-8 warps and up to 255 registers, spilled 80 bytes with it
+    # at KV8 g64; one scale a row spilled 8 at KV4 g128)
+    V_LANES: tl.constexpr = ONE_WARP and V_BITS < 16 and 32 % V_BITS == 0 and V_G < D
     if not ROPE_HALF:
         q_sum = tl.sum(q.to(tl.float32), 1)
         if K_BITS < 16 and 32 % K_BITS == 0 and K_CHANNEL != 2:
