@@ -94,18 +94,20 @@ def specs(label: str, table: dict | None = None):
     return tuple(QuantSpec(**kw) for kw in (table or SPECS)[label])
 
 
-def paged_batch(label: str, **fields):
-    """A decode batch over a paged pool at the benchmark shape (uninitialised: compile only)."""
+def paged_batch(label: str, heads: tuple[int, int, int] = (HQ, HKV, D), **fields):
+    """A decode batch over a paged pool at the benchmark shape (uninitialised: compile only);
+    ``heads``: query heads, KV heads, head_dim."""
     import torch
 
     from kvtuner.attention import AttentionBatch
 
     k_spec, v_spec = specs(label)
+    hq, hkv, dim = heads
     slots = BATCH * CONTEXT
-    rows = [torch.empty(slots, HKV, s.row_bytes(D), dtype=torch.uint8) for s in (k_spec, v_spec)]
+    rows = [torch.empty(slots, hkv, s.row_bytes(dim), dtype=torch.uint8) for s in (k_spec, v_spec)]
     table = torch.arange(slots, dtype=torch.int32).view(BATCH, CONTEXT)
     return AttentionBatch(
-        q=torch.empty(BATCH, 1, HQ, D, dtype=torch.bfloat16), k_rows=rows[0], v_rows=rows[1],
+        q=torch.empty(BATCH, 1, hq, dim, dtype=torch.bfloat16), k_rows=rows[0], v_rows=rows[1],
         k_spec=k_spec, v_spec=v_spec, slot_table=table,
         lengths=torch.full((BATCH,), CONTEXT, dtype=torch.int32), **fields,
     )  # fmt: skip
@@ -141,6 +143,9 @@ def decode_cases() -> dict:
     cases = {f"decode {label}": decode(paged_batch(label)) for label in SPECS}
     cases["decode KV4 g32 window+cap"] = decode(paged_batch("KV4 g32", window=4096, logit_cap=50.0))
     cases["decode KV4 g32 HF (tail)"] = decode(hf_batch("KV4 g32"))
+    cases["decode KV4 g32 d256 (Gemma 3: 4 heads, 1 KV head)"] = decode(
+        paged_batch("KV4 g32", heads=(4, 1, 256))
+    )
     for label, batch in rope_batches().items():
         cases[label] = decode(batch)
     general = paged_batch("KV4 g32")
