@@ -446,7 +446,7 @@ def loop_instructions(sass: str) -> int:
     return len(_loop(sass))
 
 
-SHARED_BYTES = {"LDS": 4, "STS": 4, "LDSM": 4, "STSM": 4}  # a thread's bytes, unsuffixed
+SHARED_OPS = ("LDS", "STS", "LDSM", "STSM")  # 4 bytes a thread, unless a width suffix says
 SHARED_WIDTHS = {"U8": 1, "S8": 1, "U16": 2, "S16": 2, "64": 8, "128": 16}
 
 
@@ -458,7 +458,7 @@ def loop_shared_bytes(sass: str) -> int:
     total = 0
     for _, op, operands in _loop(sass):
         base, *suffixes = op.split(".")
-        if base not in SHARED_BYTES or "[RZ]" in operands:  # `@!PT LDS RZ, [RZ]`: padding
+        if base not in SHARED_OPS or "[RZ]" in operands:  # `@!PT LDS RZ, [RZ]`: padding
             continue
         width = next((SHARED_WIDTHS[s] for s in suffixes if s in SHARED_WIDTHS), 4)
         matrices = 1  # LDSM/STSM: .2 or .4 matrices (none: one)
