@@ -22,6 +22,11 @@ element-wise in both variants;
 ``"KV3 g32"``, ``"KV4 g32 sym"`` and ``"K5V3 had"`` (not in it either) the rows the plans
 still tile by the sm_90a build alone (the last: 5-bit Hadamard keys in g64, 84-byte rows, and
 3-bit g32 values, a combination the shipped profiles use).
+``--row-align 0 16`` times each spec's rows as packed (``0``: R bytes apart) and with each row
+padded to a multiple of 16 bytes (the bytes read are the same; the pool is bigger): a row's
+offsets then allow 16-byte copies of its codes (KV4 g128's 68-byte rows load in 4-byte copies
+packed, KV8 g64's 136-byte rows in 8-byte ones), the test of whether copy width, not bytes,
+sets their speed before a pool format keeps the bytes and aligns the codes.
 ``--graphs`` times CUDA-graph replays of the kernel's call and of SDPA (what SGLang's
 captured decode steps run): at 16 × 8k the kernels may take less time than an eager call's
 host work (the SGLang step issued 250-480 µs of it on the H200's host). Before timing, each
@@ -113,6 +118,14 @@ def parse_args() -> argparse.Namespace:
         help="the decode kernel's cap on registers a thread (ptxas' maxnreg); none: no cap",
     )
     p.add_argument(
+        "--row-align",
+        type=int,
+        nargs="+",
+        choices=[0, 16],
+        default=[0],
+        help="rows R bytes apart (0), or padded to a multiple of 16 bytes (16); both: A/B",
+    )
+    p.add_argument(
         "--graphs",
         action="store_true",
         help="time CUDA-graph replays of both (what SGLang's decode graphs run: no host work)",
@@ -131,12 +144,14 @@ def specs_for(label: str, head_dim: int):
     return tuple(spec(kw) for kw in SPECS[label])
 
 
-def random_rows(n: int, kv_heads: int, spec, head_dim: int, device):
-    """Valid packed rows [n, Hkv, R]: random codes, fp16 scales in [0.01, 0.1], zeros in [-1, 0]."""
+def random_rows(n: int, kv_heads: int, spec, head_dim: int, device, align: int = 0):
+    """Valid packed rows [n, Hkv, R]: random codes, fp16 scales in [0.01, 0.1], zeros in [-1, 0];
+    ``align`` > 0: each row :func:`row_stride` bytes from the next (a view of padded rows)."""
     import torch
 
-    shape = (n, kv_heads, spec.row_bytes(head_dim))  # made on the device: GBs at 64 × 32k
-    rows = torch.randint(0, 256, shape, dtype=torch.uint8, device=device)
+    width = spec.row_bytes(head_dim)
+    shape = (n, kv_heads, row_stride(width, align))  # made on the device: GBs at 64 × 32k
+    rows = torch.randint(0, 256, shape, dtype=torch.uint8, device=device)[..., :width]
     if not spec.is_quantized:
         rows.view(torch.float16).normal_()
         return rows
@@ -146,6 +161,11 @@ def random_rows(n: int, kv_heads: int, spec, head_dim: int, device):
     meta[..., groups:] -= 1.0
     rows[..., spec.code_bytes(head_dim) :] = meta.half().view(torch.uint8)
     return rows
+
+
+def row_stride(width: int, align: int) -> int:
+    """Bytes from one row to the next: ``width`` rounded up to a multiple of ``align`` (0: none)."""
+    return -(-width // align) * align if align else width
 
 
 def rope_kw(k_spec, head_dim: int, device) -> dict:
@@ -203,16 +223,17 @@ def copy_gbps(device: str, seconds) -> float:
     return 2 * x.numel() / seconds(lambda: x.clone()) / 1e9
 
 
-def check(args, k_spec, v_spec, variant: str) -> float:
-    """Max |fused - reference| at batch 2 × 100 tokens (ragged), q in ``--dtype``."""
+def check(args, k_spec, v_spec, variant: str, align: int = 0) -> float:
+    """Max |fused - reference| at batch 2 × 100 tokens (ragged), q in ``--dtype``, rows as
+    ``--row-align`` lays them out."""
     import torch
 
     from kvtuner.attention import decode_attention, decode_attention_reference
 
     torch.manual_seed(0)
     dev, d = args.device, args.head_dim
-    k_rows = random_rows(200, args.kv_heads, k_spec, d, dev)
-    v_rows = random_rows(200, args.kv_heads, v_spec, d, dev)
+    k_rows = random_rows(200, args.kv_heads, k_spec, d, dev, align)
+    v_rows = random_rows(200, args.kv_heads, v_spec, d, dev, align)
     table = torch.randperm(200, device=dev).view(2, 100).to(torch.int32)
     lengths = torch.tensor([100, 37], dtype=torch.int32, device=dev)
     q = torch.randn(2, args.heads, d, device=dev, dtype=getattr(torch, args.dtype))
@@ -232,33 +253,24 @@ def after_dot_operands(k_spec, v_spec) -> str:
 
 
 def measure(args, seconds, batch: int, context: int, label: str) -> list[dict]:
-    """One row per variant: the kernel's time at this point, and bf16 SDPA's (shared)."""
+    """One row per row alignment and variant: the kernel's time at this point, and bf16
+    SDPA's (shared)."""
     import torch
     import torch.nn.functional as F
-    from triton.runtime.errors import OutOfResources
-
-    from kvtuner.attention import decode_attention
 
     k_spec, v_spec = specs_for(label, args.head_dim)
     dev, d, hkv = args.device, args.head_dim, args.kv_heads
     n = batch * context
-    k_rows, v_rows = (random_rows(n, hkv, s, d, dev) for s in (k_spec, v_spec))
     table = torch.arange(n, dtype=torch.int32, device=dev).view(batch, context)
     lengths = torch.full((batch,), context, dtype=torch.int32, device=dev)
     dtype = getattr(torch, args.dtype)
     q = torch.randn(batch, args.heads, d, device=dev, dtype=dtype)
     kw = dict(lengths=lengths, slot_table=table, **rope_kw(k_spec, d, dev))
     fused = {}
-    for launch, name in itertools.product(launch_grid(args), args.variants):
-        if launch[LAUNCH.index("max_registers")] and name != "decode-kernel":
-            continue  # a register cap is the decode kernel's alone
-        call = lambda variant=VARIANTS[name], launch=launch: decode_attention(  # noqa: E731
-            q, k_rows, v_rows, k_spec, v_spec, **kw, **dict(zip(LAUNCH, launch, strict=True)),
-            **variant)  # fmt: skip
-        try:
-            fused[(name, *launch)] = seconds(call)
-        except OutOfResources as exc:  # a sweep's tile too big for the device: the rest go on
-            print(f"skipped {label} {name} {launch}: {exc}", flush=True)
+    for align in args.row_align:
+        rows = [random_rows(n, hkv, s, d, dev, align) for s in (k_spec, v_spec)]
+        fused.update(time_variants(args, seconds, label, q, rows, (k_spec, v_spec), kw, align))
+        del rows  # GBs at 64 × 32k: gone before the next alignment's
     k, v = (torch.randn(batch, hkv, context, d, device=dev, dtype=dtype) for _ in "kv")
     q4 = q.unsqueeze(2)
     sdpa = seconds(lambda: F.scaled_dot_product_attention(q4, k, v, enable_gqa=True))
@@ -271,6 +283,8 @@ def measure(args, seconds, batch: int, context: int, label: str) -> list[dict]:
             "spec": label,
             "variant": name,
             **dict(zip(LAUNCH, launch, strict=True)),
+            "row_align": align,
+            "row_strides": [row_stride(s.row_bytes(d), align) for s in (k_spec, v_spec)],
             "after_dot": after_dot_operands(k_spec, v_spec)
             if VARIANTS[name].get("scale_after_dot")
             else "none",
@@ -279,12 +293,32 @@ def measure(args, seconds, batch: int, context: int, label: str) -> list[dict]:
             "sdpa_bf16_us": sdpa * 1e6,
             "sdpa_bf16_gbps": bf16_bytes / sdpa / 1e9,
             "speedup_vs_bf16": sdpa / t,
-            "speedup_vs_baseline": _over(fused.get(("baseline", *launch)), t),
+            "speedup_vs_baseline": _over(fused.get((align, "baseline", *launch)), t),
             "packed_bytes": packed_bytes,
             "bf16_bytes": bf16_bytes,
         }
-        for (name, *launch), t in fused.items()
+        for (align, name, *launch), t in fused.items()
     ]
+
+
+def time_variants(args, seconds, label, q, rows, specs, kw, align) -> dict:
+    """(align, variant, *launch) -> seconds a call, over every launch of the grid."""
+    from triton.runtime.errors import OutOfResources
+
+    from kvtuner.attention import decode_attention
+
+    out = {}
+    for launch, name in itertools.product(launch_grid(args), args.variants):
+        if launch[LAUNCH.index("max_registers")] and name != "decode-kernel":
+            continue  # a register cap is the decode kernel's alone
+        call = lambda variant=VARIANTS[name], launch=launch: decode_attention(  # noqa: E731
+            q, *rows, *specs, **kw, **dict(zip(LAUNCH, launch, strict=True)), **variant
+        )
+        try:
+            out[(align, name, *launch)] = seconds(call)
+        except OutOfResources as exc:  # a sweep's tile too big for the device: the rest go on
+            print(f"skipped {label} {name} {launch}: {exc}", flush=True)
+    return out
 
 
 LAUNCH = ("block_tokens", "num_splits", "num_warps", "num_stages", "max_registers")
@@ -310,12 +344,19 @@ def table(rows: list[dict], bandwidth: float) -> str:
         base = r["speedup_vs_baseline"]
         tile = "/".join("-" if r[k] is None else str(r[k]) for k in LAUNCH)
         lines.append(
-            f"| {r['batch']} × {r['context']} | {r['spec']} | {r['variant']} | {tile} | "
+            f"| {r['batch']} × {r['context']} | {_spec_cell(r)} | {r['variant']} | {tile} | "
             f"{r['fused_us']:.1f} ({r['fused_gbps']:.0f}) | {100 * r['fused_gbps'] / bandwidth:.0f}"
             f" | {r['sdpa_bf16_us']:.1f} ({r['sdpa_bf16_gbps']:.0f}) | "
             f"{r['speedup_vs_bf16']:.2f} | {'-' if base is None else f'{base:.2f}'} |"
         )
     return "\n".join(lines)
+
+
+def _spec_cell(row: dict) -> str:
+    """The spec, and its rows' strides where padded (``KV4 g128 (80/80 B rows)``)."""
+    if not row["row_align"]:
+        return row["spec"]
+    return f"{row['spec']} ({'/'.join(map(str, row['row_strides']))} B rows)"
 
 
 def hardware(device: str, bandwidth: float) -> dict:
@@ -343,7 +384,11 @@ def main() -> None:
     seconds = (lambda f: eager(graphed(f))) if args.graphs else eager
     try:
         errors = {
-            s: {v: check(args, *specs_for(s, args.head_dim), v) for v in args.variants}
+            s: {
+                f"{v} @{a}" if a else v: check(args, *specs_for(s, args.head_dim), v, a)
+                for v in args.variants
+                for a in args.row_align
+            }
             for s in args.specs
         }
         print(f"max |fused - reference| ({args.dtype} q):",

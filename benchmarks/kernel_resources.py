@@ -94,9 +94,11 @@ def specs(label: str, table: dict | None = None):
     return tuple(QuantSpec(**kw) for kw in (table or SPECS)[label])
 
 
-def paged_batch(label: str, heads: tuple[int, int, int] = (HQ, HKV, D), **fields):
+def paged_batch(label: str, heads: tuple[int, int, int] = (HQ, HKV, D), row_align: int = 0,
+                **fields):  # fmt: skip
     """A decode batch over a paged pool at the benchmark shape (uninitialised: compile only);
-    ``heads``: query heads, KV heads, head_dim."""
+    ``heads``: query heads, KV heads, head_dim; ``row_align`` > 0: each row padded to a
+    multiple of that many bytes (a view of the padded rows)."""
     import torch
 
     from kvtuner.attention import AttentionBatch
@@ -104,7 +106,10 @@ def paged_batch(label: str, heads: tuple[int, int, int] = (HQ, HKV, D), **fields
     k_spec, v_spec = specs(label)
     hq, hkv, dim = heads
     slots = BATCH * CONTEXT
-    rows = [torch.empty(slots, hkv, s.row_bytes(dim), dtype=torch.uint8) for s in (k_spec, v_spec)]
+    widths = [s.row_bytes(dim) for s in (k_spec, v_spec)]
+    strides = [-(-w // row_align) * row_align if row_align else w for w in widths]
+    rows = [torch.empty(slots, hkv, st, dtype=torch.uint8)[..., :w]
+            for w, st in zip(widths, strides, strict=True)]  # fmt: skip
     table = torch.arange(slots, dtype=torch.int32).view(BATCH, CONTEXT)
     return AttentionBatch(
         q=torch.empty(BATCH, 1, hq, dim, dtype=torch.bfloat16), k_rows=rows[0], v_rows=rows[1],
@@ -142,6 +147,8 @@ def decode_cases() -> dict:
 
     cases = {f"decode {label}": decode(paged_batch(label)) for label in SPECS}
     cases["decode KV4 g32 window+cap"] = decode(paged_batch("KV4 g32", window=4096, logit_cap=50.0))
+    for label in ("KV4 g128", "KV8 g64", "KV4 g32 sym"):  # rows not a multiple of 16 bytes
+        cases[f"decode {label} rows padded to 16 B"] = decode(paged_batch(label, row_align=16))
     cases["decode KV4 g32 HF (tail)"] = decode(hf_batch("KV4 g32"))
     cases["decode KV4 g32 d256 (Gemma 3: 4 heads, 1 KV head)"] = decode(
         paged_batch("KV4 g32", heads=(4, 1, 256))

@@ -14,7 +14,7 @@
 #                                         # 16/64 x 8k/32k, pack/unpack, the SGLang step
 #   bash scripts/gpu_session.sh check     # a 15-minute lease in one call: pack/unpack at each
 #                                         # plan, the decode plans at 16/64 x 8k/32k, an A/B
-#                                         # against .ab/, HF at batch 8, pytest -m cuda
+#                                         # against .ab/, padded rows, HF at batch 8, pytest
 # An A/B (the check stage, where .ab/ is carried: carry [".whl", ".ab"]), on the development
 # machine first, REV the commit to compare this checkout against:
 #   echo /.ab/ >> .git/info/exclude; rm -rf .ab; mkdir .ab
@@ -84,8 +84,9 @@ case "$stage" in
   check)  # one call of a 15-minute lease (the start takes 1-2 of them): pack and unpack at
     # each launch plan (the timed ones, row blocks in a pipelined loop, Hadamard pack's new
     # plan), the decode plans against bf16 SDPA, the same decode from the tree in .ab/
-    # (another commit, where carried) interleaved with this one, HF generate at batch 8,
-    # Nsight Compute on three decode rows, then the GPU-only tests (step limits: 595 s)
+    # (another commit, where carried) interleaved with this one, rows padded to 16 bytes,
+    # HF generate at batch 8, Nsight Compute on two decode rows, then the GPU-only tests (step
+    # limits: 595 s)
     nvidia-smi -L >>"$log" 2>&1
     step 85 python3 benchmarks/quant_throughput.py --device cuda --plans \
       --output "$out/quant_throughput_plans.json"
@@ -108,11 +109,16 @@ case "$stage" in
           --variants decode-kernel --output "$out/ab_${name}.json"  # 22 and 5 splits now
       done
     fi
+    # copy width or bytes? rows that are no multiple of 16 bytes (KV4 g128 68, KV8 g64 136,
+    # KV4 g32 sym 72), as packed and padded to 16 (16-byte copies of codes in the sm_90a build)
+    step 50 python3 benchmarks/attention_decode.py --device cuda --batch 16 64 --context 32768 \
+      --specs "KV4 g128" "KV8 g64" "KV4 g32 sym" --variants decode-kernel --row-align 0 16 \
+      --output "$out/attention_decode_row_align.json"
     step 90 python3 benchmarks/hf_decode.py --device cuda --batch 8 --new-tokens 64 \
       --output "$out/hf_decode_batch8.json"
-    # why rows read in 4-byte copies ran at half speed (KV4 g128, KV3 g32 against KV4 g32):
-    # sectors a request, stall reasons, one decode launch each at 64 x 8k
-    for spec in "KV4 g32" "KV4 g128" "KV3 g32"; do
+    # why rows read in 4-byte copies ran at half speed (KV4 g128 against KV4 g32): sectors a
+    # request, stall reasons, one decode launch each at 64 x 8k
+    for spec in "KV4 g32" "KV4 g128"; do
       step 25 ncu --target-processes all -k regex:_decode_kernel --launch-skip 3 --launch-count 1 \
         --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
         --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \

@@ -84,6 +84,20 @@ def test_rows_of_16_byte_multiples_load_codes_16_bytes_at_a_time(decode_rows):
     assert row["num_warps"] == 1 and row["programs_per_sm"] >= MIN_WARPS
 
 
+def test_rows_padded_to_16_bytes_load_their_codes_16_bytes_at_a_time(decode_rows):
+    """Rows whose width is no multiple of 16 (KV4 g128 68 B, KV8 g64 136, symmetric KV4 g32
+    72) are read in 4- and 8-byte copies as packed; padded to 16 bytes, in 16-byte copies (32
+    of 68, 66 of 74 and 16 of 42 a tile in the build), still without spill: what
+    ``attention_decode.py --row-align 0 16`` times before a pool format aligns codes without
+    the padding's bytes."""
+    decode = {r["label"]: r for r in decode_rows if r["kernel"] == "_decode_kernel"}
+    for label in ("KV4 g128", "KV8 g64", "KV4 g32 sym"):
+        packed, padded = decode[f"decode {label}"], decode[f"decode {label} rows padded to 16 B"]
+        assert "128" not in packed["ldgsts_widths"], (label, packed["ldgsts_widths"])
+        assert padded["ldgsts_widths"].get("128", 0) >= 16, (label, padded["ldgsts_widths"])
+        assert padded["spill_bytes"] == 0, label
+
+
 def test_decode_value_tiles_reach_the_dot_without_a_layout_change(decode_rows):
     """The value tile in the MMA's lane order (``value_lanes``): no staging of the dequantized
     tile through shared memory, so a thread moves at most 1000 bytes through it a 32-key tile
