@@ -48,9 +48,10 @@ def _codes_as(c, dtype: tl.constexpr, BITS: tl.constexpr):
 
 
 @triton.jit
-def _group_tile(ptr, off, ok, D: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr,
+def _group_tile(ptr, off, md, ok, D: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr,
                 SYM: tl.constexpr, dtype: tl.constexpr):  # fmt: skip
-    """Packed rows at ``ptr + off`` ([BT] byte offsets, ``ok`` masks them) -> codes in
+    """Packed rows at ``ptr + off`` ([BT] byte offsets, ``ok`` masks them; scales ``md``
+    bytes after the codes) -> codes in
     ``dtype`` (the dot's) [BT, NG, G], scale and zero fp32 [NG, BT]: x = zero + scale·code
     (symmetric rows too)."""
     BT: tl.constexpr = off.shape[0]
@@ -59,7 +60,7 @@ def _group_tile(ptr, off, ok, D: tl.constexpr, BITS: tl.constexpr, G: tl.constex
     HALF: tl.constexpr = (1 << (BITS - 1)) - 1
     src = ptr + off
     codes = tl.reshape(load_code_ints(src, ok, NB, D // 8, BITS), [BT, NG, G])
-    meta = src[None, :] + NB + 2 * tl.arange(0, NG)[:, None]  # [NG, BT] fp16 scale bytes
+    meta = src[None, :] + md + 2 * tl.arange(0, NG)[:, None]  # [NG, BT] fp16 scale bytes
     scale = load_fp16(meta, ok[None, :])
     if SYM:  # s·(c - HALF)/HALF = (s/HALF)·c - s
         zero = -scale

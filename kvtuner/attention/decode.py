@@ -123,7 +123,9 @@ def extend_attention(
       model's ``inv_freq``, R <= D a power of two) and ``rope_offset`` (int, or int32 [B]):
       stored key t is rotated forward to position ``rope_offset + t`` (``rotate_half``
       layout, :mod:`.rope`) before its dot; such keys always run element-wise (at decode
-      the decode kernel where :func:`.rope_rows.rope_decodable` says, else the general one).
+      the decode kernel where :func:`.rope_rows.rope_decodable` says, else the general one);
+    - ``planes`` (paged): the pool's quantized token rows are laid out as planes, each slot's
+      codes of every head before their scales and zeros (:mod:`kvtuner.quant.planes`).
     num_splits (default: from the device, batch and length), block_tokens (default: the decode
     and extend kernels' plans, the general kernel's 64), Triton's num_warps and num_stages,
     max_registers (the decode kernel's cap on registers a thread, ptxas' maxnreg: a tile

@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from ..quant.intmath import next_power_of_2
+from ..quant.triton_codes import meta_offset
 from .layout import AttentionBatch, choose_splits, placeholder, programs_an_sm
 from .packed_rows import (
     decodable,
@@ -97,7 +98,7 @@ def _decode_kernel(
     V_SYM: tl.constexpr, V_VEC: tl.constexpr, PAGED: tl.constexpr, HAS_START: tl.constexpr,
     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, DOT_IEEE: tl.constexpr,
     HAS_TAIL: tl.constexpr, ROPE_HALF: tl.constexpr, K_CHANNEL: tl.constexpr,
-    ONE_WARP: tl.constexpr,
+    ONE_WARP: tl.constexpr, K_PLANES: tl.constexpr, V_PLANES: tl.constexpr,
 ):  # fmt: skip
     b, h, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b64, h64 = b.to(tl.int64), h.to(tl.int64)
@@ -118,6 +119,8 @@ def _decode_kernel(
     qpos = packed + tail_len - 1  # the query is the newest position
     base = tl.maximum(qpos - window + 1, 0) if WINDOW else 0  # no key before it is seen
     base = tl.maximum(base, start)  # nor a left pad: tiles read only rows the query attends
+    k_md = meta_offset(h64, D, K_BITS, K_G, K_SYM, K_PLANES, 4)  # codes to scales, in words
+    v_md = meta_offset(h64, D, V_BITS, V_G, V_SYM, V_PLANES, 4)
     if not HAS_TAIL or split < num_splits:
         row = tl.load(rows_ptr + b).to(tl.int64) if PAGED else b64
         lo = base + split * chunk
@@ -127,8 +130,8 @@ def _decode_kernel(
         k_at0 = (b64 * k_sb + h64 * k_sh) * K_VEC  # int32 words; k_sb is 0 when paged
         v_at0 = (b64 * v_sb + h64 * v_sh) * V_VEC
         m, denom, acc = packed_part(
-            q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at0, k_st, v_st,
-            stride_table, lo, hi, qpos, window, score_scale, cap_log2, rope, pages, D, BT,
+            q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at0, k_st, v_st, k_md,
+            v_md, stride_table, lo, hi, qpos, window, score_scale, cap_log2, rope, pages, D, BT,
             K_BITS, K_G, K_SYM, K_VEC, V_BITS, V_G, V_SYM, V_VEC, PAGED, WINDOW, SOFTCAP, False,
             DOT_IEEE, ROPE_HALF, 1 if K_CHANNEL else 0, ONE_WARP,
         )  # fmt: skip
@@ -136,9 +139,9 @@ def _decode_kernel(
         row = tl.load(rows_ptr + b).to(tl.int64)
         m, denom, acc = packed_part(
             q, k_words, k_half, v_words, v_half, table_ptr, row, 0, h64 * v_sh * V_VEC, k_st,
-            v_st, stride_table, packed // K_G * K_G, packed, qpos, window, score_scale, cap_log2,
-            rope, pages, D, BT, K_BITS, K_G, K_SYM, K_VEC, V_BITS, V_G, V_SYM, V_VEC, PAGED,
-            WINDOW, SOFTCAP, False, DOT_IEEE, ROPE_HALF, 2, ONE_WARP,
+            v_st, k_md, v_md, stride_table, packed // K_G * K_G, packed, qpos, window,
+            score_scale, cap_log2, rope, pages, D, BT, K_BITS, K_G, K_SYM, K_VEC, V_BITS, V_G,
+            V_SYM, V_VEC, PAGED, WINDOW, SOFTCAP, False, DOT_IEEE, ROPE_HALF, 2, ONE_WARP,
         )  # fmt: skip
     else:  # the tail's own program, 16 tokens a tile (32 spilled 24 bytes on one warp)
         kt_base = kt_ptr + b64 * kt_sb + h64 * kt_sh
@@ -226,7 +229,7 @@ def _build_key(batch: AttentionBatch, block_tokens: int, num_warps: int,
     return (batch.q.device, batch.q.dtype, batch.k_spec, batch.v_spec, batch.q.shape[-2],
             batch.head_dim, batch.kv_heads, batch.slot_table is None, batch.k_tail is None,
             batch.starts is None, batch.window is None, batch.logit_cap is None, rotary,
-            block_tokens, num_warps, num_stages, max_registers)  # fmt: skip
+            batch.planes, block_tokens, num_warps, num_stages, max_registers)  # fmt: skip
 
 
 def _remember(batch: AttentionBatch, plan: DecodePlan, kernel) -> None:
@@ -326,8 +329,7 @@ def launch_decode(
     dev = q.device
     partial = torch.empty(bsz, hq, parts, dim, dtype=torch.float32, device=dev)
     lse = torch.empty(bsz, hq, parts, dtype=torch.float32, device=dev)
-    k_args = rows_args(batch.k_rows, batch.k_vec, paged)
-    v_args = rows_args(batch.v_rows, batch.v_vec, paged)
+    k_args, v_args = rows_args(batch, "k"), rows_args(batch, "v")
     empty = placeholder(q, dim)  # no tail, no KIVI stage: pointers never read
     k_tail, v_tail = (empty, empty) if k_tail is None else (k_tail, v_tail)
     table = batch.slot_table if paged else batch.lengths  # unused pointers: any int tensor
@@ -351,7 +353,8 @@ def launch_decode(
         V_G=v.group_size, V_SYM=v.symmetric and v.is_quantized, V_VEC=batch.v_vec, PAGED=paged,
         HAS_START=batch.starts is not None, DOT_IEEE=q.dtype == torch.float32,
         HAS_TAIL=parts > splits, ROPE_HALF=rope_half, K_CHANNEL=kivi_keys(batch),
-        ONE_WARP=plan.num_warps == 1, num_warps=plan.num_warps, **tuning,
+        ONE_WARP=plan.num_warps == 1, K_PLANES=batch.in_planes("k"),
+        V_PLANES=batch.in_planes("v"), num_warps=plan.num_warps, **tuning,
     )  # fmt: skip
     if q.is_cuda:
         _remember(batch, plan, kernel)

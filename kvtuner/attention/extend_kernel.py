@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from ..quant.intmath import cdiv, next_power_of_2
+from ..quant.triton_codes import meta_offset
 from .layout import AttentionBatch, placeholder
 from .packed_rows import (
     _seen,
@@ -54,6 +55,7 @@ def _extend_kernel(
     K_G: tl.constexpr, K_SYM: tl.constexpr, K_VEC: tl.constexpr, V_BITS: tl.constexpr,
     V_G: tl.constexpr, V_SYM: tl.constexpr, V_VEC: tl.constexpr, WINDOW: tl.constexpr,
     SOFTCAP: tl.constexpr, HAND: tl.constexpr, DOT_IEEE: tl.constexpr, K_CHANNEL: tl.constexpr,
+    K_PLANES: tl.constexpr, V_PLANES: tl.constexpr,
 ):  # fmt: skip
     b, h = tl.program_id(0), tl.program_id(1)
     parts = num_splits + 1 if K_CHANNEL else num_splits  # KIVI: the filling page's program last
@@ -80,20 +82,22 @@ def _extend_kernel(
     prefix = total - n_q  # positions from here on are the new tokens
     known = prefix if HAND else total  # positions read from the pool end here
     k_at0, v_at0 = h64 * k_sh * K_VEC, h64 * v_sh * V_VEC
+    k_md = meta_offset(h64, D, K_BITS, K_G, K_SYM, K_PLANES, 4)  # codes to scales, in words
+    v_md = meta_offset(h64, D, V_BITS, V_G, V_SYM, V_PLANES, 4)
     # KIVI keys: the splits read full pages' blocks, one more program the filling page's staging
     pages = (stage_ptr, srows_ptr, s_sr, s_sg, h64 * s_sh) if K_CHANNEL else 0
     full = total // K_G * K_G if K_CHANNEL else total  # positions in full pages (or rows)
     if not K_CHANNEL or split < num_splits:
         m, denom, acc = packed_part(
-            q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at0, k_st, v_st,
-            stride_table, lo, tl.minimum(tl.minimum(hi, known), full), qpos, window,
+            q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at0, k_st, v_st, k_md,
+            v_md, stride_table, lo, tl.minimum(tl.minimum(hi, known), full), qpos, window,
             score_scale, cap_log2, 0, pages, D, BT, K_BITS, K_G, K_SYM, K_VEC, V_BITS, V_G, V_SYM,
             V_VEC, True, WINDOW, SOFTCAP, True, DOT_IEEE, 0, 1 if K_CHANNEL else 0,
         )  # fmt: skip
     else:  # the filling page's program
         m, denom, acc = packed_part(
-            q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at0, k_st, v_st,
-            stride_table, full, tl.minimum(last + 1, known), qpos, window, score_scale,
+            q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at0, k_st, v_st, k_md,
+            v_md, stride_table, full, tl.minimum(last + 1, known), qpos, window, score_scale,
             cap_log2, 0, pages, D, BT, K_BITS, K_G, K_SYM, K_VEC, V_BITS, V_G, V_SYM, V_VEC, True,
             WINDOW, SOFTCAP, True, DOT_IEEE, 0, 2,
         )  # fmt: skip
@@ -221,8 +225,7 @@ def launch_extend(
     parts = splits + (1 if kivi else 0)  # KIVI: the filling page's program
     partial = torch.empty(q.shape[0], hq, parts, dim, dtype=torch.float32, device=q.device)
     lse = torch.empty(q.shape[0], hq, parts, dtype=torch.float32, device=q.device)
-    k_args = rows_args(batch.k_rows, batch.k_vec, True)
-    v_args = rows_args(batch.v_rows, batch.v_vec, True)
+    k_args, v_args = rows_args(batch, "k"), rows_args(batch, "v")
     table, rows = batch.slot_table, table_rows(batch)
     stage = batch.k_stage if kivi else placeholder(q, 1)  # [rows, G, Hkv, D]
     stage_rows = batch.k_stage_rows if kivi else batch.lengths
@@ -236,8 +239,8 @@ def launch_extend(
         GROUP=group, GP=gp, BQ=bq, BT=block_tokens, K_BITS=k.bits, K_G=k.group_size,
         K_SYM=k.symmetric and k.is_quantized, K_VEC=batch.k_vec, V_BITS=v.bits, V_G=v.group_size,
         V_SYM=v.symmetric and v.is_quantized, V_VEC=batch.v_vec, HAND=new is not None,
-        DOT_IEEE=q.dtype == torch.float32, K_CHANNEL=kivi, num_warps=plan.num_warps,
-        num_stages=plan.num_stages,
+        DOT_IEEE=q.dtype == torch.float32, K_CHANNEL=kivi, K_PLANES=batch.in_planes("k"),
+        V_PLANES=batch.in_planes("v"), num_warps=plan.num_warps, num_stages=plan.num_stages,
     )  # fmt: skip
     return merge_splits(partial, lse, batch.sinks, out_dtype)
 

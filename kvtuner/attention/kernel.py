@@ -32,6 +32,7 @@ import triton.language as tl
 
 from ..quant.intmath import cdiv, next_power_of_2
 from ..quant.spec import QuantSpec
+from ..quant.triton_codes import meta_offset
 from .after_dot import (
     _group_scores,
     _group_tile,
@@ -69,7 +70,8 @@ def _attention_kernel(
     V_BITS: tl.constexpr, V_G: tl.constexpr, V_SYM: tl.constexpr, PAGED: tl.constexpr,
     HAS_ROWS: tl.constexpr, HAS_START: tl.constexpr, RAGGED: tl.constexpr, WINDOW: tl.constexpr,
     SOFTCAP: tl.constexpr, DOT_IEEE: tl.constexpr, K_AFTER_DOT: tl.constexpr,
-    V_AFTER_DOT: tl.constexpr, ROPE_HALF: tl.constexpr,
+    V_AFTER_DOT: tl.constexpr, ROPE_HALF: tl.constexpr, K_PLANES: tl.constexpr,
+    V_PLANES: tl.constexpr,
 ):  # fmt: skip
     b, h = tl.program_id(0), tl.program_id(1)
     qb, split = tl.program_id(2) // num_splits, tl.program_id(2) % num_splits
@@ -104,6 +106,8 @@ def _attention_kernel(
     k_base, v_base = k_ptr + b64 * k_sb + h64 * k_sh, v_ptr + b64 * v_sb + h64 * v_sh
     kt_base, vt_base = kt_ptr + b64 * kt_sb + h64 * kt_sh, vt_ptr + b64 * vt_sb + h64 * vt_sh
     ks_base = ks_ptr + h64 * ks_sh  # paged channel-axis keys: filling pages' fp values
+    k_md = meta_offset(h64, D, K_BITS, K_G, K_SYM, K_PLANES, 1)  # codes to scales, in bytes
+    v_md = meta_offset(h64, D, V_BITS, V_G, V_SYM, V_PLANES, 1)
     both = tl.minimum(k_len, v_len)  # below: K and V both packed (the split-K hot loop)
     lo = base + split * chunk
     hi = tl.minimum(tl.minimum(lo + chunk, both), last + 1)
@@ -120,21 +124,21 @@ def _attention_kernel(
         else:
             tok = t.to(tl.int64)
         if K_AFTER_DOT:  # codes [BT, NG, G] in q's dtype, scale and zero [NG, BT]
-            kc, ks, kz = _group_tile(k_base, tok * k_st, ok, D, K_BITS, K_G, K_SYM, q.dtype)
+            kc, ks, kz = _group_tile(k_base, tok * k_st, k_md, ok, D, K_BITS, K_G, K_SYM, q.dtype)
         elif K_CHANNEL and PAGED:
             k = _paged_channel_tile(k_base, ks_base, ksr_ptr, tok, ok, k_st, ks_sr, ks_sg, D,
                                     K_BITS, K_G, K_SYM)  # fmt: skip
         elif K_CHANNEL:
             k = _channel_tile(k_base, t, ok, k_st, D, K_BITS, K_G, K_SYM)
         else:
-            k = _kv_tile(k_base, tok * k_st, ok, D, K_BITS, K_G, K_SYM)
+            k = _kv_tile(k_base, tok * k_st, k_md, ok, D, K_BITS, K_G, K_SYM)
         if ROPE_HALF:  # never with K_AFTER_DOT (the launcher's choice)
             k = _rope_tile(k, k_pos0 + t, freq_ptr, ROPE_HALF)
         if V_AFTER_DOT:  # fp16 codes whatever q is: p·scale keeps 11 bits, not bf16's 8
             v_dot = q.dtype if DOT_IEEE else tl.float16
-            vc, vs, vz = _group_tile(v_base, tok * v_st, ok, D, V_BITS, V_G, V_SYM, v_dot)
+            vc, vs, vz = _group_tile(v_base, tok * v_st, v_md, ok, D, V_BITS, V_G, V_SYM, v_dot)
         else:
-            v = _kv_tile(v_base, tok * v_st, ok, D, V_BITS, V_G, V_SYM)
+            v = _kv_tile(v_base, tok * v_st, v_md, ok, D, V_BITS, V_G, V_SYM)
         seen = _visible(t, ok, qpos, window, WINDOW)
         if K_AFTER_DOT:
             s = _group_scores(q_g, q_sum, kc, ks, kz, DOT_IEEE)
@@ -159,12 +163,12 @@ def _attention_kernel(
             k = _paged_channel_tile(k_base, ks_base, ksr_ptr, tok, ok, k_st, ks_sr, ks_sg, D,
                                     K_BITS, K_G, K_SYM)  # fmt: skip
         else:
-            k = _stored_tile(k_base, kt_base, t, tok, ok, k_len, k_st, kt_st, D, K_BITS, K_G,
+            k = _stored_tile(k_base, kt_base, t, tok, ok, k_len, k_st, k_md, kt_st, D, K_BITS, K_G,
                              K_SYM, K_CHANNEL)  # fmt: skip
         if ROPE_HALF:
             k = _rope_tile(k, k_pos0 + t, freq_ptr, ROPE_HALF)
-        v = _stored_tile(v_base, vt_base, t, tok, ok, v_len, v_st, vt_st, D, V_BITS, V_G, V_SYM,
-                         False)  # fmt: skip
+        v = _stored_tile(v_base, vt_base, t, tok, ok, v_len, v_st, v_md, vt_st, D, V_BITS, V_G,
+                         V_SYM, False)  # fmt: skip
         seen = _visible(t, ok, qpos, window, WINDOW)  # the tail: element-wise tiles only
         s = _dot(q, tl.trans(k.to(q.dtype)), DOT_IEEE)
         m, denom, alpha, p = _softmax_step(s, seen, m, denom, score_scale, cap_log2, SOFTCAP)
@@ -183,11 +187,11 @@ def _rows_view(rows: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     return rows if spec.is_quantized else rows.view(torch.float16)
 
 
-def _row_strides(rows: torch.Tensor, paged: bool) -> tuple[int, int, int]:
-    """(stride_b, stride_tok, stride_head) of ``[slots, Hkv, R]`` or ``[B, Hkv, T, R]``."""
-    if paged:
-        return 0, rows.stride(0), rows.stride(1)
-    return rows.stride(0), rows.stride(2), rows.stride(1)
+def _row_strides(batch: AttentionBatch, name: str) -> tuple[int, ...]:
+    """(stride_b, stride_tok, stride_head) of K's (``"k"``) or V's rows in the elements the
+    kernel indexes (:func:`_rows_view`: bytes, or fp16 of 16-bit rows)."""
+    size = 1 if getattr(batch, f"{name}_spec").is_quantized else 2
+    return tuple(s // size for s in batch.row_strides(name))
 
 
 def _spec_args(spec: QuantSpec, prefix: str) -> dict:
@@ -242,8 +246,8 @@ def launch(
     freq, k_pos0, rope_half = kernel_rope(batch)  # pre-RoPE keys: K tiles element-wise
     _attention_kernel[(bsz, hkv, cdiv(q_len, bq) * splits)](
         q, k_rows, v_rows, k_tail, v_tail, table, rows, batch.lengths, starts, qo, partial, lse,
-        stage, stage_rows, freq, k_pos0, *q_strides, *_row_strides(k_rows, paged),
-        *_row_strides(v_rows, paged), *k_tail.stride()[:3], *v_tail.stride()[:3],
+        stage, stage_rows, freq, k_pos0, *q_strides, *_row_strides(batch, "k"),
+        *_row_strides(batch, "v"), *k_tail.stride()[:3], *v_tail.stride()[:3],
         stage.stride(0), stage.stride(1), stage.stride(2), table.stride(0) if paged else 0,
         q_len, batch.k_delta, batch.v_tail_tokens, chunk, splits, **softmax_args(batch), D=dim,
         GROUP=group, GP=gp, BQ=bq, BT=block_tokens, **_spec_args(batch.k_spec, "K"),
@@ -251,7 +255,8 @@ def launch(
         **_spec_args(batch.v_spec, "V"), PAGED=paged, HAS_ROWS=batch.table_rows is not None,
         HAS_START=batch.starts is not None, RAGGED=ragged, DOT_IEEE=q.dtype == torch.float32,
         K_AFTER_DOT=takes_after_dot(batch.k_spec, on and not rope_half),
-        V_AFTER_DOT=takes_after_dot(batch.v_spec, on), ROPE_HALF=rope_half, **triton_options,
+        V_AFTER_DOT=takes_after_dot(batch.v_spec, on), ROPE_HALF=rope_half,
+        K_PLANES=batch.in_planes("k"), V_PLANES=batch.in_planes("v"), **triton_options,
     )  # fmt: skip
     out = merge_splits(partial, lse, batch.sinks, out_dtype)
     return out if ragged else out.view(bsz, q_len, hq, dim)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..quant.planes import plannable
 from ..quant.spec import QuantSpec
 from .rope import check_rope
 
@@ -33,7 +34,9 @@ class AttentionBatch:
     n the token of q's row n (keys as q sees them: rotated by RoPE, neither smoothed nor
     Hadamard-rotated); where the extend kernel runs the batch (``serves_extend``) they are
     attended from these values and only the prefix from packed rows, elsewhere from their
-    rows, which must already hold them.
+    rows, which must already hold them. ``planes`` (paged only): the pool's quantized token
+    rows are laid out as planes (:mod:`kvtuner.quant.planes`), each slot's codes of every head
+    before their scales and zeros; 16-bit rows and KIVI blocks are as ever.
     """
 
     q: torch.Tensor
@@ -60,6 +63,7 @@ class AttentionBatch:
     rope_offset: int | torch.Tensor = 0  # position of stored key 0: int, or int32 [B]
     k_new: torch.Tensor | None = None  # ragged: the new tokens' keys in hand [N, Hkv, D]
     v_new: torch.Tensor | None = None  # and their values
+    planes: bool = False  # paged: a slot's codes of every head, then their scales (quant.planes)
 
     def __post_init__(self) -> None:
         q, ragged = self.q, self.qo_indptr is not None
@@ -90,7 +94,35 @@ class AttentionBatch:
         self._check_smooth()
         self._check_softmax()
         self._check_stage()
+        self._check_planes()
         check_rope(self)
+
+    def _check_planes(self) -> None:
+        if not self.planes:
+            return
+        if self.slot_table is None:
+            raise ValueError("planes are a paged pool's layout: they need a slot_table")
+        for name in ("k", "v"):
+            rows = getattr(self, f"{name}_rows")
+            if self.in_planes(name) and rows.stride(1) != rows.shape[-1]:
+                raise ValueError(
+                    f"{name}_rows as planes need a slot's heads adjacent (stride "
+                    f"{rows.shape[-1]}), got strides {rows.stride()}"
+                )
+
+    def in_planes(self, name: str) -> bool:
+        """Whether K's (``"k"``) or V's rows are laid out as planes: quantized token rows
+        (:func:`~kvtuner.quant.planes.plannable`) of a batch with ``planes``."""
+        return self.planes and plannable(getattr(self, f"{name}_spec"), self.head_dim)
+
+    def row_strides(self, name: str) -> tuple[int, int, int]:
+        """Byte strides (request, token, head) of K's (``"k"``) or V's rows' codes: request 0
+        when paged; in planes a head's codes follow the previous head's."""
+        rows = getattr(self, f"{name}_rows")
+        if self.slot_table is None:  # [B, Hkv, T, R]
+            return rows.stride(0), rows.stride(2), rows.stride(1)
+        codes = getattr(self, f"{name}_spec").code_bytes(self.head_dim)
+        return 0, rows.stride(0), codes if self.in_planes(name) else rows.stride(1)
 
     def _check_stage(self) -> None:
         """Paged channel-axis keys: one block per page of G slots, filling pages staged."""
@@ -278,11 +310,11 @@ class AttentionBatch:
     @functools.cached_property
     def k_vec(self) -> int:
         """:func:`row_vec` of the key rows (once a batch: every launcher's plan and check asks)."""
-        return row_vec(self.k_rows)
+        return row_vec(self.k_rows, self.row_strides("k"))
 
     @functools.cached_property
     def v_vec(self) -> int:
-        return row_vec(self.v_rows)
+        return row_vec(self.v_rows, self.row_strides("v"))
 
     @property
     def kv_heads(self) -> int:
@@ -311,10 +343,9 @@ class AttentionBatch:
         return 0 if self.v_tail is None else self.v_tail.shape[2]
 
 
-def row_vec(rows: torch.Tensor) -> int:
-    """Words every row offset is a multiple of: 4 (16-byte loads), 2 or 1; 0: rows are not
-    4-byte aligned (no int32 view). Rows paged [slots, Hkv, R] or contiguous [B, Hkv, T, R]."""
-    strides = rows.stride()[:-1]
+def row_vec(rows: torch.Tensor, strides: tuple[int, ...]) -> int:
+    """Words every row offset (by byte ``strides``: :meth:`AttentionBatch.row_strides`) is a
+    multiple of: 4 (16-byte loads), 2 or 1; 0: rows are not 4-byte aligned (no int32 view)."""
     if rows.shape[-1] % 4:
         return 0
     for vec in (4, 2, 1):

@@ -165,11 +165,12 @@ def value_channels(x, BITS: tl.constexpr):
 
 
 @triton.jit
-def row_meta(words_ptr, half_ptr, at, C0: tl.constexpr, W: tl.constexpr, D: tl.constexpr,
+def row_meta(words_ptr, half_ptr, meta, C0: tl.constexpr, W: tl.constexpr, D: tl.constexpr,
              BITS: tl.constexpr, G: tl.constexpr, SYM: tl.constexpr, DT: tl.constexpr,
              JOINT: tl.constexpr = False, LANES: tl.constexpr = False):  # fmt: skip
-    """Scales and zeros of channels [C0, C0 + W) of the rows at word ``at`` [BT] -> ``DT``
-    [BT, NG] each (NG the span's groups; 1 where the span lies inside one group), such that
+    """Scales and zeros of channels [C0, C0 + W) of the rows whose metadata start at word
+    ``meta`` [BT] (the codes' word plus :func:`~kvtuner.quant.triton_codes.meta_offset`) ->
+    ``DT`` [BT, NG] each (NG the span's groups; 1 where the span lies inside one group), such that
     x = zero + scale·code (symmetric rows: scale/HALF and -scale). Loaded as whole int32
     words where they lie in them (:func:`_meta_words`), so that Triton's pipeline copies them
     ahead like the codes (an fp16 load is 2 bytes, too narrow for an async copy: KV8 g64 and
@@ -183,7 +184,7 @@ def row_meta(words_ptr, half_ptr, at, C0: tl.constexpr, W: tl.constexpr, D: tl.c
     through shared memory every tile)."""
     NG: tl.constexpr = (W + G - 1) // G
     RG: tl.constexpr = D // G  # the row's groups: its scales, then (asymmetric) its zeros
-    first = at + D * BITS // 32  # the word of the row's first scale
+    first = meta  # the word of the row's first scale
     if RG == 1 and not SYM:  # one scale and zero a row: one word, scale in its low half
         word = tl.load(words_ptr + first)[:, None]  # [BT, 1]
         scale, zero = _fp16_half(word, 0), _fp16_half(word, 1)
@@ -235,13 +236,14 @@ def _fp16_half(words, HIGH: tl.constexpr):
 
 
 @triton.jit
-def dequantized(words_ptr, half_ptr, at, C0: tl.constexpr, W: tl.constexpr,
+def dequantized(words_ptr, half_ptr, at, meta, C0: tl.constexpr, W: tl.constexpr,
                 D: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr, SYM: tl.constexpr,
                 DT: tl.constexpr, JOINT: tl.constexpr = False,
                 LANES: tl.constexpr = False):  # fmt: skip
-    """Channels [C0, C0 + W) of the rows at word ``at`` [BT] -> ``DT`` [BT, W], in the codes'
-    order: one fma an element (16-bit rows: loaded). A span starts at a word of codes (2/4/8
-    bits) or a chunk of 32 channels (3/5/6 bits), and covers whole groups or lies in one.
+    """Channels [C0, C0 + W) of the rows at word ``at`` [BT] (metadata at ``meta``) -> ``DT``
+    [BT, W], in the codes' order: one fma an element (16-bit rows: loaded). A span starts at a
+    word of codes (2/4/8 bits) or a chunk of 32 channels (3/5/6 bits), and covers whole groups
+    or lies in one.
     ``JOINT`` and ``LANES`` as in :func:`row_meta`."""
     BT: tl.constexpr = at.shape[0]
     if BITS == 16:
@@ -250,14 +252,14 @@ def dequantized(words_ptr, half_ptr, at, C0: tl.constexpr, W: tl.constexpr,
         NG: tl.constexpr = (W + G - 1) // G
         codes = row_codes(words_ptr, at + C0 * BITS // 32, W, BITS, DT)
         codes = tl.reshape(codes, [BT, NG, W // NG])
-        scale, zero = row_meta(words_ptr, half_ptr, at, C0, W, D, BITS, G, SYM, DT, JOINT,
+        scale, zero = row_meta(words_ptr, half_ptr, meta, C0, W, D, BITS, G, SYM, DT, JOINT,
                                LANES)  # fmt: skip
         x = tl.reshape(tl.fma(codes, scale[:, :, None], zero[:, :, None]), [BT, W])
     return x
 
 
 @triton.jit
-def scores(q, q_sum, k_words, k_half, at, D: tl.constexpr, BITS: tl.constexpr,
+def scores(q, q_sum, k_words, k_half, at, meta, D: tl.constexpr, BITS: tl.constexpr,
            G: tl.constexpr, SYM: tl.constexpr, IEEE: tl.constexpr,
            JOINT: tl.constexpr = False):  # fmt: skip
     """Raw scores fp32 [QP, BT] of q [QP, D] (row sums q_sum fp32 [QP]) against the keys at
@@ -266,17 +268,17 @@ def scores(q, q_sum, k_words, k_half, at, D: tl.constexpr, BITS: tl.constexpr,
     BT: tl.constexpr = at.shape[0]
     if BITS < 16 and G == D:
         codes = row_codes(k_words, at, D, BITS, q.dtype)
-        scale, zero = row_meta(k_words, k_half, at, 0, D, D, BITS, G, SYM, tl.float32)  # [BT, 1]
+        scale, zero = row_meta(k_words, k_half, meta, 0, D, D, BITS, G, SYM, tl.float32)  # [BT, 1]
         s = _dot(q, tl.trans(codes), IEEE)
         s = s * tl.reshape(scale, [1, BT]) + q_sum[:, None] * tl.reshape(zero, [1, BT])
     else:
-        k = dequantized(k_words, k_half, at, 0, D, D, BITS, G, SYM, q.dtype, JOINT)
+        k = dequantized(k_words, k_half, at, meta, 0, D, D, BITS, G, SYM, q.dtype, JOINT)
         s = _dot(q, tl.trans(k), IEEE)
     return s
 
 
 @triton.jit
-def values(p, v_words, v_half, at, D: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr,
+def values(p, v_words, v_half, at, meta, D: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr,
            SYM: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr,
            JOINT: tl.constexpr = False, LANES: tl.constexpr = False):  # fmt: skip
     """p fp32 [QP, BT] times the values at word ``at`` [BT] -> (fp32 [QP, D], fp32 [QP]: the
@@ -286,11 +288,11 @@ def values(p, v_words, v_half, at, D: tl.constexpr, BITS: tl.constexpr, G: tl.co
     BT: tl.constexpr = at.shape[0]
     if BITS < 16 and G == D:
         codes = row_codes(v_words, at, D, BITS, DT)
-        scale, zero = row_meta(v_words, v_half, at, 0, D, D, BITS, G, SYM, tl.float32)  # [BT, 1]
+        scale, zero = row_meta(v_words, v_half, meta, 0, D, D, BITS, G, SYM, tl.float32)  # [BT, 1]
         pv = _dot((p * tl.reshape(scale, [1, BT])).to(DT), codes, IEEE)
         pz = tl.sum(p * tl.reshape(zero, [1, BT]), 1)
     else:
-        v = dequantized(v_words, v_half, at, 0, D, D, BITS, G, SYM, DT, JOINT, LANES)
+        v = dequantized(v_words, v_half, at, meta, 0, D, D, BITS, G, SYM, DT, JOINT, LANES)
         if LANES:
             v = value_lanes(v, BITS)
         pv = _dot(p.to(DT), v, IEEE)
@@ -300,7 +302,7 @@ def values(p, v_words, v_half, at, D: tl.constexpr, BITS: tl.constexpr, G: tl.co
 
 @triton.jit
 def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at0, k_st, v_st,
-                stride_table, lo, hi, qpos, window, score_scale, cap_log2, rope, pages,
+                k_md, v_md, stride_table, lo, hi, qpos, window, score_scale, cap_log2, rope, pages,
                 D: tl.constexpr, BT: tl.constexpr, K_BITS: tl.constexpr, K_G: tl.constexpr,
                 K_SYM: tl.constexpr, K_VEC: tl.constexpr, V_BITS: tl.constexpr,
                 V_G: tl.constexpr, V_SYM: tl.constexpr, V_VEC: tl.constexpr,
@@ -309,9 +311,11 @@ def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at
                 ROPE_HALF: tl.constexpr, K_CHANNEL: tl.constexpr,
                 ONE_WARP: tl.constexpr = False):  # fmt: skip
     """Online softmax of q [QP, D] (channel order) over packed positions [lo, hi) -> (m, denom,
-    acc [QP, D] in channel order) fp32. Decode: ``qpos`` is the one query's position (every
-    row sees every position in range); ``CAUSAL`` (extend): ``qpos`` [QP], row r sees positions
-    <= qpos[r] (and with a window the last ``window`` of them). ``lo`` is never before the
+    acc [QP, D] in channel order) fp32. A row's scales start ``k_md`` / ``v_md`` words after
+    its codes (:func:`~kvtuner.quant.triton_codes.meta_offset`: rows or planes). Decode:
+    ``qpos`` is the one query's position (every row sees every position in range); ``CAUSAL``
+    (extend): ``qpos`` [QP], row r sees positions <= qpos[r] (and with a window the last
+    ``window`` of them). ``lo`` is never before the
     first row's window (nor a decode's left padding), so some row attends every row read.
     Pre-RoPE keys (``ROPE_HALF`` = R/2 > 0): the scores are :func:`rope_scores` of ``rope``
     (q's spans, from :func:`.rope_rows.rope_query`); q gives only its shape and dtype.
@@ -341,6 +345,7 @@ def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at
         tok = tok.to(tl.int64)
         seen = _seen(t, ok, qpos, window, WINDOW, CAUSAL)
         k_at, v_at = k_at0 + tok * k_st * K_VEC, v_at0 + tok * v_st * V_VEC
+        k_meta, v_meta = k_at + k_md, v_at + v_md  # their scales' words (k_md, v_md: per head)
         if K_CHANNEL:  # the tile's page (pools only): its block, or its staged values
             slot0 = tl.load(table_ptr + row * stride_table + t0)
             page = slot0 // K_G
@@ -357,14 +362,14 @@ def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at
                 k = staged_rows(pages, page, j, ok, tl.arange(0, D)).to(q.dtype)
                 s = _dot(q, tl.trans(k), IEEE)
         elif ROPE_HALF:  # each key rotated forward to its position: element-wise tiles
-            spans = key_spans(k_words, k_half, k_at, D, ROPE_HALF, K_BITS, K_G, K_SYM,
+            spans = key_spans(k_words, k_half, k_at, k_meta, D, ROPE_HALF, K_BITS, K_G, K_SYM,
                               q.dtype)  # fmt: skip
             s = rope_scores(rope, spans, t, D, ROPE_HALF, IEEE)
         else:
-            s = scores(q, q_sum, k_words, k_half, k_at, D, K_BITS, K_G, K_SYM, IEEE,
+            s = scores(q, q_sum, k_words, k_half, k_at, k_meta, D, K_BITS, K_G, K_SYM, IEEE,
                        not CAUSAL)  # fmt: skip
         m, denom, alpha, p = _softmax_step(s, seen, m, denom, score_scale, cap_log2, SOFTCAP)
-        pv, pz = values(p, v_words, v_half, v_at, D, V_BITS, V_G, V_SYM,
+        pv, pz = values(p, v_words, v_half, v_at, v_meta, D, V_BITS, V_G, V_SYM,
                         q.dtype, IEEE, not CAUSAL, V_LANES)  # fmt: skip
         acc = acc * alpha[:, None] + pv
         acc_z = acc_z * alpha + pz
@@ -463,15 +468,15 @@ def code_order(W: tl.constexpr, BITS: tl.constexpr):
 
 
 @triton.jit
-def key_spans(k_words, k_half, at, D: tl.constexpr, HALF: tl.constexpr, BITS: tl.constexpr,
+def key_spans(k_words, k_half, at, meta, D: tl.constexpr, HALF: tl.constexpr, BITS: tl.constexpr,
               G: tl.constexpr, SYM: tl.constexpr, DT: tl.constexpr):  # fmt: skip
     """Packed keys at word ``at`` [BT] -> their spans ``DT`` (low half [BT, HALF], high half,
     pass-through [BT, D - PASS0]; the last the low half again where there is none)."""
-    lo = dequantized(k_words, k_half, at, 0, HALF, D, BITS, G, SYM, DT)
-    hi = dequantized(k_words, k_half, at, HALF, HALF, D, BITS, G, SYM, DT)
+    lo = dequantized(k_words, k_half, at, meta, 0, HALF, D, BITS, G, SYM, DT)
+    hi = dequantized(k_words, k_half, at, meta, HALF, HALF, D, BITS, G, SYM, DT)
     PASS0: tl.constexpr = pass_start(D, HALF)
     if PASS0 < D:
-        rest = dequantized(k_words, k_half, at, PASS0, D - PASS0, D, BITS, G, SYM, DT)
+        rest = dequantized(k_words, k_half, at, meta, PASS0, D - PASS0, D, BITS, G, SYM, DT)
     else:
         rest = lo
     return lo, hi, rest
@@ -572,13 +577,12 @@ def page_tile(batch, block_tokens: int) -> int:
     return min(block_tokens, batch.k_spec.group_size) if kivi_keys(batch) else block_tokens
 
 
-def rows_args(rows: torch.Tensor, vec: int, paged: bool) -> tuple:
-    """(int32 view, fp16 view, stride_b, stride_tok, stride_head in ``vec``-word units) of rows
-    whose offsets are multiples of ``vec`` words (:func:`.layout.row_vec`)."""
-    strides = (0, rows.stride(0), rows.stride(1)) if paged else rows.stride()[:3]
-    if not paged:
-        strides = (strides[0], strides[2], strides[1])  # [B, Hkv, T, R]: (b, token, head)
-    units = tuple(s // (4 * vec) for s in strides)
+def rows_args(batch, name: str) -> tuple:
+    """(int32 view, fp16 view, stride_b, stride_tok, stride_head in ``vec``-word units) of K's
+    (``"k"``) or V's rows, whose offsets are multiples of ``vec`` words (:func:`.layout.row_vec`;
+    strides: :meth:`.layout.AttentionBatch.row_strides`)."""
+    rows, vec = getattr(batch, f"{name}_rows"), getattr(batch, f"{name}_vec")
+    units = tuple(s // (4 * vec) for s in batch.row_strides(name))
     return (rows.view(torch.int32), rows.view(torch.float16), *units)
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..quant.planes import from_planes
 from ..quant.reference import dequantize
 from ..quant.smoothing import unsmooth
 from ..quant.spec import QuantSpec
@@ -24,9 +25,9 @@ def request_kv(batch: AttentionBatch, b: int) -> tuple[torch.Tensor, torch.Tenso
     ``rope_offset (+ [b]) + t``."""
     dim, v_len = batch.head_dim, int(batch.lengths[b])
     out = []
-    for rows, spec, tail, n, lam in (
-        (batch.k_rows, batch.k_spec, batch.k_tail, v_len + batch.k_delta, batch.k_smooth),
-        (batch.v_rows, batch.v_spec, batch.v_tail, v_len, None),
+    for name, rows, spec, tail, n, lam in (
+        ("k", batch.k_rows, batch.k_spec, batch.k_tail, v_len + batch.k_delta, batch.k_smooth),
+        ("v", batch.v_rows, batch.v_spec, batch.v_tail, v_len, None),
     ):
         if batch.slot_table is not None:
             row = b if batch.table_rows is None else int(batch.table_rows[b])
@@ -34,7 +35,10 @@ def request_kv(batch: AttentionBatch, b: int) -> tuple[torch.Tensor, torch.Tenso
             if rows is batch.k_rows and batch.k_stage is not None:
                 out.append(_paged_channel_keys(batch, slots))
                 continue
-            mine = rows[slots].transpose(0, 1)  # [Hkv, n, R]
+            mine = rows[slots]
+            if batch.in_planes(name):
+                mine = from_planes(mine, spec, dim)
+            mine = mine.transpose(0, 1)  # [Hkv, n, R]
         elif spec.axis == "channel" and spec.is_quantized:
             mine = rows[b, :, : n // spec.group_size]  # blocks of G tokens
         else:

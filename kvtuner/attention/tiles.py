@@ -12,10 +12,11 @@ from ..quant.triton_codes import load_codes, load_fp16
 
 
 @triton.jit
-def _kv_tile(ptr, off, ok, D: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr,
+def _kv_tile(ptr, off, md, ok, D: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr,
              SYM: tl.constexpr):  # fmt: skip
     """Rows at ``ptr + off`` ([BT] element offsets; ``ok`` masks them) -> fp32 [BT, D].
-    16 bits: ``ptr`` is fp16 elements; else uint8 packed rows (codes, scales, zeros)."""
+    16 bits: ``ptr`` is fp16 elements; else uint8 packed rows: codes, and ``md`` bytes on
+    (:func:`~kvtuner.quant.triton_codes.meta_offset`) scales and zeros."""
     BT: tl.constexpr = off.shape[0]
     if BITS == 16:
         d = tl.arange(0, D)
@@ -25,7 +26,7 @@ def _kv_tile(ptr, off, ok, D: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr,
     HALF: tl.constexpr = (1 << (BITS - 1)) - 1
     src = ptr + off
     codes = tl.reshape(load_codes(src, ok, NB, D // 8, BITS), [BT, NG, G])
-    meta = src[:, None] + NB + 2 * tl.arange(0, NG)[None, :]  # [BT, NG] fp16 scale bytes
+    meta = src[:, None] + md + 2 * tl.arange(0, NG)[None, :]  # [BT, NG] fp16 scale bytes
     scale = load_fp16(meta, ok[:, None])[:, :, None]  # once per group and row
     if SYM:
         vals = tl.math.div_rn((codes - HALF) * scale, HALF * 1.0)
@@ -68,16 +69,17 @@ def _paged_channel_tile(base, stage, stage_rows, slot, ok, stride_page, stride_r
 
 
 @triton.jit
-def _stored_tile(base, tail, t, tok, ok, packed, stride_tok, stride_tail, D: tl.constexpr,
+def _stored_tile(base, tail, t, tok, ok, packed, stride_tok, md, stride_tail, D: tl.constexpr,
                  BITS: tl.constexpr, G: tl.constexpr, SYM: tl.constexpr,
                  CHANNEL: tl.constexpr):  # fmt: skip
     """Positions t [BT] of one K or V: packed rows below ``packed`` tokens, the tail (rows at
-    ``tail + i * stride_tail``) from there on -> fp32 [BT, D]."""
+    ``tail + i * stride_tail``) from there on -> fp32 [BT, D]; token rows' scales ``md``
+    bytes after their codes."""
     in_rows = ok & (t < packed)
     if CHANNEL:
         x = _channel_tile(base, t, in_rows, stride_tok, D, BITS, G, SYM)
     else:
-        x = _kv_tile(base, tok * stride_tok, in_rows, D, BITS, G, SYM)
+        x = _kv_tile(base, tok * stride_tok, md, in_rows, D, BITS, G, SYM)
     in_tail = (ok & (t >= packed))[:, None]
     at = tail + (t - packed).to(tl.int64)[:, None] * stride_tail + tl.arange(0, D)[None, :]
     return tl.where(in_tail, tl.load(at, mask=in_tail, other=0.0).to(tl.float32), x)

@@ -13,6 +13,7 @@ from kvtuner.attention import (
 )
 from kvtuner.attention.after_dot import ENV, takes_after_dot, wanted
 from kvtuner.quant import QuantSpec, quantize
+from kvtuner.quant.planes import plannable, to_planes
 
 pytestmark = pytest.mark.usefixtures("attention_variant")  # both kernel variants
 
@@ -257,3 +258,39 @@ def test_launcher_rejects_bad_arguments_with_one_line(change, match):
     with pytest.raises(ValueError, match=match) as info:
         decode_attention(**args)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "k_spec,v_spec",
+    [
+        (QuantSpec(4, group_size=D), QuantSpec(8, group_size=16)),  # one scale a token-head
+        (QuantSpec(8), QuantSpec(4, symmetric=True)),
+        (QuantSpec(3), QuantSpec(16)),  # 3-bit chunks; 16-bit values stay rows
+    ],
+    ids=lambda s: s.short(),
+)
+@pytest.mark.parametrize("q_tokens", [1, 6])  # decode, extend
+@pytest.mark.parametrize("specialized", [True, False])  # their own kernels, the general one
+def test_a_pool_of_planes_attends_as_its_rows(k_spec, v_spec, q_tokens, specialized):
+    """Each slot's codes of every head, then their scales and zeros (``planes``): the kernels
+    find a head's metadata where its offset says (another head's scales, or codes read as
+    scales, would not match the rows' reference), and the reference reads planes as rows."""
+    k_rows, v_rows, table, lens = paged_pool([70, 6, 37], 4, k_spec, v_spec)
+    planes = [to_planes(r, s, D) if plannable(s, D) else r
+              for r, s in ((k_rows, k_spec), (v_rows, v_spec))]  # fmt: skip
+    assert not torch.equal(planes[0], k_rows)
+    q = torch.randn(3, q_tokens, 8, D, generator=gen(12))
+    kw = dict(lengths=lens, slot_table=table, block_tokens=16, num_splits=2)
+    ref = extend_attention_reference(q, k_rows, v_rows, k_spec, v_spec, **kw)
+    got = extend_attention(q, *planes, k_spec, v_spec, planes=True, specialized=specialized, **kw)
+    torch.testing.assert_close(got, ref, atol=2e-5, rtol=2e-5)
+    again = extend_attention_reference(q, *planes, k_spec, v_spec, planes=True, **kw)
+    torch.testing.assert_close(again, ref, atol=0, rtol=0)
+
+
+def test_planes_are_a_paged_pools_layout():
+    spec = QuantSpec(4, group_size=D)
+    args, tails = stored_rows(spec, spec, 10, 10, 12)
+    q = torch.randn(2, 4, D, generator=gen(13))
+    with pytest.raises(ValueError, match="planes are a paged pool's layout"):
+        decode_attention(q, *args, **tails, planes=True)
