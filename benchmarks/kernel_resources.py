@@ -149,6 +149,7 @@ def decode_cases() -> dict:
     cases["decode KV4 g32 window+cap"] = decode(paged_batch("KV4 g32", window=4096, logit_cap=50.0))
     for label in ("KV4 g128", "KV8 g64", "KV4 g32 sym"):  # rows not a multiple of 16 bytes
         cases[f"decode {label} rows padded to 16 B"] = decode(paged_batch(label, row_align=16))
+        cases[f"decode {label} planes"] = decode(paged_batch(label, planes=True))
     cases["decode KV4 g32 HF (tail)"] = decode(hf_batch("KV4 g32"))
     cases["decode KV4 g32 d256 (Gemma 3: 4 heads, 1 KV head)"] = decode(
         paged_batch("KV4 g32", heads=(4, 1, 256))
@@ -279,6 +280,7 @@ PACK_SPECS = {  # label: QuantSpec kwargs; every row length a pool holds at head
     "KV4 g32": dict(bits=4),
     "KV4 g32 hadamard": dict(bits=4, rotation="hadamard"),
     "KV8 g64": dict(bits=8, group_size=64),  # 136-byte rows: offsets multiples of 8 bytes
+    "KV4 g128": dict(bits=4, group_size=128),  # 68-byte rows: of 4 bytes
     "KV3 g32": dict(bits=3),
     "K16": dict(bits=16),
 }
@@ -296,14 +298,20 @@ def pack_cases() -> dict:
         spec = QuantSpec(**kw)
         cases[f"pack {label}"] = pool_launch(spec, tk.plan_pool(spec, pack=True), pack=True)
         cases[f"unpack {label}"] = pool_launch(spec, tk.plan_pool(spec, pack=False), pack=False)
+    for label in ("KV4 g128", "KV8 g64"):  # rows no multiple of 16 bytes, as planes
+        spec = QuantSpec(**PACK_SPECS[label])
+        for verb, pack in (("pack", True), ("unpack", False)):
+            plan = tk.plan_pool(spec, pack=pack)
+            cases[f"{verb} {label} planes"] = pool_launch(spec, plan, pack=pack, planes=True)
     cases["pack KIVI K4 g32 pages"] = kivi_pages(QuantSpec(4, axis="channel"))
     cases["pack KIVI K3 g32 pages"] = kivi_pages(QuantSpec(3, axis="channel"))
     return cases
 
 
-def pool_launch(spec, plan, *, pack: bool):
-    """Pack (``pack``) or unpack of PACK_TOKENS rows of ``spec`` at ``plan``, called as the
-    launchers call the kernels (they refuse CPU tensors outside the interpreter)."""
+def pool_launch(spec, plan, *, pack: bool, planes: bool = False):
+    """Pack (``pack``) or unpack of PACK_TOKENS rows of ``spec`` at ``plan`` (``planes``: laid
+    out as planes), called as the launchers call the kernels (they refuse CPU tensors outside
+    the interpreter)."""
     import torch
 
     from kvtuner.quant import triton_kernels as tk
@@ -311,7 +319,7 @@ def pool_launch(spec, plan, *, pack: bool):
     buf = torch.empty(PACK_TOKENS, HKV, spec.row_bytes(D), dtype=torch.uint8)
     x = torch.empty(PACK_TOKENS, HKV, D, dtype=torch.bfloat16)  # pack's input, unpack's output
     loc = torch.arange(PACK_TOKENS, dtype=torch.int64)
-    grid, args = tk._launch_args(buf, loc, spec, D, plan)
+    grid, args = tk._launch_args(buf, loc, spec, D, plan, planes)
     if pack:
         kernel = tk._scatter_kernel if spec.is_quantized else tk._scatter_fp16_kernel
         return lambda: kernel[grid](x, loc, buf, stride_xt=x.stride(0), stride_xh=x.stride(1),

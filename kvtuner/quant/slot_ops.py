@@ -2,14 +2,17 @@
 pack full channel-axis pages.
 
 A paged KV pool stores one packed row per (slot, head): ``buffer: uint8[num_slots, heads, R]``
-with ``R = spec.row_bytes(head_dim)``. CUDA tensors take the Triton kernels; CPU tensors take
-the torch reference (the kernels are tested against it under ``TRITON_INTERPRET=1``).
+with ``R = spec.row_bytes(head_dim)``; with ``planes`` each slot's same bytes hold every head's
+codes, then every head's scales and zeros (:mod:`.planes`). CUDA tensors take the Triton
+kernels; CPU tensors take the torch reference (the kernels are tested against it under
+``TRITON_INTERPRET=1``).
 """
 
 from __future__ import annotations
 
 import torch
 
+from .planes import from_planes, to_planes
 from .reference import dequantize, quantize
 from .spec import QuantSpec
 
@@ -35,9 +38,15 @@ def _use_triton(t: torch.Tensor) -> bool:
 
 
 def scatter_quantized(
-    buffer: torch.Tensor, loc: torch.Tensor, x: torch.Tensor, spec: QuantSpec
+    buffer: torch.Tensor,
+    loc: torch.Tensor,
+    x: torch.Tensor,
+    spec: QuantSpec,
+    *,
+    planes: bool = False,
 ) -> None:
-    """``buffer[loc] = quantize(x)`` for x[N, heads, D]; touches only the rows in ``loc``."""
+    """``buffer[loc] = quantize(x)`` for x[N, heads, D] (as planes: ``to_planes(quantize(x))``);
+    touches only the slots in ``loc``."""
     _check_pool_args(buffer, loc, spec, x.shape[-1])
     if x.dim() != 3 or x.shape[0] != loc.shape[0] or x.shape[1] != buffer.shape[1]:
         raise ValueError(
@@ -46,9 +55,10 @@ def scatter_quantized(
     if _use_triton(buffer):
         from .triton_kernels import triton_scatter_quantized
 
-        triton_scatter_quantized(buffer, loc, x, spec)
+        triton_scatter_quantized(buffer, loc, x, spec, planes=planes)
         return
-    buffer[loc.long()] = quantize(x, spec)
+    rows = quantize(x, spec)
+    buffer[loc.long()] = to_planes(rows, spec, x.shape[-1]) if planes else rows
 
 
 def gather_dequantized(
@@ -57,14 +67,19 @@ def gather_dequantized(
     spec: QuantSpec,
     head_dim: int,
     dtype: torch.dtype = torch.float32,
+    *,
+    planes: bool = False,
 ) -> torch.Tensor:
-    """``dequantize(buffer[loc])`` -> [N, heads, head_dim] in ``dtype``."""
+    """``dequantize(buffer[loc])`` -> [N, heads, head_dim] in ``dtype`` (as planes:
+    ``dequantize(from_planes(buffer[loc]))``)."""
     _check_pool_args(buffer, loc, spec, head_dim)
     if _use_triton(buffer):
         from .triton_kernels import triton_gather_dequantized
 
-        return triton_gather_dequantized(buffer, loc, spec, head_dim, dtype)
-    return dequantize(buffer[loc.long()], spec, head_dim, dtype)
+        return triton_gather_dequantized(buffer, loc, spec, head_dim, dtype, planes=planes)
+    rows = buffer[loc.long()]
+    rows = from_planes(rows, spec, head_dim) if planes else rows
+    return dequantize(rows, spec, head_dim, dtype)
 
 
 def quantize_rows(x: torch.Tensor, spec: QuantSpec, *, kernel: bool | None = None) -> torch.Tensor:

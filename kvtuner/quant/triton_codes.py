@@ -164,15 +164,27 @@ def _meta_halves(src, row_ok, NB: tl.constexpr, NG: tl.constexpr, SIDES: tl.cons
 
 
 @triton.jit
-def load_group_meta(src, row_ok, NB: tl.constexpr, NG: tl.constexpr, SYMMETRIC: tl.constexpr):
+def load_group_meta(src, row_ok, NB: tl.constexpr, NG: tl.constexpr, SYMMETRIC: tl.constexpr,
+                    WORDS: tl.constexpr = False):  # fmt: skip
     """A row's fp16 scales and zeros (zero = scale when symmetric) -> fp32 [BLOCK, NG] each, in
-    one vector load a row (NG a power of two; :func:`load_fp16` reads two bytes at a time)."""
+    one vector load a row (NG a power of two; :func:`load_fp16` reads two bytes at a time).
+    ``WORDS``: they start 4-byte aligned; one scale and zero a row then load as one int32
+    word (a row over 4 threads read it a byte a thread; 8 bytes of KV8 g64 as two words took
+    48 registers in its unpack's sm_90a build, not 32)."""
     BLOCK: tl.constexpr = row_ok.shape[0]
     SIDES: tl.constexpr = 1 if SYMMETRIC else 2
-    at, ok = _meta_bytes(src, row_ok, NB, NG, SIDES)
-    b = tl.load(at, mask=ok, other=0).to(tl.int32)
-    lo, hi = tl.split(tl.reshape(b, [BLOCK, SIDES * NG, 2]))
-    v = ((hi << 8) | lo).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    if WORDS and SIDES * NG == 2:
+        j = tl.arange(0, SIDES * NG // 2)
+        at = (src + NB).to(tl.pointer_type(tl.int32))[:, None] + j[None, :]
+        w = tl.load(at, mask=row_ok[:, None] & (j >= 0)[None, :], other=0)
+        lo, hi = w & 0xFFFF, (w >> 16) & 0xFFFF  # [BLOCK, SIDES * NG / 2] each
+        bits = tl.reshape(tl.join(lo, hi), [BLOCK, SIDES * NG])
+    else:
+        at, ok = _meta_bytes(src, row_ok, NB, NG, SIDES)
+        b = tl.load(at, mask=ok, other=0).to(tl.int32)
+        lo, hi = tl.split(tl.reshape(b, [BLOCK, SIDES * NG, 2]))
+        bits = (hi << 8) | lo
+    v = bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
     if SYMMETRIC:  # (an early return here failed to compile for sm_80)
         scale, zero = v, v
     else:

@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from .intmath import cdiv, next_power_of_2
+from .planes import plannable
 from .spec import QuantSpec
 from .triton_codes import (
     NAN_FP16,
@@ -40,6 +41,7 @@ from .triton_codes import (
     load_codes,
     load_fp16,
     load_group_meta,
+    meta_offset,
     store_code_words,
     store_codes,
     store_fp16,
@@ -130,30 +132,34 @@ def _scatter_kernel(
     stride_xh, D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr, SYMMETRIC: tl.constexpr,
     NW_PAD: tl.constexpr, BLOCK: tl.constexpr, ROTATE: tl.constexpr, ALIGN: tl.constexpr,
     WORDS: tl.constexpr, WHOLE: tl.constexpr, BLOCKS: tl.constexpr, STAGES: tl.constexpr,
+    PLANES: tl.constexpr,
 ):  # fmt: skip
+    # a row's scales and zeros this many bytes after its codes (rows, or planes: .planes)
+    md = meta_offset(tl.program_id(1).to(tl.int64), D, BITS, G, SYMMETRIC, PLANES, 1)
     if BLOCKS == 1:  # no loop: one that runs once builds otherwise (sm_90a Hadamard pack at
         # 16 rows x 4 warps: 121 registers, not 95)
         _scatter_block(tl.program_id(0), x_ptr, loc_ptr, buf_ptr, n_tokens, stride_slot,
-            stride_head, stride_xt, stride_xh, D, G, BITS, SYMMETRIC, NW_PAD, BLOCK, ROTATE,
-            ALIGN, WORDS, WHOLE)  # fmt: skip
+            stride_head, stride_xt, stride_xh, md, D, G, BITS, SYMMETRIC, NW_PAD, BLOCK,
+            ROTATE, ALIGN, WORDS, WHOLE, PLANES)  # fmt: skip
     else:
         first, last = _row_blocks(n_tokens, BLOCK, BLOCKS)
         for blk in tl.range(first, last, num_stages=STAGES):
             _scatter_block(blk, x_ptr, loc_ptr, buf_ptr, n_tokens, stride_slot, stride_head,
-                stride_xt, stride_xh, D, G, BITS, SYMMETRIC, NW_PAD, BLOCK, ROTATE, ALIGN,
-                WORDS, WHOLE)  # fmt: skip
+                stride_xt, stride_xh, md, D, G, BITS, SYMMETRIC, NW_PAD, BLOCK, ROTATE, ALIGN,
+                WORDS, WHOLE, PLANES)  # fmt: skip
 
 
 @triton.jit
 def _scatter_block(blk, x_ptr, loc_ptr, buf_ptr, n_tokens, stride_slot, stride_head, stride_xt,
-    stride_xh, D, G, BITS, SYMMETRIC, NW_PAD, BLOCK, ROTATE, ALIGN, WORDS, WHOLE):  # fmt: skip
+    stride_xh, md, D, G, BITS, SYMMETRIC, NW_PAD, BLOCK, ROTATE, ALIGN, WORDS, WHOLE,
+    PLANES):  # fmt: skip
     """Row block ``blk`` of :func:`_scatter_kernel`."""
     rows, row_ok, dst = _row_bases(
         buf_ptr, loc_ptr, n_tokens, stride_slot, stride_head, blk, BLOCK, ALIGN
     )
     at = _x_offsets(rows, stride_xt, stride_xh)
     x = _pack_tile(x_ptr, at, row_ok, D, G, NW_PAD, ROTATE, WHOLE)
-    _store_rows(dst, x, row_ok, D, BITS, SYMMETRIC, NW_PAD, ALIGN, WORDS)
+    _store_rows(dst, dst + md, x, row_ok, D, BITS, SYMMETRIC, NW_PAD, ALIGN, WORDS, PLANES)
 
 
 @triton.jit
@@ -181,10 +187,11 @@ def _pack_tile(x_ptr, at, row_ok, D: tl.constexpr, G: tl.constexpr, NW_PAD: tl.c
 
 
 @triton.jit
-def _store_rows(dst, x, row_ok, D: tl.constexpr, BITS: tl.constexpr, SYMMETRIC: tl.constexpr,
-                NW_PAD: tl.constexpr, ALIGN: tl.constexpr, WORDS: tl.constexpr):  # fmt: skip
-    """Quantize fp32 ``x`` [BLOCK, NG_PAD, G] and store the rows at ``dst`` [BLOCK]: codes,
-    then scales and zeros."""
+def _store_rows(dst, meta_dst, x, row_ok, D: tl.constexpr, BITS: tl.constexpr,
+                SYMMETRIC: tl.constexpr, NW_PAD: tl.constexpr, ALIGN: tl.constexpr,
+                WORDS: tl.constexpr, PLANES: tl.constexpr):  # fmt: skip
+    """Quantize fp32 ``x`` [BLOCK, NG_PAD, G] and store the rows' codes at ``dst`` [BLOCK],
+    their scales and zeros at ``meta_dst`` (2-byte aligned in planes: whole words)."""
     BLOCK: tl.constexpr = x.shape[0]
     G: tl.constexpr = x.shape[2]
     NB: tl.constexpr = D // 8 * BITS  # code bytes per row
@@ -192,10 +199,11 @@ def _store_rows(dst, x, row_ok, D: tl.constexpr, BITS: tl.constexpr, SYMMETRIC: 
     NG_PAD: tl.constexpr = x.shape[1]
     q, scale, zero, ok = grid_codes(x, 2, BITS, SYMMETRIC)  # scale, zero, ok: [BLOCK, NG_PAD]
     if NG == NG_PAD:  # the row's scales and zeros as one vector
-        store_group_meta(dst, scale, zero, ok, row_ok, NB, SYMMETRIC, ALIGN % 2 + NB % 2 == 0)
+        HALVES: tl.constexpr = ALIGN % 2 + (0 if PLANES else NB % 2) == 0  # 2-byte aligned
+        store_group_meta(meta_dst, scale, zero, ok, row_ok, 0, SYMMETRIC, HALVES)
     else:
         g = tl.arange(0, NG_PAD)
-        meta = dst[:, None] + NB + 2 * g[None, :]  # [BLOCK, NG_PAD] fp16 scale slots
+        meta = meta_dst[:, None] + 2 * g[None, :]  # [BLOCK, NG_PAD] fp16 scale slots
         meta_ok = row_ok[:, None] & (g < NG)[None, :]
         if not SYMMETRIC:
             store_fp16(meta + 2 * NG, zero, ok, meta_ok)
@@ -213,27 +221,31 @@ def _gather_kernel(
     G: tl.constexpr, BITS: tl.constexpr, SYMMETRIC: tl.constexpr, NW_PAD: tl.constexpr,
     BLOCK: tl.constexpr, OUT_BF16: tl.constexpr, ROTATE: tl.constexpr, ALIGN: tl.constexpr,
     WORDS: tl.constexpr, WHOLE: tl.constexpr, BLOCKS: tl.constexpr, STAGES: tl.constexpr,
+    PLANES: tl.constexpr,
 ):  # fmt: skip
+    md = meta_offset(tl.program_id(1).to(tl.int64), D, BITS, G, SYMMETRIC, PLANES, 1)
     if BLOCKS == 1:  # no loop (see _scatter_kernel)
         _gather_block(tl.program_id(0), buf_ptr, loc_ptr, out_ptr, n_tokens, stride_slot,
-            stride_head, D, G, BITS, SYMMETRIC, NW_PAD, BLOCK, OUT_BF16, ROTATE, ALIGN, WORDS,
-            WHOLE)  # fmt: skip
+            stride_head, md, D, G, BITS, SYMMETRIC, NW_PAD, BLOCK, OUT_BF16, ROTATE, ALIGN,
+            WORDS, WHOLE, PLANES)  # fmt: skip
     else:
         first, last = _row_blocks(n_tokens, BLOCK, BLOCKS)
         for blk in tl.range(first, last, num_stages=STAGES):
             _gather_block(blk, buf_ptr, loc_ptr, out_ptr, n_tokens, stride_slot, stride_head,
-                D, G, BITS, SYMMETRIC, NW_PAD, BLOCK, OUT_BF16, ROTATE, ALIGN, WORDS,
-                WHOLE)  # fmt: skip
+                md, D, G, BITS, SYMMETRIC, NW_PAD, BLOCK, OUT_BF16, ROTATE, ALIGN, WORDS,
+                WHOLE, PLANES)  # fmt: skip
 
 
 @triton.jit
-def _gather_block(blk, buf_ptr, loc_ptr, out_ptr, n_tokens, stride_slot, stride_head, D, G,
-    BITS, SYMMETRIC, NW_PAD, BLOCK, OUT_BF16, ROTATE, ALIGN, WORDS, WHOLE):  # fmt: skip
+def _gather_block(blk, buf_ptr, loc_ptr, out_ptr, n_tokens, stride_slot, stride_head, md, D,
+    G, BITS, SYMMETRIC, NW_PAD, BLOCK, OUT_BF16, ROTATE, ALIGN, WORDS, WHOLE,
+    PLANES):  # fmt: skip
     """Row block ``blk`` of :func:`_gather_kernel`."""
     rows, row_ok, src = _row_bases(
         buf_ptr, loc_ptr, n_tokens, stride_slot, stride_head, blk, BLOCK, ALIGN
     )
-    out = _dequantized_rows(src, row_ok, D, G, BITS, SYMMETRIC, NW_PAD, WORDS)
+    META4: tl.constexpr = ALIGN % 4 + (0 if PLANES else D * BITS // 8 % 4) == 0  # 4-aligned
+    out = _dequantized_rows(src, src + md, row_ok, D, G, BITS, SYMMETRIC, NW_PAD, WORDS, META4)
     w = tl.arange(0, NW_PAD)
     if ROTATE or WHOLE:  # a whole row a thread: stored as [D/8, BLOCK, 8], the chunk axis
         # outermost, so each thread holds a row's chunks
@@ -251,10 +263,11 @@ def _gather_block(blk, buf_ptr, loc_ptr, out_ptr, n_tokens, stride_slot, stride_
 
 
 @triton.jit
-def _dequantized_rows(src, row_ok, D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr,
-                      SYMMETRIC: tl.constexpr, NW_PAD: tl.constexpr,
-                      WORDS: tl.constexpr):  # fmt: skip
-    """The rows at ``src`` [BLOCK] dequantized: fp32 [BLOCK, NW_PAD, 8]."""
+def _dequantized_rows(src, meta_src, row_ok, D: tl.constexpr, G: tl.constexpr,
+                      BITS: tl.constexpr, SYMMETRIC: tl.constexpr, NW_PAD: tl.constexpr,
+                      WORDS: tl.constexpr, META4: tl.constexpr):  # fmt: skip
+    """The rows whose codes are at ``src`` [BLOCK], scales and zeros at ``meta_src`` (4-byte
+    aligned: ``META4``), dequantized: fp32 [BLOCK, NW_PAD, 8]."""
     BLOCK: tl.constexpr = row_ok.shape[0]
     NB: tl.constexpr = D // 8 * BITS
     NG: tl.constexpr = D // G
@@ -266,10 +279,10 @@ def _dequantized_rows(src, row_ok, D: tl.constexpr, G: tl.constexpr, BITS: tl.co
         q = load_codes(src, row_ok, NB, NW_PAD, BITS)
     q = tl.reshape(q, [BLOCK, NG_PAD, G])
     if NG == NG_PAD:  # the row's scales and zeros in one vector load
-        scale, zero = load_group_meta(src, row_ok, NB, NG, SYMMETRIC)
+        scale, zero = load_group_meta(meta_src, row_ok, 0, NG, SYMMETRIC, META4)
     else:
         g = tl.arange(0, NG_PAD)
-        meta = src[:, None] + NB + 2 * g[None, :]  # [BLOCK, NG_PAD]: one load per group and row
+        meta = meta_src[:, None] + 2 * g[None, :]  # [BLOCK, NG_PAD]: one load per group and row
         meta_ok = row_ok[:, None] & (g < NG)[None, :]
         scale = load_fp16(meta, meta_ok)
         zero = scale if SYMMETRIC else load_fp16(meta + 2 * NG, meta_ok)
@@ -360,7 +373,9 @@ def interpreted() -> bool:
     return all(type(f).__name__ == "InterpretedFunction" for f in built)
 
 
-def _check(buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_dim: int) -> None:
+def _check(
+    buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_dim: int, planes: bool
+) -> None:
     if not isinstance(spec, QuantSpec) or spec.axis != "token":
         raise ValueError(f"Triton kernels take a token-axis QuantSpec, got {spec!r}")
     if buffer.dtype != torch.uint8 or buffer.dim() != 3 or buffer.stride(2) != 1:
@@ -375,10 +390,15 @@ def _check(buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_dim: i
         )
     if loc.dim() != 1 or loc.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"loc must be 1-D int32/int64, got {loc.dtype} {tuple(loc.shape)}")
-    if not spec.is_quantized and _row_align(buffer) == 1:
+    if not spec.is_quantized and _row_align(buffer, buffer.stride(1)) == 1:
         raise ValueError("16-bit rows must start at even byte offsets (they move as fp16)")
     if loc.device != buffer.device:
         raise ValueError(f"loc is on {loc.device}, buffer on {buffer.device}")
+    if planes and (not plannable(spec, head_dim) or buffer.stride(1) != buffer.shape[2]):
+        raise ValueError(
+            f"planes need quantized token rows of whole words and a slot's heads adjacent: "
+            f"{spec.short()} at head_dim {head_dim}, strides {buffer.stride()}"
+        )
     if not buffer.is_cuda and not interpreted():
         raise ValueError(
             "Triton kernels need CUDA tensors; for CPU tensors set TRITON_INTERPRET=1 before "
@@ -434,7 +454,12 @@ def plan_pool(spec: QuantSpec, *, pack: bool) -> PoolPlan:
 
 
 def _launch_args(
-    buffer: torch.Tensor, loc: torch.Tensor, spec: QuantSpec, head_dim: int, plan: PoolPlan
+    buffer: torch.Tensor,
+    loc: torch.Tensor,
+    spec: QuantSpec,
+    head_dim: int,
+    plan: PoolPlan,
+    planes: bool = False,
 ):
     """Grid and the keyword arguments shared by every kernel of one call."""
     n_tokens = loc.shape[0]
@@ -443,11 +468,12 @@ def _launch_args(
     block = min(plan.block_rows, next_power_of_2(max(n_tokens, 1)))
     blocks = min(plan.blocks, cdiv(n_tokens, block))
     grid = (cdiv(cdiv(n_tokens, block), blocks), buffer.shape[1])  # row blocks × heads
-    align = _row_align(buffer)
+    head = spec.code_bytes(head_dim) if planes else buffer.stride(1)  # head to head: codes
+    align = _row_align(buffer, head)
     common = dict(
         n_tokens=n_tokens,
         stride_slot=buffer.stride(0) // align,
-        stride_head=buffer.stride(1) // align,
+        stride_head=head // align,
         D=head_dim,
         BLOCK=block,
         ALIGN=align,
@@ -466,6 +492,7 @@ def _launch_args(
             NW_PAD=nw_pad,
             ROTATE=_rotates(spec),
             WHOLE=plan.whole_rows,
+            PLANES=planes,
             # 3/5/6-bit codes as int32 words of whole 32-code chunks, where the rows allow
             WORDS=8 % spec.bits != 0 and align % 4 == 0 and code_bytes % 4 == 0 and nw_pad % 4 == 0,
         )
@@ -474,10 +501,12 @@ def _launch_args(
     return grid, common
 
 
-def _row_align(buffer: torch.Tensor) -> int:
-    """Bytes (16, 8, 4, 2 or 1) that every row's offset in ``buffer`` is a multiple of."""
+def _row_align(buffer: torch.Tensor, head_stride: int) -> int:
+    """Bytes (16, 8, 4, 2 or 1) that every row's (codes') offset in ``buffer`` is a multiple
+    of, heads ``head_stride`` bytes apart."""
     for align in (16, 8, 4, 2):
-        if buffer.data_ptr() % align == 0 and all(s % align == 0 for s in buffer.stride()[:2]):
+        strides = (buffer.stride(0), head_stride)
+        if buffer.data_ptr() % align == 0 and all(s % align == 0 for s in strides):
             return align
     return 1
 
@@ -493,13 +522,15 @@ def triton_scatter_quantized(
     spec: QuantSpec,
     *,
     plan: PoolPlan | None = None,
+    planes: bool = False,
 ) -> None:
-    """``buffer[loc] = quantize(x, spec)`` for x[N, heads, D]; other slots stay untouched.
-    One kernel launch: the Hadamard rotation runs inside it; x is read through its strides
-    (a copy only when its last dim is strided). ``plan`` None: :func:`plan_pool`'s."""
+    """``buffer[loc] = quantize(x, spec)`` for x[N, heads, D]; other slots stay untouched
+    (``planes``: laid out as :mod:`.planes`). One kernel launch: the Hadamard rotation runs
+    inside it; x is read through its strides (a copy only when its last dim is strided).
+    ``plan`` None: :func:`plan_pool`'s."""
     if x.dim() != 3 or x.dtype not in _FLOATS:
         raise ValueError(f"x must be fp16/bf16/fp32 [N, heads, D], got {x.dtype} {tuple(x.shape)}")
-    _check(buffer, loc, spec, x.shape[2])
+    _check(buffer, loc, spec, x.shape[2], planes)
     if x.shape[0] != loc.shape[0] or x.shape[1] != buffer.shape[1] or x.device != buffer.device:
         raise ValueError(
             f"x must be [len(loc)={loc.shape[0]}, heads={buffer.shape[1]}, D] on {buffer.device}, "
@@ -510,7 +541,7 @@ def triton_scatter_quantized(
     if x.stride(2) != 1:
         x = x.contiguous()
     plan = plan or plan_pool(spec, pack=True)
-    grid, args = _launch_args(buffer, loc, spec, x.shape[2], plan)
+    grid, args = _launch_args(buffer, loc, spec, x.shape[2], plan, planes)
     kernel = _scatter_kernel if spec.is_quantized else _scatter_fp16_kernel
     kernel[grid](x, loc, buffer, stride_xt=x.stride(0), stride_xh=x.stride(1), **args)
 
@@ -523,18 +554,20 @@ def triton_gather_dequantized(
     dtype: torch.dtype = torch.float32,
     *,
     plan: PoolPlan | None = None,
+    planes: bool = False,
 ) -> torch.Tensor:
-    """``dequantize(buffer[loc], spec, head_dim, dtype)`` -> [N, heads, head_dim]; one kernel
-    launch (the rotation is undone inside it). ``plan`` None: :func:`plan_pool`'s."""
+    """``dequantize(buffer[loc], spec, head_dim, dtype)`` -> [N, heads, head_dim] (``planes``:
+    the buffer laid out as :mod:`.planes`); one kernel launch (the rotation is undone inside
+    it). ``plan`` None: :func:`plan_pool`'s."""
     if dtype not in _FLOATS:
         raise ValueError(f"dtype must be one of {_FLOATS}, got {dtype}")
-    _check(buffer, loc, spec, head_dim)
+    _check(buffer, loc, spec, head_dim, planes)
     shape = (loc.shape[0], buffer.shape[1], head_dim)
     out = torch.empty(shape, dtype=dtype, device=buffer.device)
     if loc.shape[0] == 0:
         return out
     plan = plan or plan_pool(spec, pack=False)
-    grid, args = _launch_args(buffer, loc, spec, head_dim, plan)
+    grid, args = _launch_args(buffer, loc, spec, head_dim, plan, planes)
     kernel = _gather_kernel if spec.is_quantized else _gather_fp16_kernel
     by_hand = out.dtype == torch.bfloat16 and interpreted()  # a GPU rounds bf16 itself
     target = out.view(torch.int16) if by_hand else out

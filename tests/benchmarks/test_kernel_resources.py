@@ -98,6 +98,21 @@ def test_rows_padded_to_16_bytes_load_their_codes_16_bytes_at_a_time(decode_rows
         assert padded["spill_bytes"] == 0, label
 
 
+def test_planes_load_and_store_codes_16_bytes_at_a_time(decode_rows):
+    """The same rows as planes (a slot's codes of every head, then their scales: not a byte
+    more): decode copies the codes as the padded rows do, pack stores them 16 bytes at a time
+    (KV4 g128 rows: 17 stores of 4 bytes a row; planes: 4 of 16 and one of 4)."""
+    by_label = {r["label"]: r for r in decode_rows if r["kernel"] != "_reduce_kernel"}
+    for label in ("KV4 g128", "KV8 g64", "KV4 g32 sym"):
+        row = by_label[f"decode {label} planes"]
+        assert row["ldgsts_widths"].get("128", 0) >= 16 and row["spill_bytes"] == 0, row
+    for label in ("KV4 g128", "KV8 g64"):
+        rows, planes = by_label[f"pack {label}"], by_label[f"pack {label} planes"]
+        assert "128" not in rows["stg_widths"] and planes["stg_widths"].get("128", 0) >= 4, label
+        unpack = by_label[f"unpack {label} planes"]
+        assert unpack["ldg_widths"].get("128", 0) >= 1, (label, unpack["ldg_widths"])
+
+
 def test_decode_value_tiles_reach_the_dot_without_a_layout_change(decode_rows):
     """The value tile in the MMA's lane order (``value_lanes``): no staging of the dequantized
     tile through shared memory, so a thread moves at most 1000 bytes through it a 32-key tile

@@ -39,6 +39,20 @@ def test_scatter_touches_only_given_slots(spec):
     assert torch.equal(out, dequantize(quantize(x, spec), spec, 64, torch.bfloat16))
 
 
+def test_planes_on_the_reference_path_hold_the_rows_bytes_moved():
+    spec = QuantSpec(4, 64)
+    buf = torch.randint(0, 256, (6, 2, spec.row_bytes(64)), dtype=torch.uint8)
+    before = buf.clone()
+    loc, x = torch.tensor([4, 1]), torch.randn(2, 2, 64)
+    scatter_quantized(buf, loc, x, spec, planes=True)
+    rows = quantize(x, spec)  # [2, 2, 36]: 32 code bytes, a scale and a zero each
+    assert torch.equal(buf[loc].flatten(1), torch.cat([rows[:, :, :32].flatten(1),
+                                                       rows[:, :, 32:].flatten(1)], 1))  # fmt: skip
+    assert torch.equal(buf[[0, 2, 3, 5]], before[[0, 2, 3, 5]])
+    out = gather_dequantized(buf, loc, spec, 64, planes=True)
+    assert torch.equal(out, dequantize(rows, spec, 64))
+
+
 @pytest.mark.parametrize(
     "spec",
     [QuantSpec(4), QuantSpec(3, 16, True), QuantSpec(16), QuantSpec(8, rotation="hadamard")],

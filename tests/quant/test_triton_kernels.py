@@ -30,6 +30,7 @@ from hypothesis import strategies as st  # noqa: E402
 from test_golden import GOLDEN, X  # noqa: E402  (tests/quant is on sys.path)
 
 from kvtuner.quant import QuantSpec, dequantize, quantize  # noqa: E402
+from kvtuner.quant.planes import to_planes  # noqa: E402
 from kvtuner.quant.reference import _group_grid  # noqa: E402
 
 # the interpreter runs numpy: fp16 overflow (7e4) and NaN arithmetic are expected here
@@ -150,6 +151,36 @@ def test_scatter_gather_match_reference(tk, spec, head_dim):
                 assert _same_up_to_summation_order(out, ref)
             else:
                 assert _same_values(out, ref)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [QuantSpec(4, 64), QuantSpec(8, 32), QuantSpec(4, 16, True), QuantSpec(3, 32),
+     QuantSpec(2, 8, rotation="hadamard"), QuantSpec(4, 32, rotation="hadamard")],
+    ids=lambda s: s.short(),
+)  # fmt: skip
+@pytest.mark.parametrize("blocks", [1, 3])  # 3: row blocks in a loop, copied ahead
+def test_scatter_gather_lay_out_planes(tk, spec, blocks):
+    """Planes (a slot's codes of every head, then their scales and zeros): the reference's rows
+    moved to planes byte for byte, other slots untouched, read back as the rows read."""
+    x = _inputs(64, torch.bfloat16)
+    buf = torch.randint(0, 256, (SLOTS, HEADS, spec.row_bytes(64)), dtype=torch.uint8)
+    expected = buf.clone()
+    expected[LOC] = to_planes(quantize(x, spec), spec, 64)
+    plan = tk.PoolPlan(2, 1, blocks=3, stages=2) if blocks > 1 else None
+    tk.triton_scatter_quantized(buf, LOC, x, spec, planes=True, plan=plan)
+    assert torch.equal(buf, expected)
+    out = tk.triton_gather_dequantized(buf, LOC, spec, 64, planes=True, plan=plan)
+    ref = dequantize(quantize(x, spec), spec, 64)
+    same = _same_up_to_summation_order if spec.rotation == "hadamard" else _same_values
+    assert same(out, ref)
+
+
+def test_planes_refuse_rows_they_cannot_lay_out(tk):
+    spec = QuantSpec(4, 64, True)  # one symmetric scale a row: 2 bytes, no whole word
+    buf = torch.zeros(SLOTS, HEADS, spec.row_bytes(64), dtype=torch.uint8)
+    with pytest.raises(ValueError, match="planes need quantized token rows of whole words"):
+        tk.triton_scatter_quantized(buf, LOC, _inputs(64, torch.float32), spec, planes=True)
 
 
 @settings(max_examples=30, deadline=None)
@@ -402,7 +433,7 @@ def test_rows_at_any_byte_offset(tk, offset):
             tk.triton_gather_dequantized(buf, loc, spec, 128), dequantize(buf[loc], spec, 128)
         )
     rows = _at_byte_offset(offset, SLOTS, HEADS, 136)
-    assert tk._row_align(rows) == min(offset, 8)
+    assert tk._row_align(rows, rows.stride(1)) == min(offset, 8)
 
 
 def test_empty_loc_is_a_no_op(tk):
