@@ -22,11 +22,13 @@ element-wise in both variants;
 ``"KV3 g32"``, ``"KV4 g32 sym"`` and ``"K5V3 had"`` (not in it either) the rows the plans
 still tile by the sm_90a build alone (the last: 5-bit Hadamard keys in g64, 84-byte rows, and
 3-bit g32 values, a combination the shipped profiles use).
-``--row-align 0 16`` times each spec's rows as packed (``0``: R bytes apart) and with each row
-padded to a multiple of 16 bytes (the bytes read are the same; the pool is bigger): a row's
-offsets then allow 16-byte copies of its codes (KV4 g128's 68-byte rows load in 4-byte copies
-packed, KV8 g64's 136-byte rows in 8-byte ones), the test of whether copy width, not bytes,
-sets their speed before a pool format keeps the bytes and aligns the codes.
+``--layouts rows padded planes`` times each spec's pool in each layout, in one run: ``rows``
+(R bytes apart, the default), ``padded`` (each row padded to a multiple of 16 bytes: the same
+bytes read, a bigger pool) and ``planes`` (a slot's codes of every head, then their scales and
+zeros: :mod:`kvtuner.quant.planes`, not a byte more). Padded rows and planes let 16-byte
+copies read the codes of rows whose width is no multiple of 16 (KV4 g128's 68-byte rows load
+in 4-byte copies as rows, KV8 g64's 136-byte rows in 8-byte ones): whether copy width, not
+bytes, sets those rows' speed.
 ``--graphs`` times CUDA-graph replays of the kernel's call and of SDPA (what SGLang's
 captured decode steps run): at 16 × 8k the kernels may take less time than an eager call's
 host work (the SGLang step issued 250-480 µs of it on the H200's host). Before timing, each
@@ -70,6 +72,7 @@ VARIANTS = {  # label: the launcher's keywords
     "scale-after-dot": dict(specialized=False, scale_after_dot=True),
 }
 DEFAULT_VARIANTS = ["decode-kernel", "baseline"]
+LAYOUTS = ("rows", "padded", "planes")  # the pool's, --layouts
 
 
 def variant_list(text: str) -> list[str]:
@@ -118,12 +121,11 @@ def parse_args() -> argparse.Namespace:
         help="the decode kernel's cap on registers a thread (ptxas' maxnreg); none: no cap",
     )
     p.add_argument(
-        "--row-align",
-        type=int,
+        "--layouts",
         nargs="+",
-        choices=[0, 16],
-        default=[0],
-        help="rows R bytes apart (0), or padded to a multiple of 16 bytes (16); both: A/B",
+        choices=LAYOUTS,
+        default=["rows"],
+        help="pool layouts timed in one run: rows (R bytes apart), padded (to 16), planes",
     )
     p.add_argument(
         "--graphs",
@@ -144,13 +146,15 @@ def specs_for(label: str, head_dim: int):
     return tuple(spec(kw) for kw in SPECS[label])
 
 
-def random_rows(n: int, kv_heads: int, spec, head_dim: int, device, align: int = 0):
+def random_rows(n: int, kv_heads: int, spec, head_dim: int, device, layout: str = "rows"):
     """Valid packed rows [n, Hkv, R]: random codes, fp16 scales in [0.01, 0.1], zeros in [-1, 0];
-    ``align`` > 0: each row :func:`row_stride` bytes from the next (a view of padded rows)."""
+    in ``layout`` (:data:`LAYOUTS`: padded, a view of rows :func:`row_stride` bytes apart)."""
     import torch
 
+    from kvtuner.quant.planes import plannable, to_planes
+
     width = spec.row_bytes(head_dim)
-    shape = (n, kv_heads, row_stride(width, align))  # made on the device: GBs at 64 × 32k
+    shape = (n, kv_heads, row_stride(width, layout))  # made on the device: GBs at 64 × 32k
     rows = torch.randint(0, 256, shape, dtype=torch.uint8, device=device)[..., :width]
     if not spec.is_quantized:
         rows.view(torch.float16).normal_()
@@ -160,12 +164,14 @@ def random_rows(n: int, kv_heads: int, spec, head_dim: int, device, align: int =
     meta[..., :groups] = meta[..., :groups] * 0.09 + 0.01
     meta[..., groups:] -= 1.0
     rows[..., spec.code_bytes(head_dim) :] = meta.half().view(torch.uint8)
+    if layout == "planes" and plannable(spec, head_dim):
+        rows = to_planes(rows, spec, head_dim)
     return rows
 
 
-def row_stride(width: int, align: int) -> int:
-    """Bytes from one row to the next: ``width`` rounded up to a multiple of ``align`` (0: none)."""
-    return -(-width // align) * align if align else width
+def row_stride(width: int, layout: str) -> int:
+    """Bytes from one row to the next: ``width``, rounded up to a multiple of 16 if padded."""
+    return -(-width // 16) * 16 if layout == "padded" else width
 
 
 def rope_kw(k_spec, head_dim: int, device) -> dict:
@@ -223,21 +229,23 @@ def copy_gbps(device: str, seconds) -> float:
     return 2 * x.numel() / seconds(lambda: x.clone()) / 1e9
 
 
-def check(args, k_spec, v_spec, variant: str, align: int = 0) -> float:
-    """Max |fused - reference| at batch 2 × 100 tokens (ragged), q in ``--dtype``, rows as
-    ``--row-align`` lays them out."""
+def check(args, k_spec, v_spec, variant: str, layout: str = "rows") -> float:
+    """Max |fused - reference| at batch 2 × 100 tokens (ragged), q in ``--dtype``, the pool in
+    ``layout``."""
     import torch
 
     from kvtuner.attention import decode_attention, decode_attention_reference
 
     torch.manual_seed(0)
     dev, d = args.device, args.head_dim
-    k_rows = random_rows(200, args.kv_heads, k_spec, d, dev, align)
-    v_rows = random_rows(200, args.kv_heads, v_spec, d, dev, align)
+    k_rows = random_rows(200, args.kv_heads, k_spec, d, dev, layout)
+    v_rows = random_rows(200, args.kv_heads, v_spec, d, dev, layout)
     table = torch.randperm(200, device=dev).view(2, 100).to(torch.int32)
     lengths = torch.tensor([100, 37], dtype=torch.int32, device=dev)
     q = torch.randn(2, args.heads, d, device=dev, dtype=getattr(torch, args.dtype))
-    kw = dict(lengths=lengths, slot_table=table, **rope_kw(k_spec, d, dev))
+    kw = dict(
+        lengths=lengths, slot_table=table, planes=layout == "planes", **rope_kw(k_spec, d, dev)
+    )
     got = decode_attention(q, k_rows, v_rows, k_spec, v_spec, **kw, **VARIANTS[variant]).float()
     ref = decode_attention_reference(q, k_rows, v_rows, k_spec, v_spec, **kw).float()
     return (got - ref).abs().max().item()
@@ -253,8 +261,8 @@ def after_dot_operands(k_spec, v_spec) -> str:
 
 
 def measure(args, seconds, batch: int, context: int, label: str) -> list[dict]:
-    """One row per row alignment and variant: the kernel's time at this point, and bf16
-    SDPA's (shared)."""
+    """One row per layout and variant: the kernel's time at this point, and bf16 SDPA's
+    (shared)."""
     import torch
     import torch.nn.functional as F
 
@@ -267,10 +275,12 @@ def measure(args, seconds, batch: int, context: int, label: str) -> list[dict]:
     q = torch.randn(batch, args.heads, d, device=dev, dtype=dtype)
     kw = dict(lengths=lengths, slot_table=table, **rope_kw(k_spec, d, dev))
     fused = {}
-    for align in args.row_align:
-        rows = [random_rows(n, hkv, s, d, dev, align) for s in (k_spec, v_spec)]
-        fused.update(time_variants(args, seconds, label, q, rows, (k_spec, v_spec), kw, align))
-        del rows  # GBs at 64 × 32k: gone before the next alignment's
+    for layout in args.layouts:
+        rows = [random_rows(n, hkv, s, d, dev, layout) for s in (k_spec, v_spec)]
+        planes = dict(kw, planes=layout == "planes")
+        fused.update(time_variants(args, seconds, label, q, rows, (k_spec, v_spec), planes,
+                                   layout))  # fmt: skip
+        del rows  # GBs at 64 × 32k: gone before the next layout's
     k, v = (torch.randn(batch, hkv, context, d, device=dev, dtype=dtype) for _ in "kv")
     q4 = q.unsqueeze(2)
     sdpa = seconds(lambda: F.scaled_dot_product_attention(q4, k, v, enable_gqa=True))
@@ -283,8 +293,8 @@ def measure(args, seconds, batch: int, context: int, label: str) -> list[dict]:
             "spec": label,
             "variant": name,
             **dict(zip(LAUNCH, launch, strict=True)),
-            "row_align": align,
-            "row_strides": [row_stride(s.row_bytes(d), align) for s in (k_spec, v_spec)],
+            "layout": layout,
+            "row_strides": [row_stride(s.row_bytes(d), layout) for s in (k_spec, v_spec)],
             "after_dot": after_dot_operands(k_spec, v_spec)
             if VARIANTS[name].get("scale_after_dot")
             else "none",
@@ -293,16 +303,16 @@ def measure(args, seconds, batch: int, context: int, label: str) -> list[dict]:
             "sdpa_bf16_us": sdpa * 1e6,
             "sdpa_bf16_gbps": bf16_bytes / sdpa / 1e9,
             "speedup_vs_bf16": sdpa / t,
-            "speedup_vs_baseline": _over(fused.get((align, "baseline", *launch)), t),
+            "speedup_vs_baseline": _over(fused.get((layout, "baseline", *launch)), t),
             "packed_bytes": packed_bytes,
             "bf16_bytes": bf16_bytes,
         }
-        for (align, name, *launch), t in fused.items()
+        for (layout, name, *launch), t in fused.items()
     ]
 
 
-def time_variants(args, seconds, label, q, rows, specs, kw, align) -> dict:
-    """(align, variant, *launch) -> seconds a call, over every launch of the grid."""
+def time_variants(args, seconds, label, q, rows, specs, kw, layout) -> dict:
+    """(layout, variant, *launch) -> seconds a call, over every launch of the grid."""
     from triton.runtime.errors import OutOfResources
 
     from kvtuner.attention import decode_attention
@@ -315,7 +325,7 @@ def time_variants(args, seconds, label, q, rows, specs, kw, align) -> dict:
             q, *rows, *specs, **kw, **dict(zip(LAUNCH, launch, strict=True)), **variant
         )
         try:
-            out[(align, name, *launch)] = seconds(call)
+            out[(layout, name, *launch)] = seconds(call)
         except OutOfResources as exc:  # a sweep's tile too big for the device: the rest go on
             print(f"skipped {label} {name} {launch}: {exc}", flush=True)
     return out
@@ -353,10 +363,10 @@ def table(rows: list[dict], bandwidth: float) -> str:
 
 
 def _spec_cell(row: dict) -> str:
-    """The spec, and its rows' strides where padded (``KV4 g128 (80/80 B rows)``)."""
-    if not row["row_align"]:
-        return row["spec"]
-    return f"{row['spec']} ({'/'.join(map(str, row['row_strides']))} B rows)"
+    """The spec, and its pool's layout where not rows (``KV4 g128 (padded: 80/80 B rows)``)."""
+    if row["layout"] == "padded":
+        return f"{row['spec']} (padded: {'/'.join(map(str, row['row_strides']))} B rows)"
+    return row["spec"] if row["layout"] == "rows" else f"{row['spec']} ({row['layout']})"
 
 
 def hardware(device: str, bandwidth: float) -> dict:
@@ -385,9 +395,11 @@ def main() -> None:
     try:
         errors = {
             s: {
-                f"{v} @{a}" if a else v: check(args, *specs_for(s, args.head_dim), v, a)
+                f"{v} {lay}" if lay != "rows" else v: check(
+                    args, *specs_for(s, args.head_dim), v, lay
+                )
                 for v in args.variants
-                for a in args.row_align
+                for lay in args.layouts
             }
             for s in args.specs
         }

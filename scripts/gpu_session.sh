@@ -14,7 +14,7 @@
 #                                         # 16/64 x 8k/32k, pack/unpack, the SGLang step
 #   bash scripts/gpu_session.sh check     # a 15-minute lease in one call: pack/unpack at each
 #                                         # plan, the decode plans at 16/64 x 8k/32k, an A/B
-#                                         # against .ab/, padded rows, HF at batch 8, pytest
+#                                         # against .ab/, pool layouts, HF at batch 8, pytest
 # An A/B (the check stage, where .ab/ is carried: carry [".whl", ".ab"]), on the development
 # machine first, REV the commit to compare this checkout against:
 #   echo /.ab/ >> .git/info/exclude; rm -rf .ab; mkdir .ab
@@ -84,7 +84,7 @@ case "$stage" in
   check)  # one call of a 15-minute lease (the start takes 1-2 of them): pack and unpack at
     # each launch plan (the timed ones, row blocks in a pipelined loop, Hadamard pack's new
     # plan), the decode plans against bf16 SDPA, the same decode from the tree in .ab/
-    # (another commit, where carried) interleaved with this one, rows padded to 16 bytes,
+    # (another commit, where carried) interleaved with this one, rows padded and as planes,
     # HF generate at batch 8, Nsight Compute on two decode rows, then the GPU-only tests (step
     # limits: 595 s)
     nvidia-smi -L >>"$log" 2>&1
@@ -110,10 +110,11 @@ case "$stage" in
       done
     fi
     # copy width or bytes? rows that are no multiple of 16 bytes (KV4 g128 68, KV8 g64 136,
-    # KV4 g32 sym 72), as packed and padded to 16 (16-byte copies of codes in the sm_90a build)
-    step 50 python3 benchmarks/attention_decode.py --device cuda --batch 16 64 --context 32768 \
-      --specs "KV4 g128" "KV8 g64" "KV4 g32 sym" --variants decode-kernel --row-align 0 16 \
-      --output "$out/attention_decode_row_align.json"
+    # KV4 g32 sym 72) as rows, padded to 16 and as planes (16-byte code copies in the sm_90a
+    # build for both, planes at the rows' bytes)
+    step 50 python3 benchmarks/attention_decode.py --device cuda --batch 64 --context 32768 \
+      --specs "KV4 g128" "KV8 g64" "KV4 g32 sym" --variants decode-kernel \
+      --layouts rows padded planes --output "$out/attention_decode_layouts.json"
     step 90 python3 benchmarks/hf_decode.py --device cuda --batch 8 --new-tokens 64 \
       --output "$out/hf_decode_batch8.json"
     # why rows read in 4-byte copies ran at half speed (KV4 g128 against KV4 g32): sectors a

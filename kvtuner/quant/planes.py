@@ -25,7 +25,14 @@ import torch
 
 from .spec import QuantSpec
 
-__all__ = ["from_planes", "meta_bytes", "plannable", "planes_align", "to_planes"]
+__all__ = [
+    "from_planes",
+    "layer_planes",
+    "meta_bytes",
+    "plannable",
+    "planes_align",
+    "to_planes",
+]
 
 
 def meta_bytes(spec: QuantSpec, head_dim: int) -> int:
@@ -49,6 +56,19 @@ def planes_align(spec: QuantSpec, head_dim: int, heads: int) -> bool:
     rows = spec.row_bytes(head_dim)
     codes = spec.code_bytes(head_dim) if spec.is_quantized else rows
     return plannable(spec, head_dim) and rows % 16 != 0 and codes % 16 == 0 == heads * rows % 16
+
+
+def layer_planes(
+    k_spec: QuantSpec, v_spec: QuantSpec, head_dim: int, heads: int
+) -> tuple[bool, bool]:
+    """Which of a pool layer's K and V to lay out as planes: every plannable side of a layer
+    where planes align either side's codes (:func:`planes_align`), so that one flag a layer
+    (``AttentionBatch.planes``) says how both are read; else neither."""
+    sides = (k_spec, v_spec)
+    if not any(planes_align(s, head_dim, heads) for s in sides):
+        return False, False
+    k, v = (plannable(s, head_dim) for s in sides)
+    return k, v
 
 
 def to_planes(rows: torch.Tensor, spec: QuantSpec, head_dim: int) -> torch.Tensor:

@@ -67,22 +67,24 @@ def test_pool_plan_sweep_times_every_plan_of_every_spec(tmp_path, monkeypatch):
     assert all(r["pack_us"] > 0 and r["unpack_us"] > 0 for r in rows)
 
 
-def test_padded_rows_are_timed_beside_packed_ones_and_checked(tmp_path):
-    """``--row-align 0 16``: each spec's rows as packed and padded to 16 bytes, in one run,
-    both against the reference (KV4 g128 at head_dim 32: 20-byte rows, 32 apart padded)."""
-    out = tmp_path / "rows.json"
+def test_pool_layouts_are_timed_in_one_run_and_checked(tmp_path):
+    """``--layouts rows padded planes``: each spec's pool as rows, padded to 16 bytes and as
+    planes, in one run, each against the reference (KV4 g128 at head_dim 32: 20-byte rows, 32
+    apart padded)."""
+    out = tmp_path / "layouts.json"
     cmd = [sys.executable, str(BENCH / "attention_decode.py"), "--device", "cpu", "--batch", "2",
            "--context", "32", "--heads", "4", "--kv-heads", "2", "--head-dim", "32", "--specs",
-           "KV4 g128", "--variants", "decode-kernel", "--row-align", "0", "16", "--output",
-           str(out)]  # fmt: skip
+           "KV4 g128", "--variants", "decode-kernel", "--layouts", "rows", "padded", "planes",
+           "--output", str(out)]  # fmt: skip
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=BENCH)
     assert res.returncode == 0, res.stderr[-3000:]
     result = json.loads(out.read_text())
-    assert [(r["row_align"], r["row_strides"]) for r in result["results"]] == [
-        (0, [20, 20]),
-        (16, [32, 32]),
+    assert [(r["layout"], r["row_strides"]) for r in result["results"]] == [
+        ("rows", [20, 20]),
+        ("padded", [32, 32]),
+        ("planes", [20, 20]),
     ]
     errors = result["check_max_abs_err"]["KV4 g128"]
-    assert set(errors) == {"decode-kernel", "decode-kernel @16"}
-    assert max(errors.values()) < 1e-2, errors
-    assert "KV4 g128 (32/32 B rows)" in res.stdout
+    assert set(errors) == {"decode-kernel", "decode-kernel padded", "decode-kernel planes"}
+    assert max(float(e) for e in errors.values()) < 1e-2, errors
+    assert "KV4 g128 (padded: 32/32 B rows)" in res.stdout and "KV4 g128 (planes)" in res.stdout

@@ -30,14 +30,21 @@ NEW = [5, 9, 1, 3]  # ragged extend: new tokens per request
 
 @pytest.fixture(scope="module")
 def sglang_parts():
-    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
-
     from kvtuner.runtime_loader.sglang.pool.store import KVTunerMHATokenToKVPool
 
     profile = smoothed(tiny_profile(SPECS, heads=HEADS, head_dim=D), SMOOTHED)
+    return _parts(KVTunerMHATokenToKVPool, profile)
+
+
+def _parts(pool_class, profile):
+    """(the kvtuner pool of ``pool_class`` in packed read mode, SGLang's stock pool, a
+    ReqToTokenPool)."""
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+
     common = dict(page_size=1, dtype=torch.float32, head_num=HEADS, head_dim=D,
-                  layer_num=len(SPECS), device="cpu", enable_memory_saver=False)  # fmt: skip
-    packed = KVTunerMHATokenToKVPool(SIZE, profile=profile, read_mode="packed", **common)
+                  layer_num=len(profile.layers), device="cpu",
+                  enable_memory_saver=False)  # fmt: skip
+    packed = pool_class(SIZE, profile=profile, read_mode="packed", **common)
     stock = MHATokenToKVPool(SIZE, **common)
     req_to_token = ReqToTokenPool(8, 128, "cpu", False)
     return packed, stock, req_to_token
@@ -100,7 +107,7 @@ def forward_batch(mode, rows, prefix, new, req_to_token_pool):
 
 
 def fill_prefix(pool, req_to_token_pool, rows, prefix, g):
-    for layer_id in range(len(SPECS)):
+    for layer_id in range(pool.layer_num):
         for row, n in zip(rows, prefix, strict=True):
             loc = req_to_token_pool.req_to_token[row, :n].long()
             k, v = (torch.randn(n, HEADS, D, generator=g) * 2 for _ in range(2))
@@ -110,7 +117,7 @@ def fill_prefix(pool, req_to_token_pool, rows, prefix, g):
 def dequantized_copy(packed, stock):
     """The stock pool holds what the packed pool dequantizes to, slot for slot."""
     every = torch.arange(SIZE + 1)
-    for layer_id in range(len(SPECS)):
+    for layer_id in range(packed.layer_num):
         k, v = packed.read_kv(layer_id, every)
         stock.k_buffer[layer_id][:] = k
         stock.v_buffer[layer_id][:] = v
@@ -118,11 +125,37 @@ def dequantized_copy(packed, stock):
 
 @pytest.mark.parametrize("mode", ["decode", "extend"])
 def test_backend_matches_torch_native_over_the_dequantized_pool(sglang_parts, mode):
+    matches_torch_native(sglang_parts, mode)
+
+
+@pytest.mark.parametrize("mode", ["decode", "extend"])
+def test_a_pool_of_planes_attends_as_torch_native_does(mode):
+    """Written by the (interpreted) Triton kernels, 72-byte key rows (8-bit g32 at d 64, 2
+    heads) are laid out as planes, and the backend reads them so (its ``planes``)."""
+    from kvtuner.quant import triton_kernels
+    from kvtuner.runtime_loader.sglang.pool.store import KVTunerMHATokenToKVPool
+
+    if not triton_kernels.interpreted():
+        pytest.skip("triton was imported before TRITON_INTERPRET=1")
+
+    class TritonPool(KVTunerMHATokenToKVPool):
+        scatter = staticmethod(triton_kernels.triton_scatter_quantized)
+        gather = staticmethod(triton_kernels.triton_gather_dequantized)
+
+    profile = tiny_profile([(QuantSpec(8), QuantSpec(4, 64))], heads=HEADS, head_dim=D)
+    parts = _parts(TritonPool, profile)
+    assert parts[0].packed_planes(0)
+    matches_torch_native(parts, mode)
+
+
+def matches_torch_native(parts, mode):
+    """The backend's decode or extend step, layer by layer, against SGLang's torch_native over
+    a stock pool holding what the packed one dequantizes to."""
     from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
     from kvtuner.runtime_loader.sglang.cuda.backend import KVTunerAttnBackend
 
-    packed, stock, req_to_token_pool = sglang_parts
+    packed, stock, req_to_token_pool = parts
     g = torch.Generator().manual_seed(1)
     rows = [3, 1, 6, 2]  # req_pool_indices: not in order
     new = [1] * 4 if mode == "decode" else NEW
@@ -134,7 +167,7 @@ def test_backend_matches_torch_native_over_the_dequantized_pool(sglang_parts, mo
     theirs = TorchNativeAttnBackend(runner(stock, req_to_token_pool))
     ours.init_forward_metadata(fb)
     theirs.init_forward_metadata(fb)
-    for layer_id in range(len(SPECS)):
+    for layer_id in range(packed.layer_num):
         layer = radix(layer_id)
         q = torch.randn(sum(new), Q_HEADS * D, generator=g)
         k, v = (torch.randn(sum(new), HEADS, D, generator=g) for _ in range(2))

@@ -17,6 +17,8 @@ from kvtuner.runtime_loader.sglang.pool.channels import ChannelSides
 from kvtuner.runtime_loader.sglang.pool.geometry import PoolGeometry
 from kvtuner.runtime_loader.sglang.pool.layers import PoolLayers
 from kvtuner.runtime_loader.sglang.pool.lazy_reads.read_plan import ReadPlan
+from kvtuner.runtime_loader.sglang.pool.ops import PoolOps
+from kvtuner.runtime_loader.sglang.pool.parts import pool_planes
 from kvtuner.runtime_loader.sglang.pool.smoothing import LayerLambdas
 from kvtuner.runtime_loader.sglang.pool.stored_layers import StoredLayers
 
@@ -68,11 +70,30 @@ def test_stored_layers_need_one_of_each_part_per_layer():
     layers = PoolLayers(SPECS, 0, 2)
     k, v, channels = ChannelSides.allocate(SPECS, geometry(), rope=None, packer=None)
     lambdas = LayerLambdas.for_layers(layers, geometry())
-    stored = StoredLayers(layers, k, v, [None, None], channels, lambdas)
+    planes = [(False, False)] * 2
+    stored = StoredLayers(layers, k, v, [None, None], channels, lambdas, planes)
     assert stored.specs == SPECS and stored.start_layer == 0
     assert [tuple(b.shape) for b in stored.k_buffer] == [(64, 2, 20), (64, 2, 12)]
     with pytest.raises(ValueError, match="2 pool layers stored in parts of sizes"):
-        StoredLayers(layers, k[:1], v, [None, None], channels, lambdas)
+        StoredLayers(layers, k[:1], v, [None, None], channels, lambdas, planes)
+
+
+def test_planes_where_they_align_codes_and_the_kernels_write():
+    """At d 128 and 8 KV heads: a layer of one scale a token-head (68-byte rows) or of 8-bit
+    g64 keys (136) is laid out as planes, both its sides (K8 V4: V's 80-byte rows too, one
+    flag a layer); 80-byte rows alone are not; the CPU torch path never."""
+    specs = (
+        LayerSpec(0, QuantSpec(4, 128), QuantSpec(4, 128)),
+        LayerSpec(1, QuantSpec(8, 64), QuantSpec(4)),
+        LayerSpec(2, QuantSpec(4), QuantSpec(4)),
+        LayerSpec(3, QuantSpec(16), QuantSpec(4, 128)),  # 16-bit keys stay rows
+    )
+    layers, big = PoolLayers(specs, 0, 8), geometry(heads=8, head_dim=128)
+    kernels = PoolOps(None, None, None, torch_cpu=False)
+    assert pool_planes(layers, big, kernels) == [(True, True), (True, True), (False, False),
+                                                 (False, True)]  # fmt: skip
+    torch_cpu = PoolOps(None, None, None, torch_cpu=True)
+    assert pool_planes(layers, big, torch_cpu) == [(False, False)] * 4
 
 
 def test_channel_pages_refuse_pages_other_than_their_group():

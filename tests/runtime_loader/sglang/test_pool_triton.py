@@ -1,5 +1,6 @@
-"""The pool with the Triton kernels (interpreted on CPU) writes the same bytes and reads the same
-values as with the torch reference path."""
+"""The pool with the Triton kernels (interpreted on CPU) writes the same bytes (laid out as
+planes where they align codes the rows do not) and reads the same values as with the torch
+reference path."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 from tiny_profiles import pool_over, tiny_profile
 
 from kvtuner.quant import QuantSpec
+from kvtuner.quant.planes import from_planes
 
 pytestmark = [pytest.mark.sglang, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 pytest.importorskip("sglang")  # the sglang tier: collected only where sglang is installed
@@ -20,6 +22,7 @@ SPECS = [
     (QuantSpec(4, rotation="hadamard"), QuantSpec(2)),
     (QuantSpec(8, symmetric=True), QuantSpec(16)),
     (QuantSpec(3), QuantSpec(5, 16, symmetric=True)),  # format v2: codes straddling bytes
+    (QuantSpec(8), QuantSpec(4, 64)),  # 72-byte key rows: the Triton pool's are planes
 ]
 
 
@@ -64,12 +67,15 @@ def test_triton_pool_equals_torch_pool(kernels):
         k, v = torch.randn(5, HEADS, D, generator=g), torch.randn(5, HEADS, D, generator=g)
         for pool in (torch_pool, triton_pool):
             pool.set_kv_buffer(Layer(layer), loc, k, v)
-    for a, b in zip(
-        torch_pool.k_buffer + torch_pool.v_buffer,
-        triton_pool.k_buffer + triton_pool.v_buffer,
-        strict=True,
-    ):
-        assert torch.equal(a, b)
+    assert [triton_pool.packed_planes(i) for i in range(len(SPECS))] == [False] * 3 + [True]
+    assert not any(torch_pool.packed_planes(i) for i in range(len(SPECS)))
+    for layer, specs in enumerate(SPECS):
+        for side, spec in enumerate(specs):
+            rows = (torch_pool.k_buffer, torch_pool.v_buffer)[side][layer]
+            stored = (triton_pool.k_buffer, triton_pool.v_buffer)[side][layer]
+            planes = triton_pool.packed_planes(layer)
+            assert torch.equal(from_planes(stored, spec, D) if planes else stored, rows)
+            assert planes == (not torch.equal(stored, rows))
     for pool in (torch_pool, triton_pool):
         pool.prepare_reads(loc[:3])
     for layer in range(len(SPECS)):

@@ -171,6 +171,7 @@ class KVTunerAttnBackend(AttentionBackend):
                        v_new=v.reshape(len(q3), layer.tp_v_head_num, -1))  # fmt: skip
         lam = self.pool.key_smoothing(layer.layer_id)  # smoothed keys: rows hold k / λ
         out = attend(q3, k_rows, v_rows, spec.k, spec.v, sm_scale=layer.scaling, k_smooth=lam,
+                     planes=self.pool.packed_planes(layer.layer_id),
                      **layer_softmax(layer), **_extras(extras), **new,
                      **self._stage(layer.layer_id),
                      **self.forward_metadata.kernel_args())  # fmt: skip

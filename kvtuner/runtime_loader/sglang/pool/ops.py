@@ -7,14 +7,13 @@ from dataclasses import dataclass
 
 import torch
 
-from ....quant import QuantSpec
-
 __all__ = ["Gather", "PoolOps", "Scatter"]
 
-# scatter(rows, loc, x [N, heads, D], spec): quantize x into packed ``rows`` at slots ``loc``
-Scatter = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, QuantSpec], None]
-# gather(rows, loc, spec, head_dim, dtype) -> values [N, heads, head_dim] of slots ``loc``
-Gather = Callable[[torch.Tensor, torch.Tensor, QuantSpec, int, torch.dtype], torch.Tensor]
+# scatter(rows, loc, x [N, heads, D], spec, *, planes): quantize x into packed ``rows`` at
+# slots ``loc`` (``planes``: laid out as kvtuner.quant.planes)
+Scatter = Callable[..., None]
+# gather(rows, loc, spec, head_dim, dtype, *, planes) -> values [N, heads, head_dim] of ``loc``
+Gather = Callable[..., torch.Tensor]
 
 
 @dataclass(frozen=True)

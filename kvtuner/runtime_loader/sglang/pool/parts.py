@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ....quant.planes import layer_planes
 from .channels import ChannelSides
 from .geometry import PoolGeometry
 from .layers import PoolLayers
@@ -29,7 +30,7 @@ from .smoothing import LayerLambdas
 from .stored_layers import StoredLayers
 from .writes import PoolWriter, shared_grids
 
-__all__ = ["PoolParts", "build_parts"]
+__all__ = ["PoolParts", "build_parts", "pool_planes"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,15 @@ class PoolParts:
     packed: PackedReads
     reads: ReadState
     writer: PoolWriter
+
+
+def pool_planes(layers: PoolLayers, geometry: PoolGeometry, ops: PoolOps) -> list:
+    """Per local layer, whether its K and V rows are laid out as planes: where they give the
+    Triton kernels 16-byte code copies (:func:`~kvtuner.quant.planes.layer_planes`); never on
+    the CPU torch path (its numpy writer and pair codec write rows)."""
+    no = (False, False)
+    dim, heads = geometry.head_dim, geometry.heads
+    return [no if ops.torch_cpu else layer_planes(s.k, s.v, dim, heads) for s in layers.specs]
 
 
 def build_parts(
@@ -61,6 +71,7 @@ def build_parts(
         pairs=shared_grids(layers.specs, ops.torch_cpu),
         channels=channels,
         lambdas=lambdas,
+        planes=pool_planes(layers, geometry, ops),
     )
     reads = ReadState(plan, geometry)
     writer = PoolWriter(stored, geometry, ops, reads)

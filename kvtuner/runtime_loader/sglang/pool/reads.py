@@ -46,10 +46,11 @@ class PackedReads:
         pages = self._stored.channels.side(local, which)
         if pages is not None:
             return pages.read(loc)
-        spec = self._stored.specs[local]
+        spec, planes = self._stored.specs[local], self._stored.in_planes(local, which)
         if which == "v":
             v_buffer = self._stored.v_buffer[local]
-            return self._gather(v_buffer, loc, spec.v, self._head_dim, self._dtype)
+            return self._gather(v_buffer, loc, spec.v, self._head_dim, self._dtype, planes=planes)
         dtype = self._stored.lambdas.values_dtype(local)
-        k = self._gather(self._stored.k_buffer[local], loc, spec.k, self._head_dim, dtype)
+        k_buffer = self._stored.k_buffer[local]
+        k = self._gather(k_buffer, loc, spec.k, self._head_dim, dtype, planes=planes)
         return self._stored.lambdas.read_back(local, k, None)[0]

@@ -234,6 +234,11 @@ class KVTunerMHATokenToKVPool(MHATokenToKVPool):
         local = layer_id - self.start_layer
         return self.k_buffer[local], self.v_buffer[local]
 
+    def packed_planes(self, layer_id: int) -> bool:
+        """Whether layer ``layer_id``'s packed rows are laid out as planes (the attention
+        kernels' ``planes``; :mod:`kvtuner.quant.planes`)."""
+        return any(self._parts.stored.planes[layer_id - self.start_layer])
+
     def channel_keys(self, layer_id: int):
         """Layer ``layer_id``'s channel-axis key pages (:class:`ChannelPages`: blocks, staged
         filling pages and their device ``stage_rows``), or None for token-axis keys."""

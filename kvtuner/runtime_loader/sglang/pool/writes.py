@@ -89,8 +89,9 @@ class PoolWriter:
         if not self._torch_cpu:
             cache.on_write(layer_id, loc)  # a tensor: read back only if entries exist
             spec = self._stored.specs[local]
-            self._scatter(self._stored.k_buffer[local], loc, k, spec.k)
-            self._scatter(self._stored.v_buffer[local], loc, v, spec.v)
+            k_planes, v_planes = self._stored.planes[local]
+            self._scatter(self._stored.k_buffer[local], loc, k, spec.k, planes=k_planes)
+            self._scatter(self._stored.v_buffer[local], loc, v, spec.v, planes=v_planes)
             return
         slots = loc.tolist()  # Python ints: numpy row indices, the decode cache's bookkeeping
         cache.on_write(layer_id, slots)
@@ -109,15 +110,16 @@ class PoolWriter:
         local = layer_id - stored.start_layer
         spec, buffers = stored.specs[local], (stored.k_buffer[local], stored.v_buffer[local])
         packed: set[int] = set()
-        for x, qs, buffer, pages in zip(
-            (k, v), (spec.k, spec.v), buffers, stored.channels[local], strict=True
-        ):
+        for x, qs, buffer, pages, planes in zip(
+            (k, v), (spec.k, spec.v), buffers, stored.channels[local], stored.planes[local],
+            strict=True,
+        ):  # fmt: skip
             if pages is not None:
                 packed.update(pages.write(loc, x))
             elif self._torch_cpu:
                 buffer[loc.long()] = quantize(x, qs)
             else:
-                self._scatter(buffer, loc, x, qs)
+                self._scatter(buffer, loc, x, qs, planes=planes)
         slots, page, cache = loc.tolist(), self._page, self._reads.cache
         # the packed pages' earlier slots now read their quantized values
         cache.on_write(layer_id, slots + [p * page + i for p in packed for i in range(page)])
