@@ -1,7 +1,7 @@
 """No GPU here: the attention kernel (with and without a window and soft cap, over rows and
 over a pool's channel-axis key pages; element-wise and scale-after-dot, bf16 and fp16 queries;
-pre-RoPE keys, full and partial rotary width; a pool of planes) and its reduce (with sinks) compile for an H100
-(sm_90), the kernel with tensor-core dots."""
+pre-RoPE keys, full and partial rotary width; a pool of planes) and its reduce (with sinks)
+compile for an H100 (sm_90), the kernel with tensor-core dots."""
 
 from __future__ import annotations
 

@@ -19,10 +19,10 @@ pytest.importorskip("sglang")  # the sglang tier: collected only where sglang is
 
 SIZE, HEADS, D = 12, 2, 64
 SPECS = [
-    (QuantSpec(4, rotation="hadamard"), QuantSpec(2)),
+    (QuantSpec(4, rotation="hadamard"), QuantSpec(2)),  # 40-byte K rows at d 64: planes
     (QuantSpec(8, symmetric=True), QuantSpec(16)),
     (QuantSpec(3), QuantSpec(5, 16, symmetric=True)),  # format v2: codes straddling bytes
-    (QuantSpec(8), QuantSpec(4, 64)),  # 72-byte key rows: the Triton pool's are planes
+    (QuantSpec(8), QuantSpec(4, 64)),  # 72-byte key rows: planes
 ]
 
 
@@ -67,7 +67,7 @@ def test_triton_pool_equals_torch_pool(kernels):
         k, v = torch.randn(5, HEADS, D, generator=g), torch.randn(5, HEADS, D, generator=g)
         for pool in (torch_pool, triton_pool):
             pool.set_kv_buffer(Layer(layer), loc, k, v)
-    assert [triton_pool.packed_planes(i) for i in range(len(SPECS))] == [False] * 3 + [True]
+    assert [triton_pool.packed_planes(i) for i in range(len(SPECS))] == [True, False, False, True]
     assert not any(torch_pool.packed_planes(i) for i in range(len(SPECS)))
     for layer, specs in enumerate(SPECS):
         for side, spec in enumerate(specs):
