@@ -17,7 +17,8 @@ Host memory: one uint8 buffer of ``size * size_per_token`` bytes, per layer a K 
 A storage page (``get_data_page``) is always the token-major bytes of ``page_size`` tokens,
 whatever the layout. Its storage key names the profile hash (``storage_format_tag``, which SGLang
 appends to the model name in every backend's key), so a page written under one profile is a miss
-under another.
+under another; and the device pool's layout (``-planes`` where some layer's rows are laid out as
+planes, :mod:`kvtuner.quant.planes`), so a page of planes is a miss where rows are read.
 """
 
 from __future__ import annotations
@@ -34,9 +35,10 @@ from .host_transfers import TorchIndexTransfers, host_pool_arguments
 __all__ = ["KVTunerMHATokenToKVPoolHost", "storage_tag"]
 
 
-def storage_tag(profile_hash: str) -> str:
-    """The page-format tag of a profile's packed pages in storage keys."""
-    return f"kvtuner-{profile_hash}"
+def storage_tag(profile_hash: str, layout: str = "rows") -> str:
+    """The page-format tag of a profile's packed pages in storage keys (``layout``: the device
+    pool's, ``rows`` or ``planes``)."""
+    return f"kvtuner-{profile_hash}" + ("" if layout == "rows" else f"-{layout}")
 
 
 class KVTunerMHATokenToKVPoolHost(TorchIndexTransfers, MHATokenToKVPoolHost):
@@ -47,8 +49,9 @@ class KVTunerMHATokenToKVPoolHost(TorchIndexTransfers, MHATokenToKVPoolHost):
     storage_format_tag: str | None = None
 
     @classmethod
-    def bound(cls, profile_hash: str) -> type[KVTunerMHATokenToKVPoolHost]:
-        attrs = {"profile_hash": profile_hash, "storage_format_tag": storage_tag(profile_hash)}
+    def bound(cls, profile_hash: str, layout: str = "rows") -> type[KVTunerMHATokenToKVPoolHost]:
+        tag = storage_tag(profile_hash, layout)
+        attrs = {"profile_hash": profile_hash, "storage_format_tag": tag}
         return type(cls.__name__, (cls,), {**attrs, "__module__": cls.__module__})
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -93,7 +93,9 @@ def host_pool_class_hook(original: Any, *args: Any, **kwargs: Any) -> tuple:
 
     device_pool = args[0] if args else kwargs["pool"]
     if isinstance(device_pool, KVTunerMHATokenToKVPool):
-        host_cls = KVTunerMHATokenToKVPoolHost.bound(device_pool.profile.hash)
+        host_cls = KVTunerMHATokenToKVPoolHost.bound(
+            device_pool.profile.hash, device_pool.storage_layout()
+        )
     elif host_cls is MHATokenToKVPoolHost and info.device.type == "cpu":
         host_cls = CpuMHATokenToKVPoolHost
     logger.info("kvtuner: HiCache host pool %s", host_cls.__name__)

@@ -239,6 +239,11 @@ class KVTunerMHATokenToKVPool(MHATokenToKVPool):
         kernels' ``planes``; :mod:`kvtuner.quant.planes`)."""
         return any(self._parts.stored.planes[layer_id - self.start_layer])
 
+    def storage_layout(self) -> str:
+        """``"planes"`` where some layer's rows are laid out as planes, else ``"rows"``: what
+        a page of this pool's bytes means (HiCache's storage keys name it)."""
+        return "planes" if any(any(p) for p in self._parts.stored.planes) else "rows"
+
     def channel_keys(self, layer_id: int):
         """Layer ``layer_id``'s channel-axis key pages (:class:`ChannelPages`: blocks, staged
         filling pages and their device ``stage_rows``), or None for token-axis keys."""
