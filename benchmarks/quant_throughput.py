@@ -14,7 +14,9 @@ Kernel mode (``--device cuda``, or ``--kernels`` on the CPU under Triton's inter
 Triton pool kernels, pack = ``triton_scatter_quantized`` into a slot pool, unpack =
 ``triton_gather_dequantized`` to bf16, each beside ``clone()`` of the same bf16 tensor
 (ratio = clone time / kernel time; CUDA times from ``triton.testing.do_bench``, median), at
-[262144, 8, 128], [65536, 8, 128] and the decode size [64, 8, 128] (µs per call):
+[262144, 8, 128], [65536, 8, 128] and the decode size [64, 8, 128] (µs per call); rows of one
+scale a token-head (68 bytes) and of 8-bit g64 (136) also as planes (``kvtuner.quant.planes``:
+their codes stored and loaded 16 bytes at a time):
 
     python benchmarks/quant_throughput.py --device cuda
     python benchmarks/quant_throughput.py --kernels --shape 64 8 128   (CPU: proves it runs)
@@ -106,13 +108,14 @@ def measure(x: torch.Tensor, spec: QuantSpec, rounds: int, min_run_time: float) 
     }
 
 
-KERNEL_SPECS = (  # the issue's table
-    QuantSpec(4, 32),
-    QuantSpec(4, 64),
-    QuantSpec(2, 32),
-    QuantSpec(8, 64),
-    QuantSpec(3, 32),
-    QuantSpec(4, 32, rotation="hadamard"),
+KERNEL_SPECS = (  # the issue's table, then one scale a token-head; (spec, as planes)
+    *((spec, False) for spec in (QuantSpec(4, 32), QuantSpec(4, 64), QuantSpec(2, 32))),
+    (QuantSpec(8, 64), False),
+    (QuantSpec(3, 32), False),
+    (QuantSpec(4, 32, rotation="hadamard"), False),
+    (QuantSpec(4, 128), False),
+    (QuantSpec(4, 128), True),
+    (QuantSpec(8, 64), True),
 )
 KERNEL_SHAPES = ((262144, 8, 128), (65536, 8, 128), (64, 8, 128))
 PLAN_SPECS = (QuantSpec(4, 32), QuantSpec(8, 64), QuantSpec(4, 32, rotation="hadamard"))
@@ -138,10 +141,14 @@ def kernel_seconds(fn, device: torch.device) -> float:
 
 
 def measure_kernels(
-    shape: tuple[int, int, int], spec: QuantSpec, device: torch.device, plan: str | None = None
+    shape: tuple[int, int, int],
+    spec: QuantSpec,
+    device: torch.device,
+    plan: str | None = None,
+    planes: bool = False,
 ) -> dict:
-    """One row: clone, pack and unpack of ``shape`` at ``spec``, the kernels at
-    :data:`POOL_PLANS` ``[plan]`` (None: the launchers' own plans)."""
+    """One row: clone, pack and unpack of ``shape`` at ``spec`` (``planes``: the pool laid out
+    as planes), the kernels at :data:`POOL_PLANS` ``[plan]`` (None: the launchers' own)."""
     from kvtuner.quant.triton_kernels import (
         PoolPlan,
         triton_gather_dequantized,
@@ -155,16 +162,16 @@ def measure_kernels(
     pool_plan = PoolPlan(*POOL_PLANS[plan]) if plan else None
     stmts = {
         "clone": x.clone,
-        "pack": lambda: triton_scatter_quantized(buf, loc, x, spec, plan=pool_plan),
+        "pack": lambda: triton_scatter_quantized(buf, loc, x, spec, plan=pool_plan, planes=planes),
         "unpack": lambda: triton_gather_dequantized(
-            buf, loc, spec, d, torch.bfloat16, plan=pool_plan
+            buf, loc, spec, d, torch.bfloat16, plan=pool_plan, planes=planes
         ),
     }
     stmts["pack"]()
     t = {name: kernel_seconds(fn, device) for name, fn in stmts.items()}
     return {
         "shape": list(shape),
-        "spec": spec.short(),
+        "spec": spec.short() + (" planes" if planes else ""),
         "plan": plan or "default",
         "clone_us": 1e6 * t["clone"],
         "pack_us": 1e6 * t["pack"],
@@ -197,10 +204,12 @@ def run_kernels(args: argparse.Namespace) -> None:
     shapes = [tuple(args.shape)] if args.shape_given else KERNEL_SHAPES
     torch.manual_seed(0)
     if args.plans:  # every plan of POOL_PLANS on PLAN_SPECS, at the first shape
-        cases = [(shapes[0], spec, plan) for spec in PLAN_SPECS for plan in POOL_PLANS]
+        cases = [(shapes[0], spec, plan, False) for spec in PLAN_SPECS for plan in POOL_PLANS]
     else:
-        cases = [(shape, spec, None) for shape in shapes for spec in KERNEL_SPECS]
-    results = [measure_kernels(shape, spec, device, plan) for shape, spec, plan in cases]
+        cases = [(shape, spec, None, planes) for shape in shapes for spec, planes in KERNEL_SPECS]
+    results = [
+        measure_kernels(shape, spec, device, plan, planes) for shape, spec, plan, planes in cases
+    ]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
     print(f"{name}, torch {torch.__version__}; ratio = clone() time / kernel time (bf16)")
     print(kernel_table(results))

@@ -85,8 +85,8 @@ case "$stage" in
     # each launch plan (the timed ones, row blocks in a pipelined loop, Hadamard pack's new
     # plan), the decode plans against bf16 SDPA, the same decode from the tree in .ab/
     # (another commit, where carried) interleaved with this one, rows padded and as planes,
-    # HF generate at batch 8, Nsight Compute on two decode rows, then the GPU-only tests (step
-    # limits: 595 s)
+    # pack and unpack as planes, HF generate at batch 8, Nsight Compute on KV4 g128's decode,
+    # then the GPU-only tests (step limits: 585 s)
     nvidia-smi -L >>"$log" 2>&1
     step 85 python3 benchmarks/quant_throughput.py --device cuda --plans \
       --output "$out/quant_throughput_plans.json"
@@ -112,14 +112,17 @@ case "$stage" in
     # copy width or bytes? rows that are no multiple of 16 bytes (KV4 g128 68, KV8 g64 136,
     # KV4 g32 sym 72) as rows, padded to 16 and as planes (16-byte code copies in the sm_90a
     # build for both, planes at the rows' bytes)
-    step 50 python3 benchmarks/attention_decode.py --device cuda --batch 64 --context 32768 \
+    step 40 python3 benchmarks/attention_decode.py --device cuda --batch 64 --context 32768 \
       --specs "KV4 g128" "KV8 g64" "KV4 g32 sym" --variants decode-kernel \
       --layouts rows padded planes --output "$out/attention_decode_layouts.json"
+    # pack and unpack at the launchers' plans, KV4 g128 and KV8 g64 also as planes
+    step 25 python3 benchmarks/quant_throughput.py --device cuda --shape 262144 8 128 \
+      --output "$out/quant_throughput_layouts.json"
     step 90 python3 benchmarks/hf_decode.py --device cuda --batch 8 --new-tokens 64 \
       --output "$out/hf_decode_batch8.json"
-    # why rows read in 4-byte copies ran at half speed (KV4 g128 against KV4 g32): sectors a
-    # request, stall reasons, one decode launch each at 64 x 8k
-    for spec in "KV4 g32" "KV4 g128"; do
+    # why rows read in 4-byte copies ran at half speed (KV4 g128; KV4 g32's profile is in the
+    # third lease's results): sectors a request, stall reasons, one decode launch at 64 x 8k
+    for spec in "KV4 g128"; do
       step 25 ncu --target-processes all -k regex:_decode_kernel --launch-skip 3 --launch-count 1 \
         --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
         --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
