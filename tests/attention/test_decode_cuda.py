@@ -19,11 +19,43 @@ from kvtuner.attention import (
     extend_attention_reference,
 )
 from kvtuner.attention.decode_kernel import plan_decode
-from kvtuner.quant import quantize
+from kvtuner.quant import quantize, scatter_quantized
+from kvtuner.quant.planes import from_planes, layer_planes
 from kvtuner.runtime_loader.hf import cache_kwargs, make_cache, use_kvtuner_attention
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("attention_variant")]  # both variants
 D = 128
+
+
+@pytest.mark.parametrize(
+    "k_spec,v_spec",
+    [(QuantSpec(4, 128), QuantSpec(4, 128)), (QuantSpec(8, 64), QuantSpec(4))],
+    ids=lambda s: s.short(),
+)
+def test_a_pool_of_planes_reads_as_its_rows_at_real_shapes(k_spec, v_spec):
+    """Planes packed by the pool kernel and read by the decode and extend kernels (their codes
+    in 16-byte copies in the sm_90a build) against the reference over the same rows."""
+    torch.manual_seed(1)
+    slots, lengths = 4 * 4096, [4096, 1, 2000, 333]
+    every = torch.arange(slots, device="cuda")
+    pools, rows = [], []
+    for spec, planes in zip((k_spec, v_spec), layer_planes(k_spec, v_spec, D, 8), strict=True):
+        x = torch.randn(slots, 8, D, device="cuda", dtype=torch.bfloat16)
+        pool = torch.empty(slots, 8, spec.row_bytes(D), dtype=torch.uint8, device="cuda")
+        scatter_quantized(pool, every, x, spec, planes=planes)
+        rows.append(quantize(x, spec))
+        assert planes and torch.equal(from_planes(pool, spec, D), rows[-1])
+        pools.append(pool)
+    table = torch.randperm(slots, device="cuda").to(torch.int32).view(4, 4096)
+    kw = dict(lengths=torch.tensor(lengths, dtype=torch.int32, device="cuda"), slot_table=table)
+    q = torch.randn(4, 32, D, device="cuda", dtype=torch.bfloat16)
+    got = decode_attention(q, *pools, k_spec, v_spec, planes=True, **kw).float()
+    ref = decode_attention_reference(q, *rows, k_spec, v_spec, **kw).float()
+    torch.testing.assert_close(got, ref, atol=2e-2, rtol=2e-2)
+    qx = torch.randn(4, 17, 32, D, device="cuda", dtype=torch.bfloat16)
+    got = extend_attention(qx, *pools, k_spec, v_spec, planes=True, **kw).float()
+    ref = extend_attention_reference(qx, *rows, k_spec, v_spec, **kw).float()
+    torch.testing.assert_close(got, ref, atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.parametrize(
