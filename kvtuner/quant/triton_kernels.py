@@ -1,16 +1,17 @@
 """Triton kernels for the packed format v2, beside their launchers.
 
 ``triton_scatter_quantized``: ``buffer[loc] = quantize(x)``; ``triton_gather_dequantized``:
-``dequantize(buffer[loc])``. Token axis only (what a slot pool stores), every bits value of
-``SUPPORTED_BITS`` (2/3/4/5/6/8, and 16 = fp16 bytes). Each program handles ``BLOCKS`` row blocks
-of ``BLOCK`` tokens of one KV head (:class:`PoolPlan`; several blocks run in a loop whose copies
-Triton pipelines); a row's codes are held as a tile [BLOCK, D/8, 8]: 8 consecutive codes are one
-word of ``bits`` bytes of the row's little-endian bit stream. 2/4/8 bits pack bytes of whole codes
-in int32 (the tile reshaped to [BLOCK, code_bytes, codes_per_byte]); 3/5/6 bits shift-and-OR a word
-into int64 (at most 48 bits); four such words (32 codes) are ``bits`` int32 words of the stream,
-stored and loaded 4 bytes at a time where rows are 4-byte aligned (else byte by byte). A row's
-bytes move in units of the power of two every row offset shares (``ALIGN``): 16 or 8 bytes a store
-where rows allow.
+``dequantize(buffer[loc])``; either with ``planes``, the pool's slots laid out as
+:mod:`.planes` (a row's metadata at :func:`~.triton_codes.meta_offset` from its codes).
+Token axis only (what a slot pool stores), every bits value of ``SUPPORTED_BITS`` (2/3/4/5/6/8, and
+16 = fp16 bytes). Each program handles ``BLOCKS`` row blocks of ``BLOCK`` tokens of one KV head
+(:class:`PoolPlan`; several blocks run in a loop whose copies Triton pipelines); a row's codes are
+held as a tile [BLOCK, D/8, 8]: 8 consecutive codes are one word of ``bits`` bytes of the row's
+little-endian bit stream. 2/4/8 bits pack bytes of whole codes in int32 (the tile reshaped to
+[BLOCK, code_bytes, codes_per_byte]); 3/5/6 bits shift-and-OR a word into int64 (at most 48 bits);
+four such words (32 codes) are ``bits`` int32 words of the stream, stored and loaded 4 bytes at a
+time where rows are 4-byte aligned (else byte by byte). A row's bytes move in units of the power of
+two every row offset shares (``ALIGN``): 16 or 8 bytes a store where rows allow.
 
 The bytes equal :mod:`.reference` exactly: IEEE ``1 / scale`` (``div_rn``) once a group, no FMA
 contraction (``enable_fp_fusion=False``), half-up rounding, fp16 metadata rounded down/up by a
