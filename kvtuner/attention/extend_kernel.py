@@ -158,9 +158,11 @@ def plan_extend(batch: AttentionBatch, splits: int) -> ExtendPlan:
     """Tiles as timed on an H200 (``scripts/gpu_session.sh plans``: 16 requests × 8192 stored,
     128 new; docs/results/gpu.md), where K and V are :func:`.packed_rows.wide_rows` at d <=
     128 (KIVI keys aside), 64 tokens a tile:
-    - rows loading 16 bytes at a time: 128 query rows on 8 warps (KV4 g32: 1.05× bf16 SDPA,
-      from 0.28× at 16 rows; 232 registers, no spill);
-    - else 64 rows on 4 warps (KV8 g64: 0.83×, from 0.05×; 251 registers, no spill);
+    - rows loading 16 bytes at a time, codes under 8 bits: 128 query rows on 8 warps (KV4 g32:
+      1.05× bf16 SDPA, from 0.28× at 16 rows; 232 registers, no spill);
+    - else 64 rows on 4 warps (KV8 g64: 0.83×, from 0.05×, and 0.48× at 128 rows on 8 warps;
+      251 registers, no spill; as planes its codes load 16 bytes at a time, its tile stays
+      until timed so);
     - K and V of different widths: 64 rows on 8 warps (the sm_90a build: K8V4, K4V8 and K16V4
       spill on 4 warps; not yet timed);
     rows cut to the batch's queries × its query heads (4 warps below the cap), so short
@@ -169,7 +171,7 @@ def plan_extend(batch: AttentionBatch, splits: int) -> ExtendPlan:
     vec = min(batch.k_vec, batch.v_vec)
     k, v = batch.k_spec, batch.v_spec
     if batch.head_dim <= 128 and wide_rows(k, v) and not kivi_keys(batch):
-        cap = 128 if vec == 4 and k.bits == v.bits else 64
+        cap = 128 if vec == 4 and k.bits == v.bits < 8 else 64
         group = next_power_of_2(batch.q.shape[-2] // batch.kv_heads)
         rows = max(16, min(cap, next_power_of_2(batch.q_tokens * group)))
         warps = 8 if rows == cap and (cap == 128 or k.bits != v.bits) else 4

@@ -11,6 +11,7 @@ from test_decode_kernel import SPECS, gen, pool
 from kvtuner.attention import AttentionBatch, extend_attention, extend_attention_reference
 from kvtuner.attention.extend_kernel import ExtendPlan, launch_extend, plan_extend, serves_extend
 from kvtuner.quant import QuantSpec
+from kvtuner.quant.planes import to_planes
 
 NEW = [5, 1, 0]  # new tokens of each request: several rows, one, none
 
@@ -80,6 +81,12 @@ def test_what_the_extend_kernel_leaves_to_the_general_one():
     assert plan_extend(wide, 2) == ExtendPlan(2, 16, 64, num_warps=4, num_stages=2)
     long = batch(k_rows=rows16[0], v_rows=rows16[1], k_spec=g16, v_spec=g16, max_q_len=64)
     assert plan_extend(long, 2) == ExtendPlan(2, 128, 64, num_warps=8, num_stages=2)
+    g32 = QuantSpec(8)  # 72-byte rows as planes: 16-byte copies, the 8-bit tile (64 rows)
+    planes8 = [to_planes(r, g32, 64) for r in pool(g32, g32)[0][:2]]
+    kv8 = batch(k_rows=planes8[0], v_rows=planes8[1], k_spec=g32, v_spec=g32, max_q_len=64,
+                planes=True)  # fmt: skip
+    assert kv8.k_vec == 4 and kv8.row_strides("k")[1:] == (144, 64)
+    assert plan_extend(kv8, 2) == ExtendPlan(2, 64, 64, num_warps=4, num_stages=2)
     k8 = QuantSpec(8, 16)  # K and V of different widths: 64 rows on 8 warps
     rows8, _ = pool(k8, g16)
     mixed = batch(k_rows=rows8[0], v_rows=rows16[1], k_spec=k8, v_spec=g16, max_q_len=64)
