@@ -3,8 +3,9 @@
 What ``KVTunerAttnBackend.forward_decode`` / ``forward_extend`` launch per layer (the fused
 kernels over one layer's packed rows, indexed by :class:`PackedMetadata` built from SGLang's
 ``req_to_token [rows, W]`` int32, ``req_pool_indices`` and ``seq_lens``), on a pool laid out as
-``KVTunerMHATokenToKVPool`` lays it out (``[slots + 1, Hkv, R]`` uint8, slot 0 the padding
-slot, each request's slots scattered). With sglang importable the ``req_to_token`` tensor is
+``KVTunerMHATokenToKVPool`` lays it out on a GPU (``[slots + 1, Hkv, R]`` uint8, slot 0 the
+padding slot, each request's slots scattered; a layer as planes where they align its codes,
+``kvtuner.quant.planes.layer_planes``). With sglang importable the ``req_to_token`` tensor is
 SGLang's own ``ReqToTokenPool``; the GPU machine has no sglang, so there it is the same layout
 built with torch. Baselines over the same tokens, same run: bf16 SDPA over contiguous K/V, and
 the retired CUDA read (``gather_dequantized`` of the batch's slots, then SDPA). Extend: each
@@ -95,6 +96,7 @@ def measure(args, seconds, batch: int, context: int, label: str, mode: str) -> l
 
     from kvtuner.attention import decode_attention, extend_attention
     from kvtuner.quant import gather_dequantized
+    from kvtuner.quant.planes import layer_planes
     from kvtuner.runtime_loader.sglang.cuda.packed_metadata import PackedMetadata
 
     k_spec, v_spec = specs_for(label, args.head_dim)
@@ -106,7 +108,10 @@ def measure(args, seconds, batch: int, context: int, label: str, mode: str) -> l
     )
     table, rows, seq_lens, source = paged_batch(args, batch, context - 1, new)
     n_slots = int(seq_lens.sum()) + 1
-    k_rows, v_rows = (random_rows(n_slots, hkv, s, d, dev) for s in (k_spec, v_spec))
+    sides = layer_planes(k_spec, v_spec, d, hkv)  # as the pool lays the layer out
+    k_rows, v_rows = (random_rows(n_slots, hkv, s, d, dev, "planes" if p else "rows")
+                      for s, p in zip((k_spec, v_spec), sides, strict=True))  # fmt: skip
+    layout = {"planes": True} if any(sides) else {}
     q = torch.randn(sum(new), hq, d, device=dev, dtype=torch.bfloat16)
     new_t = torch.tensor(new, device=dev)
     specs = (k_rows, v_rows, k_spec, v_spec)
@@ -115,10 +120,10 @@ def measure(args, seconds, batch: int, context: int, label: str, mode: str) -> l
     def kvtuner_step(launch: dict):  # extend: the new tokens in hand, as the backend passes them
         if mode == "decode":
             md = PackedMetadata.decode(seq_lens, rows, table)
-            return decode_attention(q, *specs, **md.kernel_args(), **launch)
+            return decode_attention(q, *specs, **md.kernel_args(), **layout, **launch)
         md = PackedMetadata.extend(seq_lens, rows, table, hkv, new_t, max(new))
         return extend_attention(q, *specs, k_new=k_new, v_new=v_new, **md.kernel_args(),
-                                **launch)  # fmt: skip
+                                **layout, **launch)  # fmt: skip
 
     total = int(seq_lens.max())
     k, v = (torch.randn(batch, hkv, total, d, device=dev, dtype=torch.bfloat16) for _ in "kv")
@@ -134,8 +139,8 @@ def measure(args, seconds, batch: int, context: int, label: str, mode: str) -> l
     every = table[rows.long()][:, :total].reshape(-1)
 
     def retired_step():  # the scratch read SGLang used on CUDA before the backend
-        kk = gather_dequantized(k_rows, every, k_spec, d, torch.bfloat16)
-        vv = gather_dequantized(v_rows, every, v_spec, d, torch.bfloat16)
+        kk = gather_dequantized(k_rows, every, k_spec, d, torch.bfloat16, planes=sides[0])
+        vv = gather_dequantized(v_rows, every, v_spec, d, torch.bfloat16, planes=sides[1])
         shape = (batch, total, hkv, d)
         return sdpa(kk.view(shape).transpose(1, 2), vv.view(shape).transpose(1, 2))
 
@@ -160,7 +165,8 @@ def measure(args, seconds, batch: int, context: int, label: str, mode: str) -> l
         graph = seconds(graphed(step)) if in_graphs else None
         out.append({
             "mode": mode, "batch": batch, "context": context, "new_tokens": new, "spec": label,
-            "req_to_token": source, "launch": launch, "packed_bytes": packed_bytes,
+            "req_to_token": source, "launch": launch, "planes": any(sides),
+            "packed_bytes": packed_bytes,
             "bf16_bytes": tokens * hkv * d * 4, "kvtuner_us": t * 1e6,
             "kvtuner_host_us": host * 1e6, "bf16_sdpa_us": bf16 * 1e6,
             "dequant_sdpa_us": retired * 1e6, "kvtuner_gbps": packed_bytes / t / 1e9,
