@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from test_pool import HEADS, SIZE, Layer, make_pool
-from test_pool_triton import kernels  # noqa: F401 (fixture)
+from test_pool_triton import assert_same_rows, kernels  # noqa: F401 (fixture)
 
 from kvtuner.errors import KVTunerError
 from kvtuner.profile import LayerSpec, ModelFingerprint, Profile
@@ -89,9 +89,7 @@ def test_triton_pool_writes_the_reference_bytes(kernels):  # noqa: F811
     loc_a, _ = _write(torch_pool, 5, seed=3)
     loc_b, _ = _write(triton_pool, 5, seed=3)
     assert torch.equal(loc_a, loc_b)
-    for a, b in zip(torch_pool.k_buffer + torch_pool.v_buffer,
-                    triton_pool.k_buffer + triton_pool.v_buffer, strict=True):  # fmt: skip
-        assert torch.equal(a, b)
+    assert_same_rows(torch_pool, triton_pool, SPECS, D)
     for layer in range(len(SPECS)):
         pairs = zip(
             torch_pool.read_kv(layer, loc_a), triton_pool.read_kv(layer, loc_a), strict=True

@@ -12,7 +12,7 @@ import torch
 from tiny_profiles import pool_over, tiny_profile
 
 from kvtuner.quant import QuantSpec
-from kvtuner.quant.planes import from_planes
+from kvtuner.quant.planes import from_planes, plannable
 
 pytestmark = [pytest.mark.sglang, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 pytest.importorskip("sglang")  # the sglang tier: collected only where sglang is installed
@@ -68,14 +68,7 @@ def test_triton_pool_equals_torch_pool(kernels):
         for pool in (torch_pool, triton_pool):
             pool.set_kv_buffer(Layer(layer), loc, k, v)
     assert [triton_pool.packed_planes(i) for i in range(len(SPECS))] == [True, False, False, True]
-    assert not any(torch_pool.packed_planes(i) for i in range(len(SPECS)))
-    for layer, specs in enumerate(SPECS):
-        for side, spec in enumerate(specs):
-            rows = (torch_pool.k_buffer, torch_pool.v_buffer)[side][layer]
-            stored = (triton_pool.k_buffer, triton_pool.v_buffer)[side][layer]
-            planes = triton_pool.packed_planes(layer)
-            assert torch.equal(from_planes(stored, spec, D) if planes else stored, rows)
-            assert planes == (not torch.equal(stored, rows))
+    assert_same_rows(torch_pool, triton_pool, SPECS, D)
     for pool in (torch_pool, triton_pool):
         pool.prepare_reads(loc[:3])
     for layer in range(len(SPECS)):
@@ -83,6 +76,20 @@ def test_triton_pool_equals_torch_pool(kernels):
             torch_pool.get_kv_buffer(layer), triton_pool.get_kv_buffer(layer), strict=True
         ):
             assert torch.equal(a, b)
+
+
+def assert_same_rows(torch_pool, triton_pool, specs, head_dim):
+    """The Triton pool holds the torch pool's bytes: as they are, or (a layer of planes: the
+    torch path never lays one out so) moved to planes."""
+    assert not any(torch_pool.packed_planes(i) for i in range(len(specs)))
+    for layer, sides in enumerate(specs):
+        planes = triton_pool.packed_planes(layer)
+        for side, spec in enumerate(sides[:2]):
+            rows = (torch_pool.k_buffer, torch_pool.v_buffer)[side][layer]
+            stored = (triton_pool.k_buffer, triton_pool.v_buffer)[side][layer]
+            moved = planes and plannable(spec, head_dim)
+            assert torch.equal(from_planes(stored, spec, head_dim) if moved else stored, rows)
+            assert moved == (not torch.equal(stored, rows))
 
 
 def test_triton_page_packer_equals_the_torch_one(kernels):
