@@ -48,6 +48,8 @@ import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
+from attention_decode import row_stride
+
 OUT = Path(__file__).parent / "results" / "kernel_resources.json"
 TOOL = Path(__file__).resolve().parents[2] / "shared" / "tools" / "sm90_report.py"
 HQ, HKV, D, BATCH, CONTEXT, PACK_TOKENS = 32, 8, 128, 16, 8192, 65536
@@ -94,11 +96,11 @@ def specs(label: str, table: dict | None = None):
     return tuple(QuantSpec(**kw) for kw in (table or SPECS)[label])
 
 
-def paged_batch(label: str, heads: tuple[int, int, int] = (HQ, HKV, D), row_align: int = 0,
+def paged_batch(label: str, heads: tuple[int, int, int] = (HQ, HKV, D), layout: str = "rows",
                 **fields):  # fmt: skip
     """A decode batch over a paged pool at the benchmark shape (uninitialised: compile only);
-    ``heads``: query heads, KV heads, head_dim; ``row_align`` > 0: each row padded to a
-    multiple of that many bytes (a view of the padded rows)."""
+    ``heads``: query heads, KV heads, head_dim; ``layout`` ``"padded"``: rows
+    :func:`attention_decode.row_stride` bytes apart (a view of the padded rows)."""
     import torch
 
     from kvtuner.attention import AttentionBatch
@@ -107,7 +109,7 @@ def paged_batch(label: str, heads: tuple[int, int, int] = (HQ, HKV, D), row_alig
     hq, hkv, dim = heads
     slots = BATCH * CONTEXT
     widths = [s.row_bytes(dim) for s in (k_spec, v_spec)]
-    strides = [-(-w // row_align) * row_align if row_align else w for w in widths]
+    strides = [row_stride(w, layout) for w in widths]
     rows = [torch.empty(slots, hkv, st, dtype=torch.uint8)[..., :w]
             for w, st in zip(widths, strides, strict=True)]  # fmt: skip
     table = torch.arange(slots, dtype=torch.int32).view(BATCH, CONTEXT)
@@ -148,7 +150,7 @@ def decode_cases() -> dict:
     cases = {f"decode {label}": decode(paged_batch(label)) for label in SPECS}
     cases["decode KV4 g32 window+cap"] = decode(paged_batch("KV4 g32", window=4096, logit_cap=50.0))
     for label in ("KV4 g128", "KV8 g64", "KV4 g32 sym"):  # rows not a multiple of 16 bytes
-        cases[f"decode {label} rows padded to 16 B"] = decode(paged_batch(label, row_align=16))
+        cases[f"decode {label} rows padded to 16 B"] = decode(paged_batch(label, layout="padded"))
         cases[f"decode {label} planes"] = decode(paged_batch(label, planes=True))
     cases["decode KV4 g32 HF (tail)"] = decode(hf_batch("KV4 g32"))
     cases["decode KV4 g32 d256 (Gemma 3: 4 heads, 1 KV head)"] = decode(

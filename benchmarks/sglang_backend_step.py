@@ -111,7 +111,7 @@ def measure(args, seconds, batch: int, context: int, label: str, mode: str) -> l
     sides = layer_planes(k_spec, v_spec, d, hkv)  # as the pool lays the layer out
     k_rows, v_rows = (random_rows(n_slots, hkv, s, d, dev, "planes" if p else "rows")
                       for s, p in zip((k_spec, v_spec), sides, strict=True))  # fmt: skip
-    layout = {"planes": True} if any(sides) else {}
+    planes = any(sides)
     q = torch.randn(sum(new), hq, d, device=dev, dtype=torch.bfloat16)
     new_t = torch.tensor(new, device=dev)
     specs = (k_rows, v_rows, k_spec, v_spec)
@@ -120,10 +120,10 @@ def measure(args, seconds, batch: int, context: int, label: str, mode: str) -> l
     def kvtuner_step(launch: dict):  # extend: the new tokens in hand, as the backend passes them
         if mode == "decode":
             md = PackedMetadata.decode(seq_lens, rows, table)
-            return decode_attention(q, *specs, **md.kernel_args(), **layout, **launch)
+            return decode_attention(q, *specs, **md.kernel_args(), planes=planes, **launch)
         md = PackedMetadata.extend(seq_lens, rows, table, hkv, new_t, max(new))
         return extend_attention(q, *specs, k_new=k_new, v_new=v_new, **md.kernel_args(),
-                                **layout, **launch)  # fmt: skip
+                                planes=planes, **launch)  # fmt: skip
 
     total = int(seq_lens.max())
     k, v = (torch.randn(batch, hkv, total, d, device=dev, dtype=torch.bfloat16) for _ in "kv")
@@ -165,7 +165,7 @@ def measure(args, seconds, batch: int, context: int, label: str, mode: str) -> l
         graph = seconds(graphed(step)) if in_graphs else None
         out.append({
             "mode": mode, "batch": batch, "context": context, "new_tokens": new, "spec": label,
-            "req_to_token": source, "launch": launch, "planes": any(sides),
+            "req_to_token": source, "launch": launch, "planes": planes,
             "packed_bytes": packed_bytes,
             "bf16_bytes": tokens * hkv * d * 4, "kvtuner_us": t * 1e6,
             "kvtuner_host_us": host * 1e6, "bf16_sdpa_us": bf16 * 1e6,

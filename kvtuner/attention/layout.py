@@ -121,8 +121,9 @@ class AttentionBatch:
         rows = getattr(self, f"{name}_rows")
         if self.slot_table is None:  # [B, Hkv, T, R]
             return rows.stride(0), rows.stride(2), rows.stride(1)
-        codes = getattr(self, f"{name}_spec").code_bytes(self.head_dim)
-        return 0, rows.stride(0), codes if self.in_planes(name) else rows.stride(1)
+        if not self.in_planes(name):
+            return 0, rows.stride(0), rows.stride(1)
+        return 0, rows.stride(0), getattr(self, f"{name}_spec").code_bytes(self.head_dim)
 
     def _check_stage(self) -> None:
         """Paged channel-axis keys: one block per page of G slots, filling pages staged."""

@@ -67,8 +67,7 @@ def layer_planes(
     sides = (k_spec, v_spec)
     if not any(planes_align(s, head_dim, heads) for s in sides):
         return False, False
-    k, v = (plannable(s, head_dim) for s in sides)
-    return k, v
+    return plannable(k_spec, head_dim), plannable(v_spec, head_dim)
 
 
 def to_planes(rows: torch.Tensor, spec: QuantSpec, head_dim: int) -> torch.Tensor:
