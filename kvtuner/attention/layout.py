@@ -245,10 +245,13 @@ class AttentionBatch:
             t = getattr(self, name)
             if name == "lengths" and t is None:
                 raise ValueError("a paged decode batch needs lengths")
-            if t is not None and (t.shape != (bsz,) or t.dtype != torch.int32 or t.device != dev):
+            if t is None:
+                continue
+            wrong = t.shape != (bsz,) or t.dtype != torch.int32 or t.device != dev
+            if wrong or not t.is_contiguous():  # the kernels read element b at b
                 raise ValueError(
-                    f"{name} must be int32 [{bsz}] on {dev}, got {t.dtype} "
-                    f"{tuple(t.shape)} on {t.device}"
+                    f"{name} must be contiguous int32 [{bsz}] on {dev}, got {t.dtype} "
+                    f"{tuple(t.shape)} strides {t.stride()} on {t.device}"
                 )
 
     def _check_tails(self) -> None:

@@ -17,11 +17,14 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from ...errors import KVTunerError
+
 __all__ = ["ATTN_IMPLEMENTATION", "KernelDispatch", "kvtuner_attention", "use_kvtuner_attention"]
 
 ATTN_IMPLEMENTATION = "kvtuner"
 DECODE_KERNEL_MODES = ("auto", "always", "never")
 _TAG = "_kvtuner_layer"  # attribute of a decode step's returned key: the layer to read
+LAYER_KEY = "kvtuner_layer"  # a static layer's decode step: the attention keyword naming it
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,17 @@ class KernelDispatch:
         if getattr(self.config, "_attn_implementation", None) != ATTN_IMPLEMENTATION:
             return False
         return key_states.is_cuda or self.mode == "always"
+
+    def fuses(self, key_states: torch.Tensor) -> bool:
+        """A static layer's decode step (one new token a request, kvtuner's attention): the
+        slots are read by one op, the kernel's or its reference (:meth:`kernel_on`)."""
+        kvtuner = getattr(self.config, "_attn_implementation", None) == ATTN_IMPLEMENTATION
+        return kvtuner and key_states.shape[-2] == 1
+
+    def kernel_on(self, device: torch.device) -> bool:
+        """Whether a static layer's decode reads its slots with the fused kernel on ``device``
+        (else with the kernel's torch reference)."""
+        return self.mode == "always" or (self.mode == "auto" and device.type == "cuda")
 
 
 def tag(key_states: torch.Tensor, layer: Any) -> torch.Tensor:
@@ -84,6 +98,22 @@ def left_padding_starts(mask: torch.Tensor | None, total: int) -> torch.Tensor |
     return starts
 
 
+def slot_starts(mask: torch.Tensor | None, length: torch.Tensor) -> torch.Tensor | None | bool:
+    """int32 [B] first attended slot per request from a static layer's decode mask
+    (``[B, 1, 1, max_cache_len]``, bool or additive; None: no mask). Eager, False when the
+    mask attends anything but ``[first, length)``; compiled, taken on trust (no sync)."""
+    if mask is None:
+        return None
+    valid = mask[:, 0, -1, :] if mask.dtype == torch.bool else mask[:, 0, -1, :] == 0
+    first = valid.to(torch.int8).argmax(-1)
+    if not torch.compiler.is_compiling():
+        positions = torch.arange(valid.shape[-1], device=valid.device)
+        span = (positions[None, :] >= first[:, None]) & (positions[None, :] < length)
+        if not torch.equal(valid, span):
+            return False
+    return first.to(torch.int32)
+
+
 def kvtuner_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -95,6 +125,17 @@ def kvtuner_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """transformers attention function: query [B, Hq, T, D] -> ([B, T, Hq, D], None)."""
+    static = kwargs.pop(LAYER_KEY, None)
+    if static is not None:
+        starts = slot_starts(attention_mask, static.cumulative_length)
+        if starts is not False:
+            return static.attend(query[:, :, 0], starts=starts, sm_scale=scaling).unsqueeze(1), None
+        key, value = static.history(query.dtype)  # an unusual mask: the dequantized path
+    elif key.dtype == torch.uint8:
+        raise KVTunerError(
+            "a static kvtuner cache returned its packed slots, but this model's attention did "
+            "not receive the cache's keywords; use make_cache(..., max_cache_len=None)"
+        )
     layer = getattr(key, _TAG, None)
     if layer is not None:
         starts = left_padding_starts(attention_mask, layer.k.num_tokens)  # stored tokens

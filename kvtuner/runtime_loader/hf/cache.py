@@ -13,13 +13,19 @@ from .attention import DECODE_KERNEL_MODES, KernelDispatch
 from .layer import KVTunerLayer
 from .rope import KeyRope, key_rope_of
 from .sliding_layer import KVTunerSlidingLayer
+from .static_layer import KVTunerStaticLayer, static_refusal
 from .stream import predicted_stream_nbytes
 
 __all__ = ["KVTunerCache", "layer_specs_for", "make_cache"]
 
 
-def _layer(spec: LayerSpec, fingerprint: ModelFingerprint, **kw: Any) -> KVTunerLayer:
+def _layer(
+    spec: LayerSpec, fingerprint: ModelFingerprint, *, max_cache_len: int | None, **kw: Any
+) -> KVTunerLayer | KVTunerStaticLayer:
     window = fingerprint.window_of(spec.layer)
+    if max_cache_len is not None:
+        return KVTunerStaticLayer(spec, fingerprint.head_dim, max_cache_len=max_cache_len,
+                                  window=window, dispatch=kw["dispatch"])  # fmt: skip
     if window is None:
         return KVTunerLayer(spec, fingerprint.head_dim, **kw)
     return KVTunerSlidingLayer(spec, fingerprint.head_dim, sliding_window=window, **kw)
@@ -27,7 +33,8 @@ def _layer(spec: LayerSpec, fingerprint: ModelFingerprint, **kw: Any) -> KVTuner
 
 class KVTunerCache(Cache):
     """One :class:`KVTunerLayer` per decoder layer (:class:`KVTunerSlidingLayer` for a
-    sliding-window layer); pass it as ``past_key_values``."""
+    sliding-window layer; :class:`KVTunerStaticLayer` for every layer with ``max_cache_len``);
+    pass it as ``past_key_values``."""
 
     def __init__(
         self,
@@ -40,6 +47,7 @@ class KVTunerCache(Cache):
         pack_reserve: int = 0,
         dispatch: KernelDispatch | None = None,
         ropes: Sequence[KeyRope | None] | None = None,
+        max_cache_len: int | None = None,
     ):
         ropes = ropes or [None] * len(specs)
         kw = dict(
@@ -49,7 +57,10 @@ class KVTunerCache(Cache):
             pack_reserve=pack_reserve,
             dispatch=dispatch,
         )
-        layers = [_layer(s, fingerprint, rope=r, **kw) for s, r in zip(specs, ropes, strict=True)]
+        layers = [
+            _layer(s, fingerprint, rope=r, max_cache_len=max_cache_len, **kw)
+            for s, r in zip(specs, ropes, strict=True)
+        ]
         super().__init__(layers=layers)
         self.specs = tuple(specs)
         self.fingerprint = fingerprint
@@ -58,7 +69,8 @@ class KVTunerCache(Cache):
 
     def nbytes(self) -> int:
         """KV bytes stored now: packed rows as stored, unpacked elements (16-bit layers, residual
-        window, a still-filling channel block) accounted at 2 bytes each (fp16)."""
+        window, a still-filling channel block) accounted at 2 bytes each (fp16); a static cache:
+        every slot it holds, written or not."""
         return sum(layer.nbytes() for layer in self.layers)
 
     def predicted_nbytes(self, tokens: int, batch: int = 1) -> int:
@@ -98,6 +110,22 @@ def _check_window_specs(specs: Sequence[LayerSpec], fingerprint: ModelFingerprin
                 )
 
 
+def _check_static(specs: Sequence[LayerSpec], max_cache_len: int, *options: int | bool) -> None:
+    """A static cache's options: a positive length, the other options at their defaults, specs
+    its slots store (:func:`~.static_layer.static_refusal`)."""
+    if isinstance(max_cache_len, bool) or not isinstance(max_cache_len, int) or max_cache_len < 1:
+        raise KVTunerError(f"max_cache_len must be an int >= 1, got {max_cache_len!r}")
+    if tuple(options) != (0, False, 1, 0):
+        raise KVTunerError(
+            "a static cache (max_cache_len) quantizes every token as it comes: leave "
+            "residual_length, keep_dequantized, pack_chunk and pack_reserve at their defaults"
+        )
+    for s in specs:
+        refused = static_refusal(s)
+        if refused:
+            raise KVTunerError(f"a static packed cache cannot store {refused}")
+
+
 def layer_specs_for(
     model_or_config: Any, profile_or_layer_specs: Profile | Sequence[LayerSpec]
 ) -> tuple[tuple[LayerSpec, ...], ModelFingerprint]:
@@ -133,6 +161,7 @@ def make_cache(
     pack_chunk: int = 1,
     pack_reserve: int = 0,
     decode_kernel: str = "auto",
+    max_cache_len: int | None = None,
 ) -> KVTunerCache:
     """A packed per-layer K/V cache for ``model`` (``generate(past_key_values=...)`` or forward).
 
@@ -155,6 +184,13 @@ def make_cache(
         fused Triton kernel: ``"auto"`` on CUDA, ``"always"`` also on CPU (needs
         ``TRITON_INTERPRET=1``; tests), ``"never"``. Any other attention reads the dequantized
         history, as before.
+    max_cache_len: a static cache (:class:`~.static_layer.KVTunerStaticLayer`): packed slots
+        for this many tokens a request, allocated at the first update and never again, so that
+        ``generate`` compiles its decode steps (CUDA graphs on a GPU) as it does a
+        ``StaticCache``'s. Token-axis and 16-bit specs, keys after RoPE; every token quantized
+        (the other options keep their defaults). A decode step under
+        ``attn_implementation="kvtuner"`` reads the slots with the fused kernel where
+        ``decode_kernel`` says, else with the kernel's torch reference.
     """
     for name, value, low in (
         ("residual_length", residual_length, 0),
@@ -170,6 +206,9 @@ def make_cache(
     config = getattr(model, "config", model)
     specs, model_fp = layer_specs_for(config, profile_or_layer_specs)
     _check_window_specs(specs, model_fp)
+    if max_cache_len is not None:
+        _check_static(specs, max_cache_len, residual_length, keep_dequantized, pack_chunk,
+                      pack_reserve)  # fmt: skip
     return KVTunerCache(
         specs,
         model_fp,
@@ -179,4 +218,5 @@ def make_cache(
         pack_reserve=pack_reserve,
         dispatch=KernelDispatch(decode_kernel, config),
         ropes=[key_rope_of(model, s.layer) if s.k.pre_rope else None for s in specs],
+        max_cache_len=max_cache_len,
     )
