@@ -9,7 +9,9 @@ generate above what was allocated before it (weights excluded); ``held MiB`` = a
 prefill beyond the weights (the cache and nothing else), beside the bytes the cache reports
 (``nbytes()``; K+V tensors for HF's caches). Packed caches run ``attn_implementation="kvtuner"``
 (decode reads packed rows with the fused kernel; KIVI's channel-axis keys still dequantize),
-HF's caches run sdpa. ``× best HF`` = tok/s over the faster of DynamicCache and StaticCache.
+HF's caches run sdpa. ``... static`` caches are ``make_cache(..., max_cache_len=...)``: on CUDA
+``generate`` compiles their decode step (CUDA graphs) as it compiles StaticCache's.
+``× best HF`` = tok/s over the faster of DynamicCache and StaticCache.
 ``--pack-reserve N`` lets packed histories grow in place (held MiB then exceeds nbytes MiB).
 
     python benchmarks/hf_decode.py --device cuda
@@ -38,7 +40,10 @@ CACHES = {  # label: None for HF's own caches, else (K spec kwargs, V spec kwarg
     "KV4 g32": (dict(bits=4), dict(bits=4)),
     "KIVI K4 + V4": (dict(bits=4, axis="channel"), dict(bits=4)),
     "KV8 g64": (dict(bits=8, group_size=64), dict(bits=8, group_size=64)),
+    "KV4 g32 static": (dict(bits=4), dict(bits=4)),
+    "KV8 g64 static": (dict(bits=8, group_size=64), dict(bits=8, group_size=64)),
 }
+STATIC = " static"  # a label's suffix: make_cache(max_cache_len=...), compiled as StaticCache is
 MIB = 2**20
 
 
@@ -93,6 +98,8 @@ def new_cache(model, args, label: str, total: int):
     k, v = (QuantSpec(**kw) for kw in CACHES[label])
     profile = Profile.uniform("bench", ModelFingerprint.from_config(model.config), k, v)
     kernel = "auto" if args.device == "cuda" else "always"  # CPU: prove the kernel path
+    if label.endswith(STATIC):
+        return make_cache(model, profile, decode_kernel=kernel, max_cache_len=total)
     return make_cache(model, profile, residual_length=args.residual_length, decode_kernel=kernel,
                       pack_reserve=args.pack_reserve)  # fmt: skip
 

@@ -14,7 +14,7 @@
 #                                         # 16/64 x 8k/32k, pack/unpack, the SGLang step
 #   bash scripts/gpu_session.sh check     # a 15-minute lease in one call: pack/unpack at each
 #                                         # plan, the decode plans at 16/64 x 8k/32k, an A/B
-#                                         # against .ab/, pool layouts, HF at batch 8, pytest
+#                                         # against .ab/, pool layouts, HF static at 1 x 16k, pytest
 # An A/B (the check stage, where .ab/ is carried: carry [".whl", ".ab"]), on the development
 # machine first, REV the commit to compare this checkout against:
 #   echo /.ab/ >> .git/info/exclude; rm -rf .ab; mkdir .ab
@@ -85,8 +85,8 @@ case "$stage" in
     # each launch plan (the timed ones, row blocks in a pipelined loop, Hadamard pack's new
     # plan), the decode plans against bf16 SDPA, the same decode from the tree in .ab/
     # (another commit, where carried) interleaved with this one, rows padded and as planes,
-    # pack and unpack as planes, HF generate at batch 8, Nsight Compute on KV4 g128's decode,
-    # then the GPU-only tests (step limits: 585 s)
+    # pack and unpack as planes, HF generate at batch 1 x 16k with the static packed cache,
+    # Nsight Compute on KV4 g128's decode, then the GPU-only tests (step limits: 595 s)
     nvidia-smi -L >>"$log" 2>&1
     step 85 python3 benchmarks/quant_throughput.py --device cuda --plans \
       --output "$out/quant_throughput_plans.json"
@@ -118,8 +118,11 @@ case "$stage" in
     # pack and unpack at the launchers' plans, KV4 g128 and KV8 g64 also as planes
     step 25 python3 benchmarks/quant_throughput.py --device cuda --shape 262144 8 128 \
       --output "$out/quant_throughput_layouts.json"
-    step 90 python3 benchmarks/hf_decode.py --device cuda --batch 8 --new-tokens 64 \
-      --output "$out/hf_decode_batch8.json"
+    # HF generate at batch 1 x 16k: the static packed cache (decode compiled into CUDA graphs,
+    # as StaticCache's) against StaticCache, DynamicCache and the eager packed cache
+    step 100 python3 benchmarks/hf_decode.py --device cuda --batch 1 --context 16384 \
+      --new-tokens 64 --caches dynamic static "KV4 g32" "KV4 g32 static" \
+      --output "$out/hf_decode_static.json"
     # why rows read in 4-byte copies ran at half speed (KV4 g128; KV4 g32's profile is in the
     # third lease's results): sectors a request, stall reasons, one decode launch at 64 x 8k
     for spec in "KV4 g128"; do
@@ -206,9 +209,10 @@ case "$stage" in
       --variants baseline,scale-after-dot --output "$out/attention_decode_variants_fp16.json"
     ;;
   hf)
+    step 270 python3 benchmarks/hf_decode.py --device cuda --batch 1 --context 2048 16384 \
+      --caches dynamic static "KV4 g32" "KV4 g32 static" "KV8 g64 static" \
+      --output "$out/hf_decode_static.json"
     step 270 python3 benchmarks/hf_decode.py --device cuda --output "$out/hf_decode.json"
-    step 270 python3 benchmarks/hf_decode.py --device cuda --pack-reserve 256 \
-      --output "$out/hf_decode_reserve256.json"
     ;;
   search)
     step 570 python3 benchmarks/calibration_time.py --what search --device cuda \

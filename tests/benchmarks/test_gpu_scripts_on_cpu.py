@@ -20,7 +20,7 @@ CASES = {
                          "168"],
     "sglang_backend_step": ["--smoke"],
     "hf_decode": ["--batch", "1", "--context", "24", "--new-tokens", "3", "--caches", "dynamic",
-                  "KV4 g32", *TINY_MODEL],
+                  "KV4 g32", "KV4 g32 static", *TINY_MODEL],
 }  # fmt: skip
 
 
@@ -36,7 +36,7 @@ def test_script_runs_and_writes_its_json(script, tmp_path):
     assert result["command"].startswith(f"python benchmarks/{script}.py --device cpu")
     assert result.get("results") or result.get("rows")
     if script == "hf_decode":  # every new token after the first stamped: 3 tokens, 2 steps
-        assert [r["steps_timed"] for r in result["results"]] == [2, 2], result["results"]
+        assert [r["steps_timed"] for r in result["results"]] == [2, 2, 2], result["results"]
 
 
 def test_graphs_need_a_gpu_and_say_so_in_one_line(tmp_path):
