@@ -30,7 +30,7 @@ from ..quant.reference import hadamard
 from ..quant.smoothing import smooth, unsmooth
 from ..quant.spec import QuantSpec
 from ..quant.triton_kernels import interpreted
-from .decode_kernel import launch_decode, plan_decode, serves
+from .decode_kernel import DecodePlan, launch_decode, measured_builds, plan_decode, serves
 from .extend_kernel import launch_extend, plan_extend, serves_extend
 from .kernel import launch
 from .layout import AttentionBatch, choose_splits
@@ -180,11 +180,14 @@ def attend(
                    num_stages=num_stages)  # fmt: skip
     options = {k: v for k, v in options.items() if v}  # what the caller set, over the plans'
     if specialized and serves(batch):  # its plan chooses its own splits
-        plan = plan_decode(batch)
         if max_registers is not None:
             options["max_registers"] = max_registers
-        plan = dataclasses.replace(plan, **options) if options else plan  # no copy a plain call
-        out = launch_decode(batch, *inputs, plan, out_dtype=out_dtype)
+        measured = measured_builds()
+        out = launch_decode(batch, *inputs, _decode_plan(batch, options), out_dtype=out_dtype)
+        if measured_builds() > measured:  # this launch measured its build's programs an SM
+            # on this GPU, and the next plan splits by them: launch that one now, outside any
+            # CUDA-graph capture (a capture cannot load a kernel Triton compiles for it)
+            out = launch_decode(batch, *inputs, _decode_plan(batch, options), out_dtype=out_dtype)
     elif max_registers is not None:
         raise ValueError("max_registers caps the decode kernel's registers: this batch runs "
                          "another kernel (see decode_kernel.serves)")  # fmt: skip
@@ -201,6 +204,12 @@ def attend(
             out = launch(batch, *inputs, splits, block_tokens or 64, out_dtype=out_dtype,
                          scale_after_dot=scale_after_dot, **tuning)  # fmt: skip
     return _unrotated(out, batch)
+
+
+def _decode_plan(batch: AttentionBatch, options: dict[str, Any]) -> DecodePlan:
+    """:func:`plan_decode`'s plan with what the caller set over it."""
+    plan = plan_decode(batch)
+    return dataclasses.replace(plan, **options) if options else plan  # no copy a plain call
 
 
 def _v_rotated(batch: AttentionBatch) -> bool:

@@ -232,6 +232,11 @@ def _build_key(batch: AttentionBatch, block_tokens: int, num_warps: int,
             batch.planes, block_tokens, num_warps, num_stages, max_registers)  # fmt: skip
 
 
+def measured_builds() -> int:
+    """How many decode builds this process has measured (:func:`_remember`)."""
+    return len(_PROGRAMS_AN_SM)
+
+
 def _remember(batch: AttentionBatch, plan: DecodePlan, kernel) -> None:
     """Record the programs an SM of a build just launched on a GPU (``kernel``: Triton's
     compiled kernel, its registers and shared memory), for :func:`plan_decode`'s splits; a

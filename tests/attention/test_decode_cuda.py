@@ -180,6 +180,26 @@ def test_one_warp_splits_follow_the_programs_an_sm_measured_at_the_first_launch(
     assert plan_decode(batch).splits == want
 
 
+def test_a_cuda_graph_captures_decode_after_one_eager_call():
+    """The first launch of a build measures its programs an SM, and the plan after it may split
+    otherwise: that plan is compiled in the same eager call, so a capture compiles nothing
+    (it cannot load a module)."""
+    decode_kernel._PROGRAMS_AN_SM.clear()
+    spec = QuantSpec(4)
+    k_rows, v_rows = (quantize(torch.randn(4 * 2048, 8, D, device="cuda"), spec) for _ in "kv")
+    table = torch.arange(4 * 2048, device="cuda", dtype=torch.int32).view(4, 2048)
+    lengths = torch.tensor([2048, 1000, 17, 1500], dtype=torch.int32, device="cuda")
+    q = torch.randn(4, 32, D, device="cuda", dtype=torch.bfloat16)
+    kw = dict(slot_table=table, lengths=lengths)
+    want = decode_attention(q, k_rows, v_rows, spec, spec, **kw)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = decode_attention(q, k_rows, v_rows, spec, spec, **kw)
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(got, want)
+
+
 @torch.inference_mode()
 def test_hf_cache_holds_what_nbytes_reports_after_prefill_and_decode():
     model = use_kvtuner_attention(
