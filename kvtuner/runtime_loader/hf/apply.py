@@ -30,6 +30,7 @@ def apply(
     pack_chunk: int = 1,
     pack_reserve: int = 0,
     decode_kernel: str = "auto",
+    max_cache_len: int | None = None,
 ) -> KVTunerCache:
     """Check ``profile`` (a :class:`~kvtuner.Profile` or a JSON path) fits the transformers
     ``model``, switch the model to ``attn_implementation="kvtuner"`` (sdpa, plus the fused
@@ -37,7 +38,8 @@ def apply(
     ``generate()`` call: ``model.generate(ids, cache=cache)`` (``past_key_values=`` before
     transformers 5.24), like transformers' ``QuantizedCache``.
 
-    The options are :func:`~.cache.make_cache`'s. ``decode_kernel="never"`` leaves the model's
+    The options are :func:`~.cache.make_cache`'s (``max_cache_len``: a static cache, whose
+    decode step ``generate`` compiles on CUDA). ``decode_kernel="never"`` leaves the model's
     attention as it is. A profile that does not fit raises one :class:`KVTunerError` line and
     leaves the model untouched.
     """
@@ -51,6 +53,7 @@ def apply(
         pack_chunk=pack_chunk,
         pack_reserve=pack_reserve,
         decode_kernel=decode_kernel,
+        max_cache_len=max_cache_len,
     )
     if decode_kernel != "never":
         use_kvtuner_attention(model)
