@@ -1,10 +1,12 @@
 """``attn_implementation="kvtuner"``: decode reads the packed history straight from the cache.
 
 Registered in transformers' ``AttentionInterface`` (and its mask interface, as sdpa's masks) on
-import. A :class:`~.layer.KVTunerLayer` whose :class:`KernelDispatch` accepts a decode step
-stores the new token and returns it tagged with the layer instead of the dequantized history;
-:func:`kvtuner_attention` then runs the fused kernel over the layer's packed rows and tail.
-Everything else (prefill, CPU by default, other caches) is plain sdpa.
+import. A cache layer whose :class:`KernelDispatch` accepts a decode step stores the new token
+and names itself in the attention keywords the model hands ``cache.update`` (``kwargs=``, then
+``**kwargs`` to attention: :func:`route`) instead of returning the dequantized history;
+:func:`kvtuner_attention` then calls the layer's ``attend`` (the fused kernel over its packed
+rows). A model that passes no such keywords reads the dequantized history. Everything else
+(prefill, CPU by default, other caches) is plain sdpa.
 """
 
 from __future__ import annotations
@@ -23,8 +25,7 @@ __all__ = ["ATTN_IMPLEMENTATION", "KernelDispatch", "kvtuner_attention", "use_kv
 
 ATTN_IMPLEMENTATION = "kvtuner"
 DECODE_KERNEL_MODES = ("auto", "always", "never")
-_TAG = "_kvtuner_layer"  # attribute of a decode step's returned key: the layer to read
-LAYER_KEY = "kvtuner_layer"  # a static layer's decode step: the attention keyword naming it
+LAYER_KEY = "kvtuner_layer"  # a fused decode step: the attention keyword naming its layer
 
 
 @dataclass(frozen=True)
@@ -65,50 +66,53 @@ class KernelDispatch:
         return self.mode == "always" or (self.mode == "auto" and device.type == "cuda")
 
 
-def tag(key_states: torch.Tensor, layer: Any) -> torch.Tensor:
-    """A fresh alias of ``key_states`` marked with ``layer`` (never the tensor itself: the
-    cache may keep that one as its tail, and a later read must not look fused)."""
-    marker = key_states.view_as(key_states)
-    setattr(marker, _TAG, layer)
-    return marker
+def route(layer: Any, update_kwargs: dict[str, Any]) -> bool:
+    """Name ``layer`` in the attention keywords the model passed to ``cache.update``
+    (``update_kwargs["kwargs"]``), so that :func:`kvtuner_attention` reads it; False when the
+    model passed none."""
+    attention_kwargs = update_kwargs.get("kwargs")
+    if attention_kwargs is None:
+        return False
+    attention_kwargs[LAYER_KEY] = layer
+    return True
 
 
-def is_fused(key_states: torch.Tensor) -> bool:
-    """Whether a layer's ``update`` returned a tagged key (the fused kernel reads it)."""
-    return getattr(key_states, _TAG, None) is not None
+def routed(layer: Any, update_kwargs: dict[str, Any]) -> bool:
+    """Whether ``layer``'s update named it for attention this step (:func:`route`)."""
+    return (update_kwargs.get("kwargs") or {}).get(LAYER_KEY) is layer
 
 
-def left_padding_starts(mask: torch.Tensor | None, total: int) -> torch.Tensor | None | bool:
-    """int32 [B] first attended position per request, from a decode step's mask (None: no
-    mask); False when the mask is not a left-padding mask over ``total`` tokens. Computed once
-    per mask (every layer of a step gets the same mask object)."""
+def mask_starts(
+    mask: torch.Tensor | None, stored: int | torch.Tensor
+) -> torch.Tensor | None | bool:
+    """int32 [B] first attended position per request from a decode step's mask
+    ``[B, 1, 1, W]`` (bool, or additive: 0 attends; None: no mask), the layer holding
+    ``stored`` tokens (an int: W must be it; a static layer's length tensor: W is its slots).
+    False when the mask attends anything but ``[first, stored)`` (checked eagerly: a sync;
+    a compiled step takes it as left padding). Eager, computed once a mask and length (every
+    layer of a step gets the same mask object)."""
     if mask is None:
         return None
-    cached = getattr(mask, "_kvtuner_starts", None)
-    if cached is not None and cached[0] == total:
+    eager = not torch.compiler.is_compiling()
+    key = stored if eager and isinstance(stored, int) else None
+    cached = getattr(mask, "_kvtuner_starts", None) if key is not None else None
+    if cached is not None and cached[0] == key:
         return cached[1]
-    starts = False
-    if mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[-1] == total:
-        valid = mask[:, 0, -1, :]  # [B, T] the decode token's row
-        first = (~valid).sum(-1)
-        positions = torch.arange(total, device=mask.device)
-        if torch.equal(valid, positions[None, :] >= first[:, None]):
-            starts = first.to(torch.int32)
-    mask._kvtuner_starts = (total, starts)
+    starts = _first_attended(mask, stored, check=eager)
+    if key is not None:
+        mask._kvtuner_starts = (key, starts)
     return starts
 
 
-def slot_starts(mask: torch.Tensor | None, length: torch.Tensor) -> torch.Tensor | None | bool:
-    """int32 [B] first attended slot per request from a static layer's decode mask
-    (``[B, 1, 1, max_cache_len]``, bool or additive; None: no mask). Eager, False when the
-    mask attends anything but ``[first, length)``; compiled, taken on trust (no sync)."""
-    if mask is None:
-        return None
-    valid = mask[:, 0, -1, :] if mask.dtype == torch.bool else mask[:, 0, -1, :] == 0
+def _first_attended(mask: torch.Tensor, stored: int | torch.Tensor, *, check: bool):
+    if mask.dim() != 4 or (isinstance(stored, int) and mask.shape[-1] != stored):
+        return False
+    row = mask[:, 0, -1, :]  # [B, W] the decode token's row
+    valid = row if row.dtype == torch.bool else row == 0
     first = valid.to(torch.int8).argmax(-1)
-    if not torch.compiler.is_compiling():
+    if check:
         positions = torch.arange(valid.shape[-1], device=valid.device)
-        span = (positions[None, :] >= first[:, None]) & (positions[None, :] < length)
+        span = (positions[None, :] >= first[:, None]) & (positions[None, :] < stored)
         if not torch.equal(valid, span):
             return False
     return first.to(torch.int32)
@@ -125,24 +129,18 @@ def kvtuner_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """transformers attention function: query [B, Hq, T, D] -> ([B, T, Hq, D], None)."""
-    static = kwargs.pop(LAYER_KEY, None)
-    if static is not None:
-        starts = slot_starts(attention_mask, static.cumulative_length)
+    layer = kwargs.pop(LAYER_KEY, None)
+    if layer is not None:
+        starts = mask_starts(attention_mask, layer.stored_tokens())
         if starts is not False:
-            return static.attend(query[:, :, 0], starts=starts, sm_scale=scaling).unsqueeze(1), None
-        key, value = static.history(query.dtype)  # an unusual mask: the dequantized path
+            out = layer.attend(query[:, :, 0], starts=starts, sm_scale=scaling)
+            return out.unsqueeze(1), None
+        key, value = layer.history(query.dtype)  # an unusual mask: the dequantized path
     elif key.dtype == torch.uint8:
         raise KVTunerError(
             "a static kvtuner cache returned its packed slots, but this model's attention did "
             "not receive the cache's keywords; use make_cache(..., max_cache_len=None)"
         )
-    layer = getattr(key, _TAG, None)
-    if layer is not None:
-        starts = left_padding_starts(attention_mask, layer.k.num_tokens)  # stored tokens
-        if starts is not False:
-            out = layer.attend(query[:, :, 0], starts=starts, sm_scale=scaling)
-            return out.unsqueeze(1), None
-        key, value = layer.history(query.dtype)  # an unusual mask: the dequantized path
     return sdpa_attention_forward(
         module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
     )

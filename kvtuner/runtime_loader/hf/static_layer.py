@@ -31,7 +31,7 @@ from ...profile import LayerSpec
 from ...quant.planes import layer_planes
 from ...quant.slot_ops import gather_dequantized
 from ...quant.smoothing import smooth, unsmooth
-from .attention import LAYER_KEY, KernelDispatch
+from .attention import KernelDispatch, route
 
 __all__ = ["KVTunerStaticLayer", "static_refusal"]
 
@@ -115,9 +115,7 @@ class KVTunerStaticLayer(CacheLayerMixin):
             flat = x.transpose(1, 2).reshape(-1, x.shape[1], x.shape[-1])  # [B·T, Hkv, D]
             torch.ops.kvtuner.pack_slots(rows, loc, flat, self.specs[spec], self.planes[spec])
         self.cumulative_length.add_(t)
-        attention_kwargs = kwargs.get("kwargs")
-        if t == 1 and attention_kwargs is not None and self.dispatch.fuses(key_states):
-            attention_kwargs[LAYER_KEY] = self
+        if self.dispatch.fuses(key_states) and route(self, kwargs):
             return self.k_rows, self.v_rows
         return self.history(key_states.dtype)
 
@@ -153,6 +151,10 @@ class KVTunerStaticLayer(CacheLayerMixin):
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.max_cache_len, 0
+
+    def stored_tokens(self) -> torch.Tensor:
+        """Tokens a fused step attends (a device scalar: compiled steps do not sync)."""
+        return self.cumulative_length
 
     def get_seq_length(self) -> int | torch.Tensor:
         return self.cumulative_length if self.is_initialized else 0

@@ -145,3 +145,21 @@ def test_sliding_window_layers_read_their_window_then_drop(monkeypatch, k):
     cache = make_cache(model, profile, decode_kernel="always")
     feed(model, cache, tokens(1, 12), 4)  # no mask; between steps: window - 1 tokens stored
     assert cache.layers[0].k.num_tokens == WINDOW - 1 and cache.layers[2].k.num_tokens == 12
+
+
+@pytest.mark.parametrize("additive", [False, True])
+def test_mask_starts_reads_left_padding_and_refuses_holes(additive):
+    from kvtuner.runtime_loader.hf.attention import mask_starts
+
+    valid = torch.tensor([[0, 0, 1, 1, 1, 0], [1, 1, 1, 1, 1, 0], [1, 0, 1, 1, 1, 0]]).bool()
+
+    def mask(rows):
+        m = rows[:, None, None, :]
+        return torch.where(m, 0.0, torch.finfo(torch.float32).min) if additive else m
+
+    length = torch.tensor(5)  # a static layer: 6 slots, 5 stored
+    assert mask_starts(mask(valid[:2]), length).tolist() == [2, 0]
+    assert mask_starts(mask(valid), length) is False  # request 2 skips a token
+    assert mask_starts(mask(valid[:2]), 6) is False  # a dynamic layer of 6: the last is masked
+    assert mask_starts(mask(valid[:2, :5]), 5).tolist() == [2, 0]
+    assert mask_starts(None, 5) is None

@@ -213,3 +213,16 @@ def test_smollm2_compiled_static_generation_is_the_eager_ones(smollm2):
     eager = generate(model, profile, ids.input_ids, **kw)
     got = generate(model, profile, ids.input_ids, compile_config=compiled(), **kw)
     assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1])
+
+
+def test_a_model_passing_no_attention_keywords_gets_the_dequantized_slots(tiny_llama):
+    """``cache.update`` without ``kwargs=`` (some model families): no layer is named for
+    attention, so the step returns every slot dequantized, never the packed bytes."""
+    cache = make_cache(use_kvtuner_attention(tiny_llama), uniform(tiny_llama), max_cache_len=8)
+    k, v = torch.randn(2, 2, 3, 32), torch.randn(2, 2, 3, 32)
+    cache.update(k, v, 0)
+    keys, values = cache.update(k[:, :, :1], v[:, :, :1], 0)
+    assert keys.dtype == torch.float32 and keys.shape == (2, 2, 8, 32)
+    attention_kwargs = {}
+    keys, _ = cache.update(k[:, :, :1], v[:, :, :1], 0, kwargs=attention_kwargs)
+    assert keys.dtype == torch.uint8 and attention_kwargs["kvtuner_layer"] is cache.layers[0]
