@@ -2,11 +2,11 @@
 
 Registered in transformers' ``AttentionInterface`` (and its mask interface, as sdpa's masks) on
 import. A cache layer whose :class:`KernelDispatch` accepts a decode step stores the new token
-and names itself in the attention keywords the model hands ``cache.update`` (``kwargs=``, then
-``**kwargs`` to attention: :func:`route`) instead of returning the dequantized history;
+and returns a key tagged with the layer (:func:`tag`) instead of the dequantized history;
 :func:`kvtuner_attention` then calls the layer's ``attend`` (the fused kernel over its packed
-rows). A model that passes no such keywords reads the dequantized history. Everything else
-(prefill, CPU by default, other caches) is plain sdpa.
+rows). The tag is an attribute of the key tensor: it reaches attention through any model's
+code and any transformers release, eagerly and in a compiled graph. Everything else (prefill,
+CPU by default, other caches) is plain sdpa.
 """
 
 from __future__ import annotations
@@ -19,13 +19,11 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from ...errors import KVTunerError
-
 __all__ = ["ATTN_IMPLEMENTATION", "KernelDispatch", "kvtuner_attention", "use_kvtuner_attention"]
 
 ATTN_IMPLEMENTATION = "kvtuner"
 DECODE_KERNEL_MODES = ("auto", "always", "never")
-LAYER_KEY = "kvtuner_layer"  # a fused decode step: the attention keyword naming its layer
+_TAG = "_kvtuner_layer"  # attribute of a fused decode step's returned key: the layer to read
 
 
 @dataclass(frozen=True)
@@ -66,20 +64,18 @@ class KernelDispatch:
         return self.mode == "always" or (self.mode == "auto" and device.type == "cuda")
 
 
-def route(layer: Any, update_kwargs: dict[str, Any]) -> bool:
-    """Name ``layer`` in the attention keywords the model passed to ``cache.update``
-    (``update_kwargs["kwargs"]``), so that :func:`kvtuner_attention` reads it; False when the
-    model passed none."""
-    attention_kwargs = update_kwargs.get("kwargs")
-    if attention_kwargs is None:
-        return False
-    attention_kwargs[LAYER_KEY] = layer
-    return True
+def tag(key: torch.Tensor, layer: Any) -> torch.Tensor:
+    """A fresh alias of ``key`` marked with ``layer`` (never the tensor itself: a dynamic layer
+    may keep that one as its tail, and a later read must not look fused; a static layer tags
+    an alias of its key slots once, when it allocates them)."""
+    marker = key.view_as(key)
+    setattr(marker, _TAG, layer)
+    return marker
 
 
-def routed(layer: Any, update_kwargs: dict[str, Any]) -> bool:
-    """Whether ``layer``'s update named it for attention this step (:func:`route`)."""
-    return (update_kwargs.get("kwargs") or {}).get(LAYER_KEY) is layer
+def is_fused(key: torch.Tensor) -> bool:
+    """Whether a layer's ``update`` returned a tagged key (attention reads the layer)."""
+    return getattr(key, _TAG, None) is not None
 
 
 def mask_starts(
@@ -129,18 +125,13 @@ def kvtuner_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """transformers attention function: query [B, Hq, T, D] -> ([B, T, Hq, D], None)."""
-    layer = kwargs.pop(LAYER_KEY, None)
+    layer = getattr(key, _TAG, None)
     if layer is not None:
         starts = mask_starts(attention_mask, layer.stored_tokens())
         if starts is not False:
             out = layer.attend(query[:, :, 0], starts=starts, sm_scale=scaling)
             return out.unsqueeze(1), None
         key, value = layer.history(query.dtype)  # an unusual mask: the dequantized path
-    elif key.dtype == torch.uint8:
-        raise KVTunerError(
-            "a static kvtuner cache returned its packed slots, but this model's attention did "
-            "not receive the cache's keywords; use make_cache(..., max_cache_len=None)"
-        )
     return sdpa_attention_forward(
         module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
     )

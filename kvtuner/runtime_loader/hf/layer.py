@@ -7,7 +7,7 @@ from transformers.cache_utils import DynamicLayer
 
 from ...attention.rope import rope_in_kernel
 from ...profile import LayerSpec
-from .attention import KernelDispatch, route
+from .attention import KernelDispatch, tag
 from .rope import KeyRope
 from .stream import PackedStream
 
@@ -18,9 +18,8 @@ class KVTunerLayer(DynamicLayer):
     ``update(k, v)`` takes the new states ``[B, H, T, D]`` and returns the whole history as
     attention must read it (dequantized packed rows + the full-precision residual window).
     ``self.keys`` / ``self.values`` expose the unpacked tails only, like ``QuantizedLayer``.
-    A decode step that ``dispatch`` sends to the fused kernel names this layer for attention
-    instead (:func:`.attention.route`; attention then calls :meth:`attend`): no history is
-    dequantized.
+    A decode step that ``dispatch`` sends to the fused kernel returns the new key tagged with
+    this layer instead (:mod:`.attention` then calls :meth:`attend`): no history is dequantized.
     Rolling back tokens (``crop``) is not supported: a packed block cannot be partially undone.
     ``rope``: keys are stored pre-RoPE (:mod:`.rope`); the stored key at index i sits at
     position ``first_position + i`` (a sliding-window layer's dropped tokens move it on), and
@@ -58,8 +57,8 @@ class KVTunerLayer(DynamicLayer):
         self.k.store(self._to_stored(key_states))
         self.v.store(value_states)
         self.keys, self.values = self.k.tail, self.v.tail
-        if self.dispatch.wants(key_states) and self._fusable() and route(self, kwargs):
-            return key_states, value_states  # attention reads this layer (.attention)
+        if self.dispatch.wants(key_states) and self._fusable():
+            return tag(key_states, self), value_states  # attention reads this layer
         return self.history(key_states.dtype)
 
     def _to_stored(self, keys: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from ...profile import LayerSpec
-from .attention import routed
+from .attention import is_fused
 from .layer import KVTunerLayer
 
 
@@ -35,7 +35,7 @@ class KVTunerSlidingLayer(KVTunerLayer):
         self._drop_excess()  # a fused step's pending drop, before the new keys' positions
         keys, values = super().update(key_states, value_states, *args, **kwargs)
         self.cumulative_length += key_states.shape[-2]
-        if not routed(self, kwargs):  # fused: the kernel reads the window first (see attend)
+        if not is_fused(keys):  # fused: the kernel reads the window first (see attend)
             self._drop_excess()
         return keys, values
 

@@ -31,7 +31,7 @@ from ...profile import LayerSpec
 from ...quant.planes import layer_planes
 from ...quant.slot_ops import gather_dequantized
 from ...quant.smoothing import smooth, unsmooth
-from .attention import KernelDispatch, route
+from .attention import KernelDispatch, tag
 
 __all__ = ["KVTunerStaticLayer", "static_refusal"]
 
@@ -92,6 +92,7 @@ class KVTunerStaticLayer(CacheLayerMixin):
         lam = self.spec.k_smooth
         self.k_smooth = None if lam is None else lam.tensor(self.device)
         self.kernel = self.dispatch.kernel_on(self.device)
+        self.tagged_slots = tag(self.k_rows, self)  # what a fused step hands attention
         if not torch.compiler.is_compiling():  # fixed addresses: CUDA graphs replay them
             for t in (self.k_rows, self.v_rows, self.slot_table, self.cumulative_length):
                 torch._dynamo.mark_static_address(t)
@@ -101,8 +102,8 @@ class KVTunerStaticLayer(CacheLayerMixin):
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Pack new K/V ``[B, Hkv, T, D]`` at the next T positions. A decode step the fused
-        kernel reads returns the slots (uint8: any attention but kvtuner's fails on them) and
-        names this layer in the model's attention keywords; any other returns the history."""
+        kernel reads returns the key slots tagged with this layer (uint8: no other attention
+        reads them); any other step returns the history."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         t = key_states.shape[-2]
@@ -115,8 +116,8 @@ class KVTunerStaticLayer(CacheLayerMixin):
             flat = x.transpose(1, 2).reshape(-1, x.shape[1], x.shape[-1])  # [B·T, Hkv, D]
             torch.ops.kvtuner.pack_slots(rows, loc, flat, self.specs[spec], self.planes[spec])
         self.cumulative_length.add_(t)
-        if self.dispatch.fuses(key_states) and route(self, kwargs):
-            return self.k_rows, self.v_rows
+        if self.dispatch.fuses(key_states):
+            return self.tagged_slots, self.v_rows
         return self.history(key_states.dtype)
 
     def _check_room(self, tokens: int) -> None:

@@ -14,7 +14,7 @@ from transformers import CompileConfig
 from kvtuner import KVTunerError, LayerSpec, ModelFingerprint, Profile, QuantSpec
 from kvtuner.quant import KeySmoothing
 from kvtuner.runtime_loader.hf import cache_kwargs, make_cache, use_kvtuner_attention
-from kvtuner.runtime_loader.hf.attention import kvtuner_attention
+from kvtuner.runtime_loader.hf.attention import is_fused
 
 K4 = QuantSpec(4)
 
@@ -161,13 +161,6 @@ def test_other_attention_reads_the_dequantized_slots(tiny_llama):
     same_generation(got, ref)
 
 
-def test_slots_without_the_caches_keywords_are_refused(tiny_llama):
-    q = torch.zeros(1, 4, 1, 32)
-    slots = torch.zeros(8, 2, 20, dtype=torch.uint8)
-    with pytest.raises(KVTunerError, match="did not receive the cache's keywords"):
-        kvtuner_attention(tiny_llama.model.layers[0].self_attn, q, slots, slots, None)
-
-
 @pytest.mark.cuda
 def test_on_a_gpu_generate_replays_its_decode_step_as_cuda_graphs():
     """transformers' own compile of the step (inductor, CUDA graphs): one graph, no break, no
@@ -215,14 +208,13 @@ def test_smollm2_compiled_static_generation_is_the_eager_ones(smollm2):
     assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1])
 
 
-def test_a_model_passing_no_attention_keywords_gets_the_dequantized_slots(tiny_llama):
-    """``cache.update`` without ``kwargs=`` (some model families): no layer is named for
-    attention, so the step returns every slot dequantized, never the packed bytes."""
+def test_a_decode_step_hands_attention_its_tagged_slots(tiny_llama):
+    """Whatever keywords the model passes ``cache.update`` (none before transformers 5.2x),
+    a decode step returns the key slots tagged with their layer; a prefill the history."""
     cache = make_cache(use_kvtuner_attention(tiny_llama), uniform(tiny_llama), max_cache_len=8)
     k, v = torch.randn(2, 2, 3, 32), torch.randn(2, 2, 3, 32)
-    cache.update(k, v, 0)
+    keys, _ = cache.update(k, v, 0)
+    assert not is_fused(keys) and keys.dtype == torch.float32 and keys.shape == (2, 2, 8, 32)
     keys, values = cache.update(k[:, :, :1], v[:, :, :1], 0)
-    assert keys.dtype == torch.float32 and keys.shape == (2, 2, 8, 32)
-    attention_kwargs = {}
-    keys, _ = cache.update(k[:, :, :1], v[:, :, :1], 0, kwargs=attention_kwargs)
-    assert keys.dtype == torch.uint8 and attention_kwargs["kvtuner_layer"] is cache.layers[0]
+    assert is_fused(keys) and keys._kvtuner_layer is cache.layers[0]
+    assert keys.dtype == values.dtype == torch.uint8
