@@ -135,11 +135,12 @@ class KVTunerStaticLayer(CacheLayerMixin):
     def history(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Every slot dequantized, K and V ``[B, Hkv, max_cache_len, D]`` (unwritten: zeros)."""
         loc, out = self.slot_table.flatten(), []
-        for rows, q, planes in zip((self.k_rows, self.v_rows), (self.spec.k, self.spec.v),
-                                   self.planes, strict=True):  # fmt: skip
-            x = gather_dequantized(rows, loc, q, self.head_dim, torch.float32, planes=planes)
+        k_dtype = dtype if self.k_smooth is None else torch.float32  # λ multiplies in fp32
+        for rows, q, planes, to in zip((self.k_rows, self.v_rows), (self.spec.k, self.spec.v),
+                                       self.planes, (k_dtype, dtype), strict=True):  # fmt: skip
+            x = gather_dequantized(rows, loc, q, self.head_dim, to, planes=planes)
             out.append(x.view(*self.slot_table.shape, *x.shape[1:]).transpose(1, 2))
-        return unsmooth(out[0], self.k_smooth, -3, dtype), out[1].to(dtype)
+        return unsmooth(out[0], self.k_smooth, -3, dtype), out[1]
 
     def attend(self, q: torch.Tensor, *, starts: torch.Tensor | None, sm_scale: float | None):
         """Decode attention of q [B, Hq, D] over the packed slots -> [B, Hq, D]."""
