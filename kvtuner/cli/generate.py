@@ -20,14 +20,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--residual-length",
         type=int,
-        default=128,
-        help="newest tokens kept unquantized (KIVI-style window)",
+        help="newest tokens kept unquantized (KIVI-style window; default 128)",
     )
     p.add_argument(
         "--pack-chunk",
         type=int,
-        default=32,
-        help="tokens leave the residual window this many at a time (1 = exactly the window)",
+        help="tokens leave the residual window this many at a time (1 = exactly the window; "
+        "default 32)",
+    )
+    p.add_argument(
+        "--static",
+        action="store_true",
+        help="a static packed cache: every token quantized, the decode step compiled on CUDA "
+        "(CUDA graphs)",
     )
     p.add_argument(
         "--no-chat-template",
@@ -49,6 +54,11 @@ def run(args: argparse.Namespace) -> int:
         raise KVTunerError("--max-new-tokens must be positive")
     if not args.prompt.strip():
         raise KVTunerError("empty prompt")
+    window = {"residual_length": args.residual_length, "pack_chunk": args.pack_chunk}
+    if args.static and any(v is not None for v in window.values()):
+        raise KVTunerError("--static quantizes every token: drop --residual-length/--pack-chunk")
+    defaults = {"residual_length": 128, "pack_chunk": 32}
+    window = {k: defaults[k] if v is None else v for k, v in window.items()}
     where = placement_from_args(args)
     fingerprint = model_fingerprint(args.model)  # config only: check inputs before the weights
     if args.profile:
@@ -63,8 +73,7 @@ def run(args: argparse.Namespace) -> int:
         args.prompt,
         specs,
         max_new_tokens=args.max_new_tokens,
-        residual_length=args.residual_length,
-        pack_chunk=args.pack_chunk,
+        **({"static": True} if args.static else window),
         chat=not args.no_chat_template,
     )
     print(done.text)

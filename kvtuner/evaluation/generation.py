@@ -56,15 +56,24 @@ def generate_text(
     max_new_tokens: int = 64,
     residual_length: int = 128,
     pack_chunk: int = 32,
+    static: bool = False,
     chat: bool = True,
 ) -> Completion:
-    """Greedy completion of ``prompt`` (chat template when the tokenizer has one)."""
-    from ..runtime_loader.hf import make_cache
+    """Greedy completion of ``prompt`` (chat template when the tokenizer has one). ``static``:
+    a static packed cache sized for the prompt and ``max_new_tokens`` (every token quantized;
+    the window options do not apply), the model switched to kvtuner's attention, so that
+    ``generate`` compiles its decode step on CUDA; ``kv_bytes`` is then every slot held."""
+    from ..runtime_loader.hf import make_cache, use_kvtuner_attention
 
-    cache = make_cache(
-        model, profile_or_layer_specs, residual_length=residual_length, pack_chunk=pack_chunk
-    )
     ids = _encode(tokenizer, prompt, chat).to(model_device(model))
+    if static:
+        capacity = ids.shape[1] + max_new_tokens
+        cache = make_cache(use_kvtuner_attention(model), profile_or_layer_specs,
+                           max_cache_len=capacity)  # fmt: skip
+    else:
+        cache = make_cache(
+            model, profile_or_layer_specs, residual_length=residual_length, pack_chunk=pack_chunk
+        )
     out = model.generate(
         ids,
         attention_mask=torch.ones_like(ids),
@@ -75,5 +84,5 @@ def generate_text(
     )
     new = out[0, ids.shape[1] :]
     text = tokenizer.decode(new, skip_special_tokens=True)
-    cached = cache.get_seq_length()
-    return Completion(text, ids.shape[1], len(new), cache.nbytes(), cache.fp16_nbytes(cached))
+    held = capacity if static else int(cache.get_seq_length())  # tokens the bytes are for
+    return Completion(text, ids.shape[1], len(new), cache.nbytes(), cache.fp16_nbytes(held))

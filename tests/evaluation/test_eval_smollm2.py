@@ -38,6 +38,19 @@ def test_4bit_profile_generates_a_fluent_answer(smollm2, name, residual):
     assert done.kv_bytes < 0.6 * done.fp16_bytes  # most of the 48 cached tokens are packed
 
 
+def test_static_cache_generates_the_same_fluent_answer(smollm2):
+    model, tokenizer = smollm2
+    kw = dict(max_new_tokens=12, residual_length=0, pack_chunk=1)
+    profile = uniform_profile(model, "had-kv4")
+    dynamic = generate_text(model, tokenizer, "What is the capital of France?", profile, **kw)
+    done = generate_text(model, tokenizer, "What is the capital of France?", profile,
+                         max_new_tokens=12, static=True)  # fmt: skip
+    assert done.text == dynamic.text and "The capital of France is Paris" in done.text
+    slots = done.prompt_tokens + 12  # every slot held, against fp16 of as many tokens
+    assert done.kv_bytes == profile.kv_bytes(slots)
+    assert done.kv_bytes / done.fp16_bytes == 40 / 128  # 4-bit rows of d 64: 32 B + 2 groups
+
+
 @needs_data
 def test_8bit_perplexity_within_half_a_percent_of_fp(smollm2):
     model, tokenizer = smollm2
