@@ -218,3 +218,20 @@ def test_a_decode_step_hands_attention_its_tagged_slots(tiny_llama):
     keys, values = cache.update(k[:, :, :1], v[:, :, :1], 0)
     assert is_fused(keys) and keys._kvtuner_layer is cache.layers[0]
     assert keys.dtype == values.dtype == torch.uint8
+
+
+@pytest.mark.slow
+def test_gemma3_hybrid_windows_at_head_dim_256(gemma3):
+    """The real Gemma 3 270M (5 window layers to 1 global, d 256, 1 KV head), KV8 g64: the
+    static cache's tokens are the dynamic cache's, and compiled, the fused kernel's too."""
+    model, tok = gemma3
+    model = use_kvtuner_attention(model)
+    profile = uniform(model, QuantSpec(8, 64), QuantSpec(8, 64))
+    ids = tok(["The capital of France is"], return_tensors="pt")
+    kw = dict(mask=ids.attention_mask, new=10)
+    ref = generate(model, profile, ids.input_ids, decode_kernel="never", **kw)
+    got = generate(model, profile, ids.input_ids, decode_kernel="never", max_cache_len=40, **kw)
+    same_generation(got, ref)
+    fused = generate(model, profile, ids.input_ids, decode_kernel="always", max_cache_len=40,
+                     compile_config=compiled(), **kw)  # fmt: skip
+    same_generation(fused, got)
