@@ -13,7 +13,7 @@ from .attention import DECODE_KERNEL_MODES, KernelDispatch
 from .layer import KVTunerLayer
 from .rope import KeyRope, key_rope_of
 from .sliding_layer import KVTunerSlidingLayer
-from .static_layer import KVTunerStaticLayer, static_refusal
+from .static_layer import KVTunerStaticLayer
 from .stream import predicted_stream_nbytes
 
 __all__ = ["KVTunerCache", "layer_specs_for", "make_cache"]
@@ -110,20 +110,19 @@ def _check_window_specs(specs: Sequence[LayerSpec], fingerprint: ModelFingerprin
                 )
 
 
-def _check_static(specs: Sequence[LayerSpec], max_cache_len: int, *options: int | bool) -> None:
-    """A static cache's options: a positive length, the other options at their defaults, specs
-    its slots store (:func:`~.static_layer.static_refusal`)."""
+_STATIC_OPTIONS = dict(residual_length=0, keep_dequantized=False, pack_chunk=1, pack_reserve=0)
+
+
+def _check_static(max_cache_len: int, **options: int | bool) -> None:
+    """A static cache's options: a positive length, every other option at its default (the
+    layers refuse the specs their slots cannot store)."""
     if isinstance(max_cache_len, bool) or not isinstance(max_cache_len, int) or max_cache_len < 1:
         raise KVTunerError(f"max_cache_len must be an int >= 1, got {max_cache_len!r}")
-    if tuple(options) != (0, False, 1, 0):
+    if options != _STATIC_OPTIONS:
         raise KVTunerError(
             "a static cache (max_cache_len) quantizes every token as it comes: leave "
             "residual_length, keep_dequantized, pack_chunk and pack_reserve at their defaults"
         )
-    for s in specs:
-        refused = static_refusal(s)
-        if refused:
-            raise KVTunerError(f"a static packed cache cannot store {refused}")
 
 
 def layer_specs_for(
@@ -207,8 +206,8 @@ def make_cache(
     specs, model_fp = layer_specs_for(config, profile_or_layer_specs)
     _check_window_specs(specs, model_fp)
     if max_cache_len is not None:
-        _check_static(specs, max_cache_len, residual_length, keep_dequantized, pack_chunk,
-                      pack_reserve)  # fmt: skip
+        _check_static(max_cache_len, residual_length=residual_length, pack_chunk=pack_chunk,
+                      keep_dequantized=keep_dequantized, pack_reserve=pack_reserve)  # fmt: skip
     return KVTunerCache(
         specs,
         model_fp,

@@ -33,10 +33,10 @@ from ...quant.slot_ops import gather_dequantized
 from ...quant.smoothing import smooth, unsmooth
 from .attention import KernelDispatch, tag
 
-__all__ = ["KVTunerStaticLayer", "static_refusal"]
+__all__ = ["KVTunerStaticLayer"]
 
 
-def static_refusal(spec: LayerSpec) -> str | None:
+def _refusal(spec: LayerSpec) -> str | None:
     """Why a static layer cannot store ``spec`` (None: it can)."""
     for name, q in (("k", spec.k), ("v", spec.v)):
         if q.is_quantized and q.axis == "channel":
@@ -65,7 +65,7 @@ class KVTunerStaticLayer(CacheLayerMixin):
         dispatch: KernelDispatch | None = None,
     ):
         super().__init__()
-        refused = static_refusal(spec)
+        refused = _refusal(spec)
         if refused:
             raise KVTunerError(f"a static packed cache cannot store {refused}")
         for q in (spec.k, spec.v):
@@ -73,7 +73,7 @@ class KVTunerStaticLayer(CacheLayerMixin):
         self.spec, self.head_dim, self.max_cache_len = spec, head_dim, max_cache_len
         self.window = window
         self.dispatch = dispatch or KernelDispatch("auto")
-        self.specs = [spec_text(spec.k), spec_text(spec.v)]
+        self.spec_texts = (spec_text(spec.k), spec_text(spec.v))
         self.cumulative_length = torch.tensor(0, dtype=torch.int64)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -114,7 +114,7 @@ class KVTunerStaticLayer(CacheLayerMixin):
         keys = smooth(key_states, self.k_smooth, -3)
         for rows, x, spec in ((self.k_rows, keys, 0), (self.v_rows, value_states, 1)):
             flat = x.transpose(1, 2).reshape(-1, x.shape[1], x.shape[-1])  # [B·T, Hkv, D]
-            torch.ops.kvtuner.pack_slots(rows, loc, flat, self.specs[spec], self.planes[spec])
+            torch.ops.kvtuner.pack_slots(rows, loc, flat, self.spec_texts[spec], self.planes[spec])
         self.cumulative_length.add_(t)
         if self.dispatch.fuses(key_states):
             return self.tagged_slots, self.v_rows
@@ -148,7 +148,7 @@ class KVTunerStaticLayer(CacheLayerMixin):
         scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
         return torch.ops.kvtuner.decode_slots(
             q.contiguous(), self.k_rows, self.v_rows, self.slot_table, lengths, starts,
-            self.k_smooth, *self.specs, scale, self.window or 0, any(self.planes), self.kernel,
+            self.k_smooth, *self.spec_texts, scale, self.window or 0, any(self.planes), self.kernel,
         )  # fmt: skip
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
