@@ -168,6 +168,8 @@ def _attention_layout(config: Any) -> tuple[tuple[str, ...], int | None]:
     from transformers.cache_utils import get_layer_types_and_kwargs
 
     types, kwargs = get_layer_types_and_kwargs(config)
+    if isinstance(kwargs, dict):  # transformers before 5.2x: one dict for every layer
+        kwargs = [kwargs]
     unknown = sorted(set(types) - set(ATTENTION_TYPES))
     if unknown:
         raise KVTunerError(
