@@ -9,8 +9,9 @@ page's per-channel scales and zeros; the request's filling page (staged fp value
 program's, as a tail is (:func:`.packed_rows.pages_decodable`).
 
 Grid ``(B, Hkv, splits + tail)``: a program owns one KV head of one request and one slice of
-its packed tokens (flash decoding); the ``Hq / Hkv`` query heads of that KV head are the rows of
-its ``tl.dot`` (padded to 16), so each K/V tile is loaded once for all of them. A request with
+its packed tokens (flash decoding); the ``Hq / Hkv`` query heads of that KV head share each K/V
+tile, loaded once for all of them: on one warp the tile's tokens are the MMA's rows and the
+heads its 8 columns (:func:`.tiles._qk`), on more q's rows are, padded to 16. A request with
 an unpacked tail (the HF cache) gets one more program that attends only the tail. Partials merge
 in :func:`.splits.merge_splits` (sinks there).
 
@@ -47,7 +48,7 @@ from .packed_rows import (
 from .rope import kernel_rope
 from .rope_rows import rope_decodable, rope_query, spans
 from .splits import merge_splits, softmax_args, split_chunk, store_partial
-from .tiles import _dot, _softmax_step
+from .tiles import _pv, _qk, _softmax_step
 
 __all__ = ["DecodePlan", "launch_decode", "plan_decode", "serves"]
 
@@ -56,8 +57,8 @@ __all__ = ["DecodePlan", "launch_decode", "plan_decode", "serves"]
 def _tail_part(q, kt_base, vt_base, kt_st, vt_st, tail_len, packed, start, qpos, window,
                score_scale, cap_log2, rope, D: tl.constexpr, BT: tl.constexpr,
                HAS_START: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-               IEEE: tl.constexpr, ROPE_HALF: tl.constexpr,
-               K_BITS: tl.constexpr):  # fmt: skip
+               IEEE: tl.constexpr, ROPE_HALF: tl.constexpr, K_BITS: tl.constexpr,
+               KEYS_FIRST: tl.constexpr):  # fmt: skip
     """Online softmax over the unpacked tail ([Tt, D] rows after ``packed`` positions);
     pre-RoPE keys read in spans and rotated as the packed ones (:mod:`.rope_rows`)."""
     QP: tl.constexpr = q.shape[0]
@@ -77,12 +78,12 @@ def _tail_part(q, kt_base, vt_base, kt_st, vt_st, tail_len, packed, start, qpos,
             ok = ok & (t > qpos - window)
         if ROPE_HALF:  # keys rotated to their positions, read in the packed keys' spans
             k_spans = spans(k.to(q.dtype), ROPE_HALF, K_BITS)
-            s = rope_scores(rope, k_spans, t, D, ROPE_HALF, IEEE)
+            s = rope_scores(rope, k_spans, t, D, ROPE_HALF, IEEE, KEYS_FIRST)
         else:
-            s = _dot(q, tl.trans(k.to(q.dtype)), IEEE)
+            s = _qk(q, k.to(q.dtype), IEEE, KEYS_FIRST)
         m, denom, alpha, p = _softmax_step(s, ok[None, :], m, denom, score_scale, cap_log2,
                                            SOFTCAP)  # fmt: skip
-        acc = acc * alpha[:, None] + _dot(p.to(q.dtype), v.to(q.dtype), IEEE)
+        acc = acc * alpha[:, None] + _pv(p.to(q.dtype), v.to(q.dtype), IEEE, KEYS_FIRST)
     return m, denom, acc
 
 
@@ -149,7 +150,7 @@ def _decode_kernel(
         m, denom, acc = _tail_part(
             q, kt_base, vt_base, kt_st, vt_st, tail_len, packed, start, qpos, window,
             score_scale, cap_log2, rope, D, 16, HAS_START, WINDOW, SOFTCAP, DOT_IEEE, ROPE_HALF,
-            K_BITS,
+            K_BITS, ONE_WARP,
         )  # fmt: skip
     at = ((b64 * tl.num_programs(1) + h64) * GROUP + r) * tl.num_programs(2) + split
     store_partial(o_ptr, lse_ptr, at, m, denom, acc, q_ok)  # [B, Hq, parts] partials
@@ -292,6 +293,15 @@ def _within_pages(batch: AttentionBatch, plan: DecodePlan) -> DecodePlan:
     return plan if tile == plan.block_tokens else dataclasses.replace(plan, block_tokens=tile)
 
 
+def _query_rows(group: int, plan: DecodePlan) -> int:
+    """Rows of q a program holds (its ``Hq / Hkv`` heads, padded): one warp dots keys first
+    (:func:`.tiles._qk`), the heads the MMA's columns, 8 wide (4 padded to 16 were 182
+    registers and 64 MMAs a KV4 g32 tile, against 167 and 32 at 8; below 8, 16 bytes spilled
+    at KV2 g32); more warps dot q first, its rows the MMA's 16 (keys first took 4 more programs'
+    worth of registers at KIVI K3 V3 pages and 31 more instructions a tile at d 256)."""
+    return max(8 if plan.num_warps == 1 else 16, next_power_of_2(group))
+
+
 def serves(batch: AttentionBatch) -> bool:
     """Whether :func:`launch_decode` runs this batch: one query token per request (not ragged),
     token-axis (or 16-bit) K and V as :func:`.packed_rows.decodable` says, rows aligned to 4
@@ -352,7 +362,7 @@ def launch_decode(
         batch.lengths, starts, partial, lse, freq, k_pos0, stage, stage_rows, q.stride(0),
         q.stride(2), *k_args[2:], *v_args[2:], *k_tail.stride()[:3], *v_tail.stride()[:3],
         *stage.stride()[:3], table.stride(0) if paged else 0, tail_len, chunk, splits,
-        **softmax_args(batch), D=dim, GROUP=group, QP=max(16, next_power_of_2(group)),
+        **softmax_args(batch), D=dim, GROUP=group, QP=_query_rows(group, plan),
         BT=plan.block_tokens, K_BITS=k.bits,
         K_G=k.group_size, K_SYM=k.symmetric and k.is_quantized, K_VEC=batch.k_vec, V_BITS=v.bits,
         V_G=v.group_size, V_SYM=v.symmetric and v.is_quantized, V_VEC=batch.v_vec, PAGED=paged,

@@ -32,7 +32,7 @@ from triton.language.extra import libdevice
 
 from ..quant.spec import QuantSpec
 from ..quant.triton_codes import chunk_codes
-from .tiles import _dot, _softmax_step
+from .tiles import _pv, _qk, _softmax_step
 
 __all__ = [
     "decodable",
@@ -260,42 +260,45 @@ def dequantized(words_ptr, half_ptr, at, meta, C0: tl.constexpr, W: tl.constexpr
 
 @triton.jit
 def scores(q, q_sum, k_words, k_half, at, meta, D: tl.constexpr, BITS: tl.constexpr,
-           G: tl.constexpr, SYM: tl.constexpr, IEEE: tl.constexpr,
-           JOINT: tl.constexpr = False):  # fmt: skip
+           G: tl.constexpr, SYM: tl.constexpr, IEEE: tl.constexpr, JOINT: tl.constexpr = False,
+           KEYS_FIRST: tl.constexpr = False):  # fmt: skip
     """Raw scores fp32 [QP, BT] of q [QP, D] (row sums q_sum fp32 [QP]) against the keys at
     word ``at`` [BT]; one scale a token-head: scale·(q·codes) + zero·Σq, after the dot.
-    ``JOINT`` as in :func:`row_meta`."""
+    ``JOINT`` as in :func:`row_meta`, ``KEYS_FIRST`` as in :func:`.tiles._qk`."""
     BT: tl.constexpr = at.shape[0]
     if BITS < 16 and G == D:
         codes = row_codes(k_words, at, D, BITS, q.dtype)
         scale, zero = row_meta(k_words, k_half, meta, 0, D, D, BITS, G, SYM, tl.float32)  # [BT, 1]
-        s = _dot(q, tl.trans(codes), IEEE)
+        s = _qk(q, codes, IEEE, KEYS_FIRST)
         s = s * tl.reshape(scale, [1, BT]) + q_sum[:, None] * tl.reshape(zero, [1, BT])
     else:
         k = dequantized(k_words, k_half, at, meta, 0, D, D, BITS, G, SYM, q.dtype, JOINT)
-        s = _dot(q, tl.trans(k), IEEE)
+        s = _qk(q, k, IEEE, KEYS_FIRST)
     return s
 
 
 @triton.jit
 def values(p, v_words, v_half, at, meta, D: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr,
            SYM: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr,
-           JOINT: tl.constexpr = False, LANES: tl.constexpr = False):  # fmt: skip
+           JOINT: tl.constexpr = False, LANES: tl.constexpr = False,
+           KEYS_FIRST: tl.constexpr = False):  # fmt: skip
     """p fp32 [QP, BT] times the values at word ``at`` [BT] -> (fp32 [QP, D], fp32 [QP]: the
     zeros' part Σ_t p·zero, added to every channel by the caller; 0 unless one scale a row).
-    ``JOINT`` as in :func:`row_meta`; ``LANES`` (2/4/8-bit groups narrower than the row): the
-    result in :func:`value_lanes` order."""
+    ``JOINT`` as in :func:`row_meta`; ``LANES`` (2/4/8-bit codes): the result in
+    :func:`value_lanes` order; ``KEYS_FIRST`` as in :func:`.tiles._pv`."""
     BT: tl.constexpr = at.shape[0]
     if BITS < 16 and G == D:
         codes = row_codes(v_words, at, D, BITS, DT)
         scale, zero = row_meta(v_words, v_half, meta, 0, D, D, BITS, G, SYM, tl.float32)  # [BT, 1]
-        pv = _dot((p * tl.reshape(scale, [1, BT])).to(DT), codes, IEEE)
+        if LANES:
+            codes = value_lanes(codes, BITS)
+        pv = _pv((p * tl.reshape(scale, [1, BT])).to(DT), codes, IEEE, KEYS_FIRST)
         pz = tl.sum(p * tl.reshape(zero, [1, BT]), 1)
     else:
         v = dequantized(v_words, v_half, at, meta, 0, D, D, BITS, G, SYM, DT, JOINT, LANES)
         if LANES:
             v = value_lanes(v, BITS)
-        pv = _dot(p.to(DT), v, IEEE)
+        pv = _pv(p.to(DT), v, IEEE, KEYS_FIRST)
         pz = tl.zeros([p.shape[0]], tl.float32)
     return pv, pz
 
@@ -326,8 +329,9 @@ def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at
     QP: tl.constexpr = q.shape[0]
     # one-warp decode: the value tile in lane order (on 4 warps, d 256, it took more shared
     # memory, not less; extend, at 4-8 warps and up to 255 registers, spilled 80 bytes with it
-    # at KV8 g64; one scale a row spilled 8 at KV4 g128)
-    V_LANES: tl.constexpr = ONE_WARP and V_BITS < 16 and 32 % V_BITS == 0 and V_G < D
+    # at KV8 g64); one scale a row too since keys come first (KV4 g128, sm_90a: 168 registers
+    # and 8 bytes spilled without, 134 and none with)
+    V_LANES: tl.constexpr = ONE_WARP and V_BITS < 16 and 32 % V_BITS == 0
     if not ROPE_HALF:
         q_sum = tl.sum(q.to(tl.float32), 1)
         if K_BITS < 16 and 32 % K_BITS == 0 and K_CHANNEL != 2:
@@ -354,23 +358,23 @@ def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at
             if ROPE_HALF:
                 spans = page_spans(k_words, k_half, pages, block, page, j, ok, K_CHANNEL == 2,
                                    D, ROPE_HALF, K_BITS, K_G, K_SYM, q.dtype)  # fmt: skip
-                s = rope_scores(rope, spans, t, D, ROPE_HALF, IEEE)
+                s = rope_scores(rope, spans, t, D, ROPE_HALF, IEEE, ONE_WARP)
             elif K_CHANNEL == 1:
                 k = page_rows(k_words, k_half, block, j, 0, D, D, K_BITS, K_G, K_SYM, q.dtype)
-                s = _dot(q, tl.trans(k), IEEE)
+                s = _qk(q, k, IEEE, ONE_WARP)
             else:  # q in channel order
                 k = staged_rows(pages, page, j, ok, tl.arange(0, D)).to(q.dtype)
-                s = _dot(q, tl.trans(k), IEEE)
+                s = _qk(q, k, IEEE, ONE_WARP)
         elif ROPE_HALF:  # each key rotated forward to its position: element-wise tiles
             spans = key_spans(k_words, k_half, k_at, k_meta, D, ROPE_HALF, K_BITS, K_G, K_SYM,
                               q.dtype)  # fmt: skip
-            s = rope_scores(rope, spans, t, D, ROPE_HALF, IEEE)
+            s = rope_scores(rope, spans, t, D, ROPE_HALF, IEEE, ONE_WARP)
         else:
             s = scores(q, q_sum, k_words, k_half, k_at, k_meta, D, K_BITS, K_G, K_SYM, IEEE,
-                       not CAUSAL)  # fmt: skip
+                       not CAUSAL, ONE_WARP)  # fmt: skip
         m, denom, alpha, p = _softmax_step(s, seen, m, denom, score_scale, cap_log2, SOFTCAP)
         pv, pz = values(p, v_words, v_half, v_at, v_meta, D, V_BITS, V_G, V_SYM,
-                        q.dtype, IEEE, not CAUSAL, V_LANES)  # fmt: skip
+                        q.dtype, IEEE, not CAUSAL, V_LANES, ONE_WARP)  # fmt: skip
         acc = acc * alpha[:, None] + pv
         acc_z = acc_z * alpha + pz
     acc += acc_z[:, None]
@@ -483,10 +487,12 @@ def key_spans(k_words, k_half, at, meta, D: tl.constexpr, HALF: tl.constexpr, BI
 
 
 @triton.jit
-def rope_scores(rope, spans, t, D: tl.constexpr, HALF: tl.constexpr, IEEE: tl.constexpr):
+def rope_scores(rope, spans, t, D: tl.constexpr, HALF: tl.constexpr, IEEE: tl.constexpr,
+                KEYS_FIRST: tl.constexpr = False):  # fmt: skip
     """Raw scores fp32 [QP, BT] of q (``rope``: :func:`.rope_rows.rope_query`'s tuple) against keys
     stored at position 0 (``spans``: :func:`key_spans`) of token indices t [BT], each rotated
-    forward to ``pos0 + t``: channel pair (j, j + HALF) turns by that position times f_j."""
+    forward to ``pos0 + t``: channel pair (j, j + HALF) turns by that position times f_j;
+    ``KEYS_FIRST`` as in :func:`.tiles._qk`."""
     q_lo, q_hi, q_pass, freq, pos0 = rope
     lo, hi, rest = spans
     DT: tl.constexpr = q_lo.dtype
@@ -494,9 +500,9 @@ def rope_scores(rope, spans, t, D: tl.constexpr, HALF: tl.constexpr, IEEE: tl.co
     cos, sin = cos_sin(angle, IEEE)
     cos, sin = cos.to(DT), sin.to(DT)
     lo, hi = lo * cos - hi * sin, hi * cos + lo * sin
-    s = _dot(q_lo, tl.trans(lo), IEEE) + _dot(q_hi, tl.trans(hi), IEEE)
+    s = _qk(q_lo, lo, IEEE, KEYS_FIRST) + _qk(q_hi, hi, IEEE, KEYS_FIRST)
     if pass_start(D, HALF) < D:
-        s += _dot(q_pass, tl.trans(rest), IEEE)
+        s += _qk(q_pass, rest, IEEE, KEYS_FIRST)
     return s
 
 

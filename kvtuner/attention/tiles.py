@@ -126,6 +126,26 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _qk(q, k, IEEE: tl.constexpr, KEYS_FIRST: tl.constexpr):
+    """Raw scores fp32 [QP, BT] of q [QP, D] against keys k [BT, D]. ``KEYS_FIRST`` (decode):
+    as (k·qᵀ)ᵀ, so that the tile's BT tokens are the MMA's rows and the few query heads of a KV
+    head its columns (8 wide, where q's rows were padded to 16: one-warp KV4 g32, sm_90a: 182 ->
+    167 registers, 64 -> 32 MMAs and 1183 -> 1025 instructions a tile)."""
+    if KEYS_FIRST:
+        return tl.trans(_dot(k, tl.trans(q), IEEE))
+    return _dot(q, tl.trans(k), IEEE)
+
+
+@triton.jit
+def _pv(p, v, IEEE: tl.constexpr, KEYS_FIRST: tl.constexpr):
+    """p [QP, BT] times values v [BT, D] -> fp32 [QP, D]; ``KEYS_FIRST`` as in :func:`_qk`:
+    (vᵀ·pᵀ)ᵀ, the head_dim channels the MMA's rows."""
+    if KEYS_FIRST:
+        return tl.trans(_dot(tl.trans(v), tl.trans(p), IEEE))
+    return _dot(p, v, IEEE)
+
+
+@triton.jit
 def _softmax_step(s, ok, m, denom, score_scale, cap_log2, SOFTCAP: tl.constexpr):
     """One tile of the online softmax: raw scores s = q·k fp32 [QP, BT], ok [QP, BT] ->
     (m, denom) updated, alpha [QP] (rescales what was accumulated), p fp32 [QP, BT]. Scores in

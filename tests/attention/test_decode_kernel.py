@@ -129,18 +129,45 @@ def test_left_padding_rows_stay_unread_so_nan_there_never_reaches_a_result(spec)
 
 @pytest.mark.parametrize(
     "v_spec",
-    [QuantSpec(4), QuantSpec(8, group_size=64), QuantSpec(2, group_size=32, symmetric=True)],
+    [
+        QuantSpec(4),
+        QuantSpec(8, group_size=64),
+        QuantSpec(2, group_size=32, symmetric=True),
+        QuantSpec(4, group_size=128),
+    ],
     ids=QuantSpec.short,
 )
 def test_value_tiles_in_the_mma_lane_order_at_head_dim_128(v_spec):
     """Decode reads value tiles in the MMA's lane order (:func:`value_lanes`): at head_dim 128
     a lane dequantizes 1, 2 or 4 words of each row (2, 4, 8 bits) with its own group's scale
-    and zero, and the result comes back to channel order once; at head_dim 64 (the tests
-    above) 2-bit rows keep pair order."""
+    and zero, or takes the raw codes of a row of one scale (scaled after the dot), and the
+    result comes back to channel order once; at head_dim 64 (the tests above) 2-bit rows keep
+    pair order."""
     args, kw = pool(QuantSpec(4), v_spec, lengths=[100, 40], dim=128)
     q = torch.randn(2, 8, 128, generator=gen(5))
     check(q, args, kw, block_tokens=16, num_splits=2)
     check(q, args, kw)
+
+
+FP16_SPECS = [s for s in SPECS if "hadamard" not in (s[0].rotation, s[1].rotation)]
+
+
+@pytest.mark.parametrize("k_spec,v_spec", FP16_SPECS, ids=lambda s: s.short())
+@pytest.mark.parametrize("ratio", [1, 8])
+def test_the_gpus_fp16_dots_match_the_reference_under_the_interpreter(k_spec, v_spec, ratio):
+    """On a GPU q reaches the kernel in 16 bits and the dots run in fp16: codes become fp16 by
+    the exponent trick, keys dotted first with the heads as the MMA's 8 columns (1 and 8
+    heads a KV head here). The launcher hands the interpreter fp32 queries; fp16 ones given to
+    :func:`launch_decode` itself run that GPU path on the CPU (hadamard keys aside: their q
+    is rotated by the caller)."""
+    args, kw = pool(k_spec, v_spec)
+    q = torch.randn(3, 2 * ratio, D, generator=gen(1)) * 2
+    batch = AttentionBatch(q=q.half().unsqueeze(1), k_rows=args[0], v_rows=args[1],
+                           k_spec=k_spec, v_spec=v_spec, **kw)  # fmt: skip
+    assert serves(batch)
+    got = launch_decode(batch, batch.q, None, None, plan_decode(batch)).squeeze(1)
+    want = decode_attention_reference(q.half().float(), *args, **kw)
+    torch.testing.assert_close(got, want, atol=1.5e-2, rtol=1.5e-2)
 
 
 def test_rows_of_68_bytes_load_words_and_nan_rows_outside_the_window_stay_unread():
