@@ -169,6 +169,7 @@ def decode_cases() -> dict:
     )
     cases["decode KIVI K4 g32 V4 g32 pre-RoPE"] = decode(kivi_rope)
     cases["decode KIVI K3 g32 V3 g32"] = decode(kivi_batch(3))
+    cases["decode KIVI K3 g32 V3 g32 pre-RoPE"] = decode(pre_rope(kivi_batch(3), D))
     cases["decode KIVI K4 g32 V4 g32 pre-RoPE, the general kernel (windows)"] = lambda: launch(
         kivi_rope, kivi_rope.q, None, None, splits, 64
     )
@@ -211,13 +212,15 @@ def pre_rope(batch, rotary: int):
 
 def rope_batches() -> dict:
     """The decode kernel's pre-RoPE keys: full rotary (Llama), a half and a quarter
-    (GPT-NeoX-style partial rotary: a pass-through span), and KV8 g64 and g32."""
+    (GPT-NeoX-style partial rotary: a pass-through span), KV8 g64 and g32, and codes that
+    straddle words (3 bits)."""
     return {
         "decode KV4 g32 pre-RoPE": pre_rope(paged_batch("KV4 g32"), D),
         "decode KV4 g32 pre-RoPE R=D/2": pre_rope(paged_batch("KV4 g32"), D // 2),
         "decode KV4 g32 pre-RoPE R=D/4": pre_rope(paged_batch("KV4 g32"), D // 4),
         "decode KV8 g32 pre-RoPE": pre_rope(paged_batch("KV8 g32"), D),
         "decode KV8 g64 pre-RoPE": pre_rope(paged_batch("KV8 g64"), D),
+        "decode KV3 g32 pre-RoPE": pre_rope(paged_batch("KV3 g32"), D),
     }
 
 

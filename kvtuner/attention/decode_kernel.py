@@ -190,18 +190,19 @@ def plan_decode(batch: AttentionBatch, *, sms: int | None = None) -> DecodePlan:
     - 32 tokens for keys stored after RoPE: a pool's token rows (timed: at 32-64 × 8192 and
       16-64 × 32768 KV4 g32 ran at 1.10-1.15× bf16 SDPA against 0.67× on 64 tokens × 4
       warps, KV8 g64 at 0.81-0.88× against 0.61-0.66×, K8V4 at 0.90-0.91×) and, build-
-      predicted, the HF cache's rows with a tail and KIVI pages of 2/4/8/16-bit codes (38 and
-      45 instructions a key against 49 and 65 on 4 warps); and for token rows of pre-RoPE keys
+      predicted, the HF cache's rows with a tail and KIVI pages (38 and 45 instructions a key
+      against 49 and 65 on 4 warps at 4 bits; 61-64 against 89-91 at 3/5/6, whose pages
+      spilled on one warp until keys came first); and for token rows of pre-RoPE keys
       rotated over part of the row (build-predicted: 52-62 against 69-95). KV4 g128 and KV3
       g32 (rows read in 4-byte copies) ran at 0.58× and 0.36× there, against 0.54× and 0.34×
       at their best tile of 2-4 warps (64 × 32768);
     - 16 tokens for KIVI pages of pre-RoPE keys (build-predicted: 69-104 instructions a key
-      against 112) and token rows of keys rotated over the whole row whose codes fill words (2,
-      4, 8 or 16 bits; KV4 g32 and KV8 g64 timed at 0.41-0.43× bf16 SDPA, against 0.36-0.39×
-      on 64 tokens × 4 warps).
-    Those builds: 168-255 registers, 8-12 programs an SM, no spill. The rest spilled on one
-    warp (3/5/6-bit keys rotated over the whole row, 32 bytes at 16 tokens; KIVI pages of
-    3/5/6-bit codes, 56 bytes at 32 tokens), or are d > 128 or
+      against 112; 3 bits: 98 against 120) and token rows of keys rotated over the whole row
+      (2, 4, 8 or 16 bits: KV4 g32 and KV8 g64 timed at 0.41-0.43× bf16 SDPA, against
+      0.36-0.39× on 64 tokens × 4 warps; 3/5/6 bits build-predicted: 99-102 instructions a
+      key against 249-265 on 16 tokens × 8 warps, which they took while one warp spilled).
+    Those builds: 122-244 registers, 8-16 programs an SM, no spill (keys dotted first,
+    :func:`.tiles._qk`). The rest, d > 128 or
     pre-RoPE keys with a tail: 64 tokens on 4 warps where K and V are
     :func:`.packed_rows.wide_rows` at d <= 128 and the keys not pre-RoPE or of 4 bits (3 stages
     where rows load 16 bytes at a time and keys are not pre-RoPE); pre-RoPE keys rotated over
@@ -218,7 +219,8 @@ def plan_decode(batch: AttentionBatch, *, sms: int | None = None) -> DecodePlan:
 
 # programs an SM of each decode build launched on this process's GPUs (from its registers and
 # shared memory: :func:`_remember`); a build not launched yet is planned at the guess (the
-# one-warp tile held 8 before its value tiles came in lane order, 10-12 since: sm_90a)
+# one-warp tile held 8 before its value tiles came in lane order, 10-12 since, 11-16 with keys
+# dotted first: sm_90a)
 _PROGRAMS_AN_SM: dict[tuple, int] = {}
 GUESSED_PROGRAMS_AN_SM = 8
 
@@ -260,15 +262,14 @@ def _remember(batch: AttentionBatch, plan: DecodePlan, kernel) -> None:
 def _one_warp_tile(batch: AttentionBatch) -> dict | None:
     """:func:`plan_decode`'s one-warp tiles, None where the batch takes more warps."""
     kivi = kivi_keys(batch)
-    words = all(not s.is_quantized or 32 % s.bits == 0 for s in (batch.k_spec, batch.v_spec))
-    if batch.head_dim > 128 or (kivi and not words):  # KIVI K3 V3 pages: 56 B spilled
+    if batch.head_dim > 128:
         return None
     if batch.rope_freq is None:
         return dict(block_tokens=32, num_warps=1, num_stages=2)
     partial = 2 * batch.rope_freq.shape[0] < batch.head_dim
     if not kivi and partial and batch.k_tail is None:
         return dict(block_tokens=32, num_warps=1, num_stages=2)
-    if kivi or (words and batch.k_tail is None):
+    if kivi or batch.k_tail is None:
         return dict(block_tokens=16, num_warps=1, num_stages=2)
     return None
 

@@ -65,7 +65,8 @@ def test_pre_rope_and_kivi_keys_run_the_specialised_kernels_within_the_same_limi
     extend): the specialised kernels, not the general one, and the limits above (the loop
     there covers them; this pins the rows)."""
     labels = {"decode KV4 g32 pre-RoPE", "decode KV4 g32 pre-RoPE R=D/4", "decode KV8 g64 pre-RoPE",
-              "decode KIVI K4 g32 V4 g32", "decode KIVI K4 g32 V4 g32 pre-RoPE",
+              "decode KV3 g32 pre-RoPE", "decode KIVI K4 g32 V4 g32",
+              "decode KIVI K4 g32 V4 g32 pre-RoPE", "decode KIVI K3 g32 V3 g32 pre-RoPE",
               "extend KIVI K4 g32 V4 g32, new tokens in hand"}  # fmt: skip
     rows = [r for r in decode_rows if r["label"] in labels and r["kernel"] != "_reduce_kernel"]
     assert {r["label"] for r in rows} == labels
@@ -111,6 +112,15 @@ def test_planes_load_and_store_codes_16_bytes_at_a_time(decode_rows):
         assert "128" not in rows["stg_widths"] and planes["stg_widths"].get("128", 0) >= 4, label
         unpack = by_label[f"unpack {label} planes"]
         assert unpack["ldg_widths"].get("128", 0) >= 1, (label, unpack["ldg_widths"])
+
+
+def test_one_scale_a_token_head_in_planes_decodes_within_128_registers(decode_rows):
+    """Issue 43's aim for the per-token-head format: <= 128 registers and 16-byte code copies.
+    Keys dotted first and the value codes in lane order took its one-warp tile from 255
+    registers and 8 programs an SM to 122 and 16 (sm_90a)."""
+    row = next(r for r in decode_rows if r["label"] == "decode KV4 g128 planes")
+    assert row["reg"] <= 128 and row["spill_bytes"] == 0, row
+    assert row["ldgsts_widths"].get("128", 0) >= 16, row["ldgsts_widths"]
 
 
 def test_decode_value_tiles_reach_the_dot_without_a_layout_change(decode_rows):
