@@ -99,14 +99,15 @@ case "$stage" in
       --output "$out/attention_decode_graphs.json"  # 16 x 8k without the host's eager work
     if [ -d .ab/kvtuner ]; then  # A/B at one shape, the two trees in turn, one round (two
       # rounds agreed within 0.5 % in the third lease); .ab/REV names the other commit
-      # (2026-11-27: bdfb5d3, the value tiles' layout change through shared memory and 8
-      # one-warp programs an SM, against lane order, 11, and splits from the build)
+      # (2026-11-27: b4edb09, q's rows padded to 16 as the MMA's, against keys dotted first
+      # with the heads its 8 columns: KV4 g32 182 -> 167 registers, KV4 g128 211 -> 134, KV3
+      # g32 241 -> 141, 12-15 programs an SM, 7-20 % fewer instructions a tile there, sm_90a)
       cat .ab/REV >>"$log" 2>/dev/null
       for tree in .ab .; do
         name=$([ "$tree" = . ] && echo this || echo ab)
         step 35 env PYTHONPATH="/tmp/site:$PWD/$tree" python3 "$tree/benchmarks/attention_decode.py" \
-          --device cuda --batch 16 64 --context 32768 --specs "KV4 g32" "KV8 g64" \
-          --variants decode-kernel --output "$out/ab_${name}.json"  # 22 and 5 splits now
+          --device cuda --batch 64 --context 32768 --specs "KV4 g32" "KV8 g64" "KV4 g128" \
+          "KV3 g32" --variants decode-kernel --output "$out/ab_${name}.json"
       done
     fi
     # copy width or bytes? rows that are no multiple of 16 bytes (KV4 g128 68, KV8 g64 136,

@@ -191,7 +191,7 @@ def plan_decode(batch: AttentionBatch, *, sms: int | None = None) -> DecodePlan:
       16-64 × 32768 KV4 g32 ran at 1.10-1.15× bf16 SDPA against 0.67× on 64 tokens × 4
       warps, KV8 g64 at 0.81-0.88× against 0.61-0.66×, K8V4 at 0.90-0.91×) and, build-
       predicted, the HF cache's rows with a tail and KIVI pages (38 and 45 instructions a key
-      against 49 and 65 on 4 warps at 4 bits; 61-64 against 89-91 at 3/5/6, whose pages
+      against 49 and 65 on 4 warps at 4 bits; 61-65 against 89-91 at 3/5/6, whose pages
       spilled on one warp until keys came first); and for token rows of pre-RoPE keys
       rotated over part of the row (build-predicted: 52-62 against 69-95). KV4 g128 and KV3
       g32 (rows read in 4-byte copies) ran at 0.58× and 0.36× there, against 0.54× and 0.34×
@@ -199,7 +199,7 @@ def plan_decode(batch: AttentionBatch, *, sms: int | None = None) -> DecodePlan:
     - 16 tokens for KIVI pages of pre-RoPE keys (build-predicted: 69-104 instructions a key
       against 112; 3 bits: 98 against 120) and token rows of keys rotated over the whole row
       (2, 4, 8 or 16 bits: KV4 g32 and KV8 g64 timed at 0.41-0.43× bf16 SDPA, against
-      0.36-0.39× on 64 tokens × 4 warps; 3/5/6 bits build-predicted: 99-102 instructions a
+      0.36-0.39× on 64 tokens × 4 warps; 3 and 6 bits build-predicted: 99-102 instructions a
       key against 249-265 on 16 tokens × 8 warps, which they took while one warp spilled).
     Those builds: 122-244 registers, 8-16 programs an SM, no spill (keys dotted first,
     :func:`.tiles._qk`). The rest, d > 128 or
