@@ -32,6 +32,10 @@ pack/unpack 65536 tokens.
     python benchmarks/kernel_resources.py --only tiles --output /tmp/tiles.json  # plan sweep
     python benchmarks/kernel_resources.py --only pool-plans --output /tmp/pool.json  # pack/unpack
 
+The build is the running Python's Triton's (the JSON names it). The GPU machines run Triton
+3.6 (torch 2.11), whose builds differ from 3.9's (torch 2.13, CI): a venv with torch 2.13 and
+Triton 3.6 builds as they do (docs/results/gpu.md, "Triton 3.6").
+
 Exit 2 with one line where the shared tool is missing (``--tool`` names another copy).
 """
 
@@ -578,7 +582,10 @@ def main() -> None:
 
     shape = dict(q_heads=HQ, kv_heads=HKV, head_dim=D, batch=BATCH, context=CONTEXT,
                  pack_tokens=PACK_TOKENS, sms=SMS)  # fmt: skip
-    meta = {"target": "sm_90a, compiled on a CPU", "date": datetime.now(UTC).isoformat()}
+    import triton  # the build is this Triton's: 3.6 (the GPU image's) and 3.9 differ
+
+    meta = {"target": "sm_90a, compiled on a CPU", "triton": triton.__version__,
+            "date": datetime.now(UTC).isoformat()}  # fmt: skip
     write_json_atomic(args.output, {**meta, "shape": shape, "rows": rows})
     print(f"wrote {args.output}")
 

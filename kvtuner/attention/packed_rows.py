@@ -192,7 +192,7 @@ def row_meta(words_ptr, half_ptr, meta, C0: tl.constexpr, W: tl.constexpr, D: tl
         g = C0 // G + tl.arange(0, NG)
         scale = _meta_halves(words_ptr, first, g)
         zero = scale if SYM else _meta_halves(words_ptr, first, RG + g)
-    elif JOINT and NG == RG == 2 and not SYM:  # two groups' scales, then zeros
+    elif JOINT and NG == 2 and RG == 2 and not SYM:  # two groups' scales, then zeros
         scale_word, zero_word = tl.split(tl.load(words_ptr + first[:, None] + tl.arange(0, 2)))
         scale = tl.join(_fp16_half(scale_word, 0), _fp16_half(scale_word, 1))
         zero = tl.join(_fp16_half(zero_word, 0), _fp16_half(zero_word, 1))
