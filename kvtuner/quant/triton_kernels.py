@@ -446,10 +446,12 @@ def plan_pool(spec: QuantSpec, *, pack: bool) -> PoolPlan:
       issues a cycle on 132 SMs; a whole row a thread without the loop, 0.03×: its 16 row
       loads spread through the butterflies, so each program waited on memory ten times in
       turn. The loop's copies go out before the butterflies (sm_90a: 89 instructions a row,
-      206 registers, 9 programs an SM)."""
+      206 registers, 9 programs an SM). Which layout keeps the rows in registers depends on the
+      Triton building it (:func:`_whole_rows_fit`): on 3.6 the row blocks keep Triton's layout
+      (90 instructions a row, 204 registers, no spill; a whole row a thread spilled 2168 B)."""
     if _rotates(spec):
         if pack:
-            return PoolPlan(32, 1, whole_rows=True, blocks=8, stages=3)
+            return PoolPlan(32, 1, whole_rows=_whole_rows_fit(), blocks=8, stages=3)
         return PoolPlan(32, 1, whole_rows=True)
     return PoolPlan(32, 1) if pack else PoolPlan(32, 4)
 
@@ -510,6 +512,14 @@ def _row_align(buffer: torch.Tensor, head_stride: int) -> int:
         if buffer.data_ptr() % align == 0 and all(s % align == 0 for s in strides):
             return align
     return 1
+
+
+def _whole_rows_fit() -> bool:
+    """Whether this Triton builds Hadamard pack with a whole row a thread, 8 blocks × 3
+    stages, without spill (sm_90a through ``benchmarks/kernel_resources.py --only pool-plans``:
+    Triton 3.9, CI's, 206 registers and none, where Triton's own layout spilled 1800 B;
+    Triton 3.6, the GPU machines', the other way round: 2168 B, against none at 204)."""
+    return tuple(int(part) for part in triton.__version__.split(".")[:2]) >= (3, 7)
 
 
 def _rotates(spec: QuantSpec) -> bool:
