@@ -23,7 +23,7 @@ import triton.language as tl
 from .intmath import next_power_of_2
 from .spec import QuantSpec
 from .triton_codes import grid_codes, hadamard_tile, store_code_words, store_codes, store_fp16
-from .triton_kernels import interpreted
+from .triton_kernels import interpreted, triton_version
 
 __all__ = ["triton_pack_channel_pages"]
 
@@ -125,5 +125,14 @@ def launch_pack(blocks: torch.Tensor, pages: torch.Tensor, x: torch.Tensor, spec
         SYMMETRIC=spec.symmetric, NW_PAD=nw_pad, ROTATE=rotate,
         HALVES=all(v % 2 == 0 for v in (blocks.data_ptr(), *blocks.stride()[:2])),
         WORDS=8 % spec.bits != 0 and all(aligned) and nw_pad % 4 == 0,
-        enable_fp_fusion=False, num_warps=4 if rotate else 1,
+        enable_fp_fusion=False, num_warps=_warps(rotate),
     )  # fmt: skip
+
+
+def _warps(rotate: bool) -> int:
+    """Warps a page program (sm_90a builds, ``kernel_resources.py``: plain pages on one warp,
+    168 registers, under Triton 3.9; Triton 3.6, the GPU machines', spilled 2.2-2.4 KB there and
+    built clean on 8 warps, 112-116 registers; Hadamard pages 4 warps, 56 under both)."""
+    if rotate:
+        return 4
+    return 1 if triton_version() >= (3, 7) else 8

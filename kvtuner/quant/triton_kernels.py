@@ -514,12 +514,19 @@ def _row_align(buffer: torch.Tensor, head_stride: int) -> int:
     return 1
 
 
+def triton_version() -> tuple[int, int]:
+    """(major, minor) of the Triton building the kernels: a plan read off one Triton's sm_90a
+    build can spill under another's (docs/results/gpu.md › Triton 3.6)."""
+    major, minor = triton.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
 def _whole_rows_fit() -> bool:
     """Whether this Triton builds Hadamard pack with a whole row a thread, 8 blocks × 3
     stages, without spill (sm_90a through ``benchmarks/kernel_resources.py --only pool-plans``:
     Triton 3.9, CI's, 206 registers and none, where Triton's own layout spilled 1800 B;
     Triton 3.6, the GPU machines', the other way round: 2168 B, against none at 204)."""
-    return tuple(int(part) for part in triton.__version__.split(".")[:2]) >= (3, 7)
+    return triton_version() >= (3, 7)
 
 
 def _rotates(spec: QuantSpec) -> bool:

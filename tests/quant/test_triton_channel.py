@@ -105,3 +105,13 @@ def test_bad_arguments_are_one_line_errors(tc):
         with pytest.raises(ValueError, match=message) as err:
             tc.triton_pack_channel_pages(b, p, xx, s)
         assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("version,plain", [("3.6.0", 8), ("3.9.0", 1)])
+def test_page_programs_take_the_warps_the_triton_building_them_fits(tc, monkeypatch, version,
+                                                                     plain):  # fmt: skip
+    """Plain pages on one warp under Triton 3.9; Triton 3.6 (the GPU machines') spilled 2.2-2.4
+    KB there and builds clean on 8; Hadamard pages 4 warps under both (sm_90a builds)."""
+    monkeypatch.setattr(tc.triton, "__version__", version)
+    assert tc._warps(rotate=False) == plain
+    assert tc._warps(rotate=True) == 4
