@@ -18,7 +18,9 @@
 # An A/B (the check stage, where .ab/ is carried: carry [".whl", ".ab"]), on the development
 # machine first, REV the commit to compare this checkout against:
 #   echo /.ab/ >> .git/info/exclude; rm -rf .ab; mkdir .ab
-#   git archive REV kvtuner benchmarks | tar -x -C .ab
+#   git archive REV kvtuner benchmarks | tar -x -C .ab; echo REV > .ab/REV
+# A REV before 4ecf802 needs its chained comparison, which Triton 3.6 (the GPU's) rejects, fixed:
+#   sed -i 's/NG == RG == 2/NG == 2 and RG == 2/' .ab/kvtuner/attention/packed_rows.py
 #   bash scripts/gpu_session.sh tune      # tiles of the rows the plans have not timed yet
 #   bash scripts/gpu_session.sh profile   # the GPU-only tests again, the decode tile sweep of
 #                                         # KV8 g64 / KV4 g32 / K8V4, ncu on the decode kernel
