@@ -113,18 +113,32 @@ def _row_blocks(n_tokens, BLOCK: tl.constexpr, BLOCKS: tl.constexpr):
 
 
 @triton.jit
-def _group_tile(x_ptr, at, row_ok, D: tl.constexpr, G: tl.constexpr, NG_PAD: tl.constexpr,
-                BLOCK: tl.constexpr):  # fmt: skip
-    """fp32 [BLOCK, NG_PAD, G] of the rows at ``at`` [BLOCK], loaded as [G/8, BLOCK, NG_PAD, 8]:
-    the chunk-of-a-group axis outermost, so Triton gives each thread every chunk of its group
-    (a group's min, max and grid in one thread, not reduced across four)."""
-    C: tl.constexpr = G // 8
-    c = tl.arange(0, C)[:, None, None, None]
-    g = tl.arange(0, NG_PAD)[None, None, :, None]
-    e = g * G + c * 8 + tl.arange(0, 8)[None, None, None, :]  # [C, 1, NG_PAD, 8]
-    mask = row_ok[None, :, None, None] & (e < D)
-    x = tl.load(x_ptr + at[None, :, None, None] + e, mask=mask, other=0.0).to(tl.float32)
-    return tl.reshape(tl.permute(x, (1, 2, 0, 3)), [BLOCK, NG_PAD, G])
+def _group_tile(x_ptr, at, row_ok, D: tl.constexpr, G: tl.constexpr, NG_PAD: tl.constexpr):
+    """fp32 [BLOCK, NG_PAD, G] of the rows at ``at`` [BLOCK]: each group's chunks of 8 loaded
+    on their own and joined (:func:`_chunks`), so that every thread holds whole groups (a
+    group's min, max and grid in one thread, not reduced across lanes) under the Triton the GPU
+    machines run (3.6) as under CI's (3.9). One load permuted to put the chunk axis outermost
+    did so under 3.9 only (sm_90a, pack at 32 rows × 1 warp, KV4 g32 / KV8 g64 / KV4 g128,
+    Triton 3.6: 2856-3056 instructions a program with 64-128 shuffles, against 1536-1728 and
+    none joined; 3.9: 1528-1720 either way)."""
+    return _chunks(x_ptr, at, row_ok, D, G, NG_PAD, 0, G // 8)
+
+
+@triton.jit
+def _chunks(x_ptr, at, row_ok, D: tl.constexpr, G: tl.constexpr, NG_PAD: tl.constexpr,
+            C0: tl.constexpr, C: tl.constexpr):  # fmt: skip
+    """Chunks [C0, C0 + C) of 8 elements of each group (C a power of two) -> fp32 [BLOCK,
+    NG_PAD, 8·C], halves joined: ``tl.join``'s new axis lies in a thread's registers."""
+    if C == 1:
+        e = tl.arange(0, NG_PAD)[None, :, None] * G + C0 * 8 + tl.arange(0, 8)[None, None, :]
+        mask = row_ok[:, None, None] & (e < D)
+        x = tl.load(x_ptr + at[:, None, None] + e, mask=mask, other=0.0).to(tl.float32)
+    else:
+        lo = _chunks(x_ptr, at, row_ok, D, G, NG_PAD, C0, C // 2)
+        hi = _chunks(x_ptr, at, row_ok, D, G, NG_PAD, C0 + C // 2, C // 2)
+        BLOCK: tl.constexpr = at.shape[0]
+        x = tl.reshape(tl.permute(tl.join(lo, hi), (0, 1, 3, 2)), [BLOCK, NG_PAD, C * 8])
+    return x
 
 
 @triton.jit
@@ -173,7 +187,7 @@ def _pack_tile(x_ptr, at, row_ok, D: tl.constexpr, G: tl.constexpr, NW_PAD: tl.c
     NW: tl.constexpr = D // 8  # chunks of 8 elements a row
     NG_PAD: tl.constexpr = NW_PAD * 8 // G  # groups of the padded tile (extra ones not stored)
     if WHOLE:
-        x = tl.reshape(_group_tile(x_ptr, at, row_ok, D, NW_PAD * 8, 1, BLOCK), [BLOCK, NW_PAD, 8])
+        x = tl.reshape(_group_tile(x_ptr, at, row_ok, D, NW_PAD * 8, 1), [BLOCK, NW_PAD, 8])
     elif ROTATE or G % 8:
         w = tl.arange(0, NW_PAD)
         e = w[:, None] * 8 + tl.arange(0, 8)[None, :]  # [NW_PAD, 8] element index in the row
@@ -181,7 +195,7 @@ def _pack_tile(x_ptr, at, row_ok, D: tl.constexpr, G: tl.constexpr, NW_PAD: tl.c
         x = tl.load(x_ptr + at[:, None, None] + e[None], mask=mask, other=0.0)
         x = x.to(tl.float32)  # [BLOCK, NW_PAD, 8]
     else:
-        x = _group_tile(x_ptr, at, row_ok, D, G, NG_PAD, BLOCK)
+        x = _group_tile(x_ptr, at, row_ok, D, G, NG_PAD)
     if ROTATE:  # x is [BLOCK, NW_PAD, 8] on both branches that take rotated rows
         x = hadamard_tile(x, D)
     return tl.reshape(x, [BLOCK, NG_PAD, G])  # the same elements, one group a middle index
@@ -445,13 +459,12 @@ def plan_pool(spec: QuantSpec, *, pack: bool) -> PoolPlan:
       (its butterflies cross threads: 4 layout changes, 176 shuffles), about its time at 4
       issues a cycle on 132 SMs; a whole row a thread without the loop, 0.03×: its 16 row
       loads spread through the butterflies, so each program waited on memory ten times in
-      turn. The loop's copies go out before the butterflies (sm_90a: 89 instructions a row,
-      206 registers, 9 programs an SM). Which layout keeps the rows in registers depends on the
-      Triton building it (:func:`_whole_rows_fit`): on 3.6 the row blocks keep Triton's layout
-      (90 instructions a row, 204 registers, no spill; a whole row a thread spilled 2168 B)."""
+      turn. The loop's copies go out before the butterflies (sm_90a: 90 instructions a row,
+      182 registers, 11 programs an SM; Triton 3.6, the GPU machines': 91, 202, 10, since its
+      rows are loaded a chunk at a time and joined, :func:`_group_tile`)."""
     if _rotates(spec):
         if pack:
-            return PoolPlan(32, 1, whole_rows=_whole_rows_fit(), blocks=8, stages=3)
+            return PoolPlan(32, 1, whole_rows=True, blocks=8, stages=3)
         return PoolPlan(32, 1, whole_rows=True)
     return PoolPlan(32, 1) if pack else PoolPlan(32, 4)
 
@@ -519,14 +532,6 @@ def triton_version() -> tuple[int, int]:
     build can spill under another's (docs/results/gpu.md › Triton 3.6)."""
     major, minor = triton.__version__.split(".")[:2]
     return int(major), int(minor)
-
-
-def _whole_rows_fit() -> bool:
-    """Whether this Triton builds Hadamard pack with a whole row a thread, 8 blocks × 3
-    stages, without spill (sm_90a through ``benchmarks/kernel_resources.py --only pool-plans``:
-    Triton 3.9, CI's, 206 registers and none, where Triton's own layout spilled 1800 B;
-    Triton 3.6, the GPU machines', the other way round: 2168 B, against none at 204)."""
-    return triton_version() >= (3, 7)
 
 
 def _rotates(spec: QuantSpec) -> bool:

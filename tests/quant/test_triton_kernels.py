@@ -369,17 +369,6 @@ def test_plans_check_their_fields_and_the_default_plans(tk):
     assert tk.plan_pool(hadamard, pack=True).stages > 1  # its copies ahead of the butterflies
 
 
-@pytest.mark.parametrize("version,whole", [("3.6.0", False), ("3.9.0", True), ("3.10.1", True)])
-def test_hadamard_pack_keeps_whole_rows_where_the_triton_building_it_does(
-    tk, monkeypatch, version, whole
-):
-    """Triton 3.6 (the GPU machines') spilled 2168 B with a whole Hadamard row a thread and
-    none with its own layout; 3.9 (CI's) the other way round (kernel_resources pool-plans)."""
-    monkeypatch.setattr(tk.triton, "__version__", version)
-    plan = tk.plan_pool(QuantSpec(4, 32, rotation="hadamard"), pack=True)
-    assert plan == tk.PoolPlan(32, 1, whole_rows=whole, blocks=8, stages=3)
-
-
 def _odd_nans(dtype: torch.dtype) -> torch.Tensor:
     """x[2, HEADS, 64] holding NaNs of every sign and payload a GPU could turn into its own."""
     x = torch.randn(2, HEADS, 64)
