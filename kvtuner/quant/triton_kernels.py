@@ -527,13 +527,6 @@ def _row_align(buffer: torch.Tensor, head_stride: int) -> int:
     return 1
 
 
-def triton_version() -> tuple[int, int]:
-    """(major, minor) of the Triton building the kernels: a plan read off one Triton's sm_90a
-    build can spill under another's (docs/results/gpu.md › Triton 3.6)."""
-    major, minor = triton.__version__.split(".")[:2]
-    return int(major), int(minor)
-
-
 def _rotates(spec: QuantSpec) -> bool:
     return spec.is_quantized and spec.rotation == "hadamard"
 
