@@ -58,14 +58,27 @@ def dot_operand(x, DT: tl.constexpr):
 
 
 @triton.jit
-def row_codes(words_ptr, at, D: tl.constexpr, BITS: tl.constexpr, DT: tl.constexpr):
+def row_codes(words_ptr, at, D: tl.constexpr, BITS: tl.constexpr, DT: tl.constexpr,
+              TOP: tl.constexpr = False):  # fmt: skip
     """Codes of the rows starting at int32 word ``at`` [BT] -> ``DT`` [BT, D]: 2/4/8 bits in
-    pair order (:func:`word_codes`), 3/5/6 bits in channel order (:func:`stream_codes`)."""
+    pair order (:func:`word_codes`; ``TOP`` as there), 3/5/6 bits in channel order
+    (:func:`stream_codes`)."""
     if 32 % BITS == 0:
-        codes = word_codes(words_ptr, at, D, BITS, DT)
+        codes = word_codes(words_ptr, at, D, BITS, DT, TOP)
     else:
         codes = stream_codes(words_ptr, at, D, BITS, DT)
     return codes
+
+
+@triton.constexpr_function
+def top_codes(bits: int, dtype, lanes: bool) -> bool:
+    """Whether a tile's codes come at the top of fp16's mantissa (:func:`word_codes`' ``TOP``):
+    4-bit codes in fp16 read in a lane order where each register's pair of codes has a shift
+    of its own (:func:`value_lanes`; in pair order the shift is the lane's, and moving codes
+    up or down by a lane's amount took two shifts). One-warp decode, sm_90a: KV4 g32 1025 ->
+    967 loop instructions a tile, the `HADD2`s of its values gone; KV2 g32 spilled 40 bytes
+    with it, and 8-bit codes would lose an eighth of a step to the folded zero."""
+    return lanes and dtype == tl.float16 and bits == 4
 
 
 @triton.jit
@@ -89,7 +102,8 @@ def codes_as(c, DT: tl.constexpr):
 
 
 @triton.jit
-def word_codes(words_ptr, at, D: tl.constexpr, BITS: tl.constexpr, DT: tl.constexpr):
+def word_codes(words_ptr, at, D: tl.constexpr, BITS: tl.constexpr, DT: tl.constexpr,
+               TOP: tl.constexpr = False):  # fmt: skip
     """Codes of the rows starting at int32 word ``at`` [BT] -> ``DT`` [BT, D] in *pair order*.
 
     A row's codes are one little-endian bit stream: word w holds codes ``P·w .. P·w + P - 1``
@@ -97,19 +111,28 @@ def word_codes(words_ptr, at, D: tl.constexpr, BITS: tl.constexpr, DT: tl.conste
     and-or turn a word into two fp16 (exponent trick: ``code | 0x6400`` is 1024 + code): codes
     j and j + P/2 of the word, in its low and high half. So position ``P·w + 2j + half`` holds
     code ``P·w + j + half·P/2`` (:func:`pair_order` puts q in that order, :func:`channel_order`
-    takes a result back); a word never spans two groups (the launcher's G >= P)."""
+    takes a result back); a word never spans two groups (the launcher's G >= P).
+    ``TOP`` (fp16, BITS <= 4): each code shifted to the top of the mantissa under 1.0's
+    exponent, read as 1 + code/2**BITS; the caller folds the 1 into its zero (x = z + s·c =
+    (z - s') + s'·(1 + c/2**BITS), s' = 2**BITS·s), so the exponent trick's subtraction of 1024
+    goes (one fp16 operation a pair of codes)."""
     BT: tl.constexpr = at.shape[0]
     P: tl.constexpr = 32 // BITS
-    MASK2: tl.constexpr = ((1 << BITS) - 1) * 0x10001  # a code in each 16-bit half
+    AT: tl.constexpr = 10 - BITS if TOP else 0  # the bit each half's code is moved to
+    MASK2: tl.constexpr = ((1 << BITS) - 1) * 0x10001 << AT  # a code in each 16-bit half
     words = tl.load(words_ptr + at[:, None] + tl.arange(0, D // P)[None, :])  # [BT, D/P]
-    pairs = words[:, :, None] >> (tl.arange(0, P // 2) * BITS)[None, None, :]
+    j = tl.arange(0, P // 2) * BITS  # the pair's code in each half starts at bit j
+    up, down = tl.maximum(AT - j, 0).to(tl.uint32), tl.maximum(j - AT, 0).to(tl.uint32)
+    pairs = (words.to(tl.uint32, bitcast=True)[:, :, None] << up) >> down  # [BT, D/P, P/2]
+    pairs = pairs.to(tl.int32, bitcast=True) & MASK2
     if DT == tl.float16:  # noqa: SIM300 (a constexpr dtype, not a constant on the left)
-        pairs = (pairs & MASK2) | 0x64006400
+        pairs = pairs | (0x3C003C00 if TOP else 0x64006400)  # 1.0 or 1024.0 in each half
         lo = pairs.to(tl.int16).to(tl.float16, bitcast=True)
         hi = (pairs >> 16).to(tl.int16).to(tl.float16, bitcast=True)
-        codes = tl.join(lo, hi) - 1024.0  # [BT, D/P, P/2, 2]
+        codes = tl.join(lo, hi)  # [BT, D/P, P/2, 2]
+        if not TOP:
+            codes = codes - 1024.0
     else:
-        pairs = pairs & MASK2
         codes = tl.join(pairs & 0xFFFF, pairs >> 16).to(DT)
     return tl.reshape(codes, [BT, D])
 
@@ -250,10 +273,14 @@ def dequantized(words_ptr, half_ptr, at, meta, C0: tl.constexpr, W: tl.constexpr
         x = tl.load(half_ptr + 2 * at[:, None] + C0 + tl.arange(0, W)[None, :]).to(DT)
     else:
         NG: tl.constexpr = (W + G - 1) // G
-        codes = row_codes(words_ptr, at + C0 * BITS // 32, W, BITS, DT)
+        TOP: tl.constexpr = top_codes(BITS, DT, LANES)
+        codes = row_codes(words_ptr, at + C0 * BITS // 32, W, BITS, DT, TOP)
         codes = tl.reshape(codes, [BT, NG, W // NG])
         scale, zero = row_meta(words_ptr, half_ptr, meta, C0, W, D, BITS, G, SYM, DT, JOINT,
                                LANES)  # fmt: skip
+        if TOP:  # fp16: z - s' is one rounding, at most an ulp of |z| + s' off an element
+            scale = scale * (1 << BITS)
+            zero = zero - scale
         x = tl.reshape(tl.fma(codes, scale[:, :, None], zero[:, :, None]), [BT, W])
     return x
 
@@ -288,12 +315,19 @@ def values(p, v_words, v_half, at, meta, D: tl.constexpr, BITS: tl.constexpr, G:
     :func:`value_lanes` order; ``KEYS_FIRST`` as in :func:`.tiles._pv`."""
     BT: tl.constexpr = at.shape[0]
     if BITS < 16 and G == D:
-        codes = row_codes(v_words, at, D, BITS, DT)
+        TOP: tl.constexpr = top_codes(BITS, DT, LANES)
+        codes = row_codes(v_words, at, D, BITS, DT, TOP)
         scale, zero = row_meta(v_words, v_half, meta, 0, D, D, BITS, G, SYM, tl.float32)  # [BT, 1]
         if LANES:
             codes = value_lanes(codes, BITS)
-        pv = _pv((p * tl.reshape(scale, [1, BT])).to(DT), codes, IEEE, KEYS_FIRST)
-        pz = tl.sum(p * tl.reshape(zero, [1, BT]), 1)
+        if TOP:  # codes 1 + c/2**BITS: s·c = s'·codes - s' (s' = 2**BITS·s), after the dot
+            scale = scale * (1 << BITS)
+        ps = (p * tl.reshape(scale, [1, BT])).to(DT)  # the dot's own rounding of p·s
+        pv = _pv(ps, codes, IEEE, KEYS_FIRST)
+        pz = p * tl.reshape(zero, [1, BT])
+        if TOP:
+            pz -= ps.to(tl.float32)
+        pz = tl.sum(pz, 1)
     else:
         v = dequantized(v_words, v_half, at, meta, 0, D, D, BITS, G, SYM, DT, JOINT, LANES)
         if LANES:
