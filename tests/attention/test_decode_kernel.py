@@ -170,6 +170,30 @@ def test_the_gpus_fp16_dots_match_the_reference_under_the_interpreter(k_spec, v_
     torch.testing.assert_close(got, want, atol=1.5e-2, rtol=1.5e-2)
 
 
+@pytest.mark.parametrize(
+    "v_spec", [QuantSpec(4), QuantSpec(4, symmetric=True), QuantSpec(4, group_size=D)],
+    ids=lambda s: s.short(),
+)
+def test_folded_value_codes_stay_within_an_ulp_of_the_folded_zero(v_spec):
+    """The GPU's fp16 path reads 4-bit value codes as 1 + c/16 and folds the 1 into the zero
+    (``word_codes``' ``TOP``): a one-token request's output is its value row, each element off
+    the reference by at most the folded zero's rounding (half an fp16 ulp of |z| + 16·s, below
+    max|x| + 1.2·range of its group) and its own; one scale a token-head folds after the dot, in
+    fp32. With the exponent trick's 1024 folded instead, groups below head_dim round the zero
+    by up to half a step (~range/30) and fail here (checked)."""
+    args, kw = pool(QuantSpec(16), v_spec, lengths=[1, 1, 1])
+    q = torch.randn(3, 4, D, generator=gen(2))
+    batch = AttentionBatch(q=q.half().unsqueeze(1), k_rows=args[0], v_rows=args[1],
+                           k_spec=QuantSpec(16), v_spec=v_spec, **kw)  # fmt: skip
+    got = launch_decode(batch, batch.q, None, None, plan_decode(batch)).squeeze(1).float()
+    want = decode_attention_reference(q.half().float(), *args, **kw)  # [3, 4, D]: value rows
+    groups = want.unflatten(-1, (-1, v_spec.group_size))
+    span = groups.abs().amax(-1, keepdim=True) + 1.2 * (groups.amax(-1, keepdim=True)
+                                                        - groups.amin(-1, keepdim=True))  # fmt: skip
+    bound = (span.expand_as(groups).flatten(-2) + want.abs()) * 2.0**-10
+    assert ((got - want).abs() <= bound).all()
+
+
 def test_rows_of_68_bytes_load_words_and_nan_rows_outside_the_window_stay_unread():
     """KV4 at one scale a token-head of 128 channels: 68-byte rows (4-byte loads, VEC 1)."""
     spec = QuantSpec(4, group_size=128)
