@@ -171,7 +171,8 @@ def test_the_gpus_fp16_dots_match_the_reference_under_the_interpreter(k_spec, v_
 
 
 @pytest.mark.parametrize(
-    "v_spec", [QuantSpec(4), QuantSpec(4, symmetric=True), QuantSpec(4, group_size=D)],
+    "v_spec",
+    [QuantSpec(4), QuantSpec(4, symmetric=True), QuantSpec(4, group_size=D)],
     ids=lambda s: s.short(),
 )
 def test_folded_value_codes_stay_within_an_ulp_of_the_folded_zero(v_spec):
@@ -188,8 +189,8 @@ def test_folded_value_codes_stay_within_an_ulp_of_the_folded_zero(v_spec):
     got = launch_decode(batch, batch.q, None, None, plan_decode(batch)).squeeze(1).float()
     want = decode_attention_reference(q.half().float(), *args, **kw)  # [3, 4, D]: value rows
     groups = want.unflatten(-1, (-1, v_spec.group_size))
-    span = groups.abs().amax(-1, keepdim=True) + 1.2 * (groups.amax(-1, keepdim=True)
-                                                        - groups.amin(-1, keepdim=True))  # fmt: skip
+    width = groups.amax(-1, keepdim=True) - groups.amin(-1, keepdim=True)
+    span = groups.abs().amax(-1, keepdim=True) + 1.2 * width
     bound = (span.expand_as(groups).flatten(-2) + want.abs()) * 2.0**-10
     assert ((got - want).abs() <= bound).all()
 
