@@ -278,7 +278,7 @@ def dequantized(words_ptr, half_ptr, at, meta, C0: tl.constexpr, W: tl.constexpr
         codes = tl.reshape(codes, [BT, NG, W // NG])
         scale, zero = row_meta(words_ptr, half_ptr, meta, C0, W, D, BITS, G, SYM, DT, JOINT,
                                LANES)  # fmt: skip
-        if TOP:  # fp16: z - s' is one rounding, at most an ulp of |z| + s' off an element
+        if TOP:  # fp16: z - s' is one rounding, half an ulp of |z| + s' at most
             scale = scale * (1 << BITS)
             zero = zero - scale
         x = tl.reshape(tl.fma(codes, scale[:, :, None], zero[:, :, None]), [BT, W])
