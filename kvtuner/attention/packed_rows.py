@@ -8,10 +8,10 @@ at word offsets; every row offset is a multiple of ``VEC`` words (the launcher p
 - codes become fp16 by the exponent trick (``code | 0x6400`` read as fp16 is 1024 + code) and
   dequantize in one fp16 ``fma`` an element; the dots run in fp16 (q, p and codes), scores and
   the softmax in fp32. Under the CPU interpreter q is fp32 (``IEEE``): everything stays fp32;
-- 2/4/8-bit codes come out two at a time in *pair order* (:func:`word_codes`): q is put in
+- codes come out two at a time in *pair order* (:func:`row_codes`): q is put in
   that order once (:func:`pair_order`) and a value result taken back once
   (:func:`channel_order`); decode's value tiles go on to the MMA's own order
-  (:func:`value_lanes`); 3/5/6-bit codes in channel order (:func:`stream_codes`);
+  (:func:`value_lanes`);
 - one scale and zero per token-head (``group_size == head_dim``) skips the element-wise
   dequantization: ``q·x_t = scale_t·(q·c_t) + zero_t·Σq`` and ``Σ_t p_t·x_t = Σ_t (p_t·scale_t)·
   c_t + Σ_t p_t·zero_t`` (one dot each, two multiply-adds a token);
@@ -30,8 +30,9 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from ..quant.packing import split_bits
 from ..quant.spec import QuantSpec
-from ..quant.triton_codes import chunk_codes
+from ..quant.triton_codes import low_bits
 from .tiles import _pv, _qk, _softmax_step
 
 __all__ = [
@@ -58,21 +59,65 @@ def dot_operand(x, DT: tl.constexpr):
 
 
 @triton.jit
-def row_codes(words_ptr, at, D: tl.constexpr, BITS: tl.constexpr, DT: tl.constexpr,
-              TOP: tl.constexpr = False):  # fmt: skip
-    """Codes of the rows starting at int32 word ``at`` [BT] -> ``DT`` [BT, D]: 2/4/8 bits in
-    pair order (:func:`word_codes`; ``TOP`` as there), 3/5/6 bits in channel order
-    (:func:`stream_codes`)."""
-    if 32 % BITS == 0:
-        codes = word_codes(words_ptr, at, D, BITS, DT, TOP)
+def row_codes(words_ptr, at, C0: tl.constexpr, W: tl.constexpr, D: tl.constexpr,
+              BITS: tl.constexpr, DT: tl.constexpr, TOP: tl.constexpr = False):  # fmt: skip
+    """Codes of channels [C0, C0 + W) of the rows of D codes at int32 word ``at`` [BT] ->
+    ``DT`` [BT, W] in *pair order*.
+
+    A row's codes (3/5/6 bits: its low plane's, then its high plane's:
+    :func:`~kvtuner.quant.packing.pack_codes`) are little-endian bit streams: low-plane word w
+    holds codes ``P·w .. P·w + P - 1`` (P = 32/low bits), code ``P·w + i`` at bits ``[i·low,
+    (i+1)·low)``. One shift and one and-or turn a word into two fp16 (exponent trick: ``code |
+    0x6400`` is 1024 + code): codes j and j + P/2 of the word, in its low and high half; a
+    3/5/6-bit pair's high bits come 16 bits apart from their high-plane word the same way
+    (one shift and one and-or more). So position ``P·w + 2j + half`` holds code ``P·w + j +
+    half·P/2`` (:func:`pair_order` puts q in that order, :func:`channel_order` takes a
+    result back); a word never spans two groups (the launcher's G >= P).
+    ``TOP`` (fp16, BITS <= 4): each code shifted to the top of the mantissa under 1.0's
+    exponent, read as 1 + code/2**BITS; the caller folds the 1 into its zero (x = z + s·c =
+    (z - s') + s'·(1 + c/2**BITS), s' = 2**BITS·s), so the exponent trick's subtraction of 1024
+    goes (one fp16 operation a pair of codes)."""
+    BT: tl.constexpr = at.shape[0]
+    LOW: tl.constexpr = low_bits(BITS)
+    P: tl.constexpr = 32 // LOW
+    AT: tl.constexpr = 10 - BITS if TOP else 0  # the bit each half's code is moved to
+    words = tl.load(words_ptr + at[:, None] + C0 // P + tl.arange(0, W // P)[None, :])
+    pairs = _pairs(words, tl.arange(0, P // 2) * LOW, LOW, AT)  # [BT, W/P, P/2]
+    if LOW < BITS:  # the high plane's word k holds the high bits of low words E·k .. E·k+E-1
+        HIGH: tl.constexpr = BITS - LOW
+        E: tl.constexpr = LOW // HIGH
+        high = words_ptr + at[:, None] + D // P + C0 * HIGH // 32
+        high = tl.load(high + tl.arange(0, W * HIGH // 32)[None, :])  # [BT, W/(P·E)]
+        at_e = tl.arange(0, P // 2)[None, :] * LOW + tl.arange(0, E)[:, None] * HIGH  # [E, P/2]
+        high = _pairs(tl.reshape(high, [BT, W // (P * E), 1]), at_e, HIGH, AT + LOW)
+        pairs = pairs | tl.reshape(high, [BT, W // P, P // 2])
+    if DT == tl.float16:  # noqa: SIM300 (a constexpr dtype, not a constant on the left)
+        pairs = pairs | (0x3C003C00 if TOP else 0x64006400)  # 1.0 or 1024.0 in each half
+        lo = pairs.to(tl.int16).to(tl.float16, bitcast=True)
+        hi = (pairs >> 16).to(tl.int16).to(tl.float16, bitcast=True)
+        codes = tl.join(lo, hi)  # [BT, W/P, P/2, 2]
+        if not TOP:
+            codes = codes - 1024.0
     else:
-        codes = stream_codes(words_ptr, at, D, BITS, DT)
-    return codes
+        codes = tl.join(pairs & 0xFFFF, pairs >> 16).to(DT)
+    return tl.reshape(codes, [BT, W])
+
+
+@triton.jit
+def _pairs(words, start, BITS: tl.constexpr, AT: tl.constexpr):
+    """int32 words [BT, N] (or [BT, N, 1]) -> int32 [BT, N, *start.shape]: the BITS-bit codes
+    at bits ``start`` and ``start + 16`` of each word, moved to bits AT and AT + 16, the rest
+    zero."""
+    MASK2: tl.constexpr = ((1 << BITS) - 1) * 0x10001 << AT  # a code in each 16-bit half
+    up = tl.maximum(AT - start, 0).to(tl.uint32)
+    down = tl.maximum(start - AT, 0).to(tl.uint32)
+    pairs = (words.to(tl.uint32, bitcast=True)[:, :, None] << up) >> down
+    return pairs.to(tl.int32, bitcast=True) & MASK2
 
 
 @triton.constexpr_function
 def top_codes(bits: int, dtype, lanes: bool) -> bool:
-    """Whether a tile's codes come at the top of fp16's mantissa (:func:`word_codes`' ``TOP``):
+    """Whether a tile's codes come at the top of fp16's mantissa (:func:`row_codes`' ``TOP``):
     4-bit codes in fp16 read in a lane order where each register's pair of codes has a shift
     of its own (:func:`value_lanes`; in pair order the shift is the lane's, and moving codes
     up or down by a lane's amount took two shifts). One-warp decode, sm_90a: KV4 g32 1025 ->
@@ -82,67 +127,11 @@ def top_codes(bits: int, dtype, lanes: bool) -> bool:
 
 
 @triton.jit
-def stream_codes(words_ptr, at, D: tl.constexpr, BITS: tl.constexpr, DT: tl.constexpr):
-    """3/5/6-bit codes of the rows at word ``at`` [BT] -> ``DT`` [BT, D], channel order:
-    :func:`~kvtuner.quant.triton_codes.chunk_codes` of their D/32 chunks of 32 codes (BITS
-    words each). Needs head_dim a multiple of 32 (whole chunks)."""
-    BT: tl.constexpr = at.shape[0]
-    codes = chunk_codes(words_ptr + at, D // 32, BITS)
-    return codes_as(tl.reshape(codes, [BT, D]), DT)
-
-
-@triton.jit
-def codes_as(c, DT: tl.constexpr):
-    """int32 codes in [0, 256) -> ``DT`` exactly; fp16 by the exponent trick (no convert)."""
-    if DT == tl.float16:  # noqa: SIM300 (a constexpr dtype, not a constant on the left)
-        out = (c | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - 1024.0
-    else:
-        out = c.to(DT)
-    return out
-
-
-@triton.jit
-def word_codes(words_ptr, at, D: tl.constexpr, BITS: tl.constexpr, DT: tl.constexpr,
-               TOP: tl.constexpr = False):  # fmt: skip
-    """Codes of the rows starting at int32 word ``at`` [BT] -> ``DT`` [BT, D] in *pair order*.
-
-    A row's codes are one little-endian bit stream: word w holds codes ``P·w .. P·w + P - 1``
-    (P = 32/BITS), code ``P·w + i`` at bits ``[i·BITS, (i+1)·BITS)``. One shift and one
-    and-or turn a word into two fp16 (exponent trick: ``code | 0x6400`` is 1024 + code): codes
-    j and j + P/2 of the word, in its low and high half. So position ``P·w + 2j + half`` holds
-    code ``P·w + j + half·P/2`` (:func:`pair_order` puts q in that order, :func:`channel_order`
-    takes a result back); a word never spans two groups (the launcher's G >= P).
-    ``TOP`` (fp16, BITS <= 4): each code shifted to the top of the mantissa under 1.0's
-    exponent, read as 1 + code/2**BITS; the caller folds the 1 into its zero (x = z + s·c =
-    (z - s') + s'·(1 + c/2**BITS), s' = 2**BITS·s), so the exponent trick's subtraction of 1024
-    goes (one fp16 operation a pair of codes)."""
-    BT: tl.constexpr = at.shape[0]
-    P: tl.constexpr = 32 // BITS
-    AT: tl.constexpr = 10 - BITS if TOP else 0  # the bit each half's code is moved to
-    MASK2: tl.constexpr = ((1 << BITS) - 1) * 0x10001 << AT  # a code in each 16-bit half
-    words = tl.load(words_ptr + at[:, None] + tl.arange(0, D // P)[None, :])  # [BT, D/P]
-    j = tl.arange(0, P // 2) * BITS  # the pair's code in each half starts at bit j
-    up, down = tl.maximum(AT - j, 0).to(tl.uint32), tl.maximum(j - AT, 0).to(tl.uint32)
-    pairs = (words.to(tl.uint32, bitcast=True)[:, :, None] << up) >> down  # [BT, D/P, P/2]
-    pairs = pairs.to(tl.int32, bitcast=True) & MASK2
-    if DT == tl.float16:  # noqa: SIM300 (a constexpr dtype, not a constant on the left)
-        pairs = pairs | (0x3C003C00 if TOP else 0x64006400)  # 1.0 or 1024.0 in each half
-        lo = pairs.to(tl.int16).to(tl.float16, bitcast=True)
-        hi = (pairs >> 16).to(tl.int16).to(tl.float16, bitcast=True)
-        codes = tl.join(lo, hi)  # [BT, D/P, P/2, 2]
-        if not TOP:
-            codes = codes - 1024.0
-    else:
-        codes = tl.join(pairs & 0xFFFF, pairs >> 16).to(DT)
-    return tl.reshape(codes, [BT, D])
-
-
-@triton.jit
 def pair_order(x, BITS: tl.constexpr):
     """x [R, D] in channel order -> the pair order of :func:`row_codes` (codes of BITS)."""
     R: tl.constexpr = x.shape[0]
     D: tl.constexpr = x.shape[1]
-    P: tl.constexpr = 32 // BITS
+    P: tl.constexpr = 32 // low_bits(BITS)
     x = tl.permute(tl.reshape(x, [R, D // P, 2, P // 2]), (0, 1, 3, 2))
     return tl.reshape(x, [R, D])
 
@@ -152,7 +141,7 @@ def channel_order(x, BITS: tl.constexpr):
     """Inverse of :func:`pair_order`."""
     R: tl.constexpr = x.shape[0]
     D: tl.constexpr = x.shape[1]
-    P: tl.constexpr = 32 // BITS
+    P: tl.constexpr = 32 // low_bits(BITS)
     x = tl.permute(tl.reshape(x, [R, D // P, P // 2, 2]), (0, 1, 3, 2))
     return tl.reshape(x, [R, D])
 
@@ -162,13 +151,13 @@ def value_lanes(x, BITS: tl.constexpr):
     """Values x [BT, D] in pair order -> *value lane order*. The fp16 MMA's B operand (the
     value tile, [BT, D]) gives lane g of each 8 the columns g + 8i of a pair of tokens; in
     this order those columns are the codes of D/(8P) consecutive words of a row (P =
-    32/BITS), so each lane dequantizes only the words it reads and the tile reaches the dot
+    32/low bits), so each lane dequantizes only the words it reads and the tile reaches the dot
     without a change of layout through shared memory (one-warp KV4 g32 decode, sm_90a: 245
     -> 182 registers, 8 -> 11 programs an SM, shared-memory bytes a tile halved). Identity
     where D is not a multiple of 8P."""
     R: tl.constexpr = x.shape[0]
     D: tl.constexpr = x.shape[1]
-    P: tl.constexpr = 32 // BITS
+    P: tl.constexpr = 32 // low_bits(BITS)
     if D % (8 * P) == 0:
         x = tl.permute(tl.reshape(x, [R, 8, D // (8 * P), P]), (0, 2, 3, 1))
         x = tl.reshape(x, [R, D])
@@ -180,7 +169,7 @@ def value_channels(x, BITS: tl.constexpr):
     """Inverse of :func:`value_lanes`."""
     R: tl.constexpr = x.shape[0]
     D: tl.constexpr = x.shape[1]
-    P: tl.constexpr = 32 // BITS
+    P: tl.constexpr = 32 // low_bits(BITS)
     if D % (8 * P) == 0:
         x = tl.permute(tl.reshape(x, [R, D // (8 * P), P, 8]), (0, 3, 1, 2))
         x = tl.reshape(x, [R, D])
@@ -265,8 +254,8 @@ def dequantized(words_ptr, half_ptr, at, meta, C0: tl.constexpr, W: tl.constexpr
                 LANES: tl.constexpr = False):  # fmt: skip
     """Channels [C0, C0 + W) of the rows at word ``at`` [BT] (metadata at ``meta``) -> ``DT``
     [BT, W], in the codes' order: one fma an element (16-bit rows: loaded). A span starts at a
-    word of codes (2/4/8 bits) or a chunk of 32 channels (3/5/6 bits), and covers whole groups
-    or lies in one.
+    word of codes (2/4/8 bits) or of high-plane codes (3/5/6 bits: 32 channels, 16 at 6 bits),
+    and covers whole groups or lies in one.
     ``JOINT`` and ``LANES`` as in :func:`row_meta`."""
     BT: tl.constexpr = at.shape[0]
     if BITS == 16:
@@ -274,7 +263,7 @@ def dequantized(words_ptr, half_ptr, at, meta, C0: tl.constexpr, W: tl.constexpr
     else:
         NG: tl.constexpr = (W + G - 1) // G
         TOP: tl.constexpr = top_codes(BITS, DT, LANES)
-        codes = row_codes(words_ptr, at + C0 * BITS // 32, W, BITS, DT, TOP)
+        codes = row_codes(words_ptr, at, C0, W, D, BITS, DT, TOP)
         codes = tl.reshape(codes, [BT, NG, W // NG])
         scale, zero = row_meta(words_ptr, half_ptr, meta, C0, W, D, BITS, G, SYM, DT, JOINT,
                                LANES)  # fmt: skip
@@ -294,7 +283,7 @@ def scores(q, q_sum, k_words, k_half, at, meta, D: tl.constexpr, BITS: tl.conste
     ``JOINT`` as in :func:`row_meta`, ``KEYS_FIRST`` as in :func:`.tiles._qk`."""
     BT: tl.constexpr = at.shape[0]
     if BITS < 16 and G == D:
-        codes = row_codes(k_words, at, D, BITS, q.dtype)
+        codes = row_codes(k_words, at, 0, D, D, BITS, q.dtype)
         scale, zero = row_meta(k_words, k_half, meta, 0, D, D, BITS, G, SYM, tl.float32)  # [BT, 1]
         s = _qk(q, codes, IEEE, KEYS_FIRST)
         s = s * tl.reshape(scale, [1, BT]) + q_sum[:, None] * tl.reshape(zero, [1, BT])
@@ -316,7 +305,7 @@ def values(p, v_words, v_half, at, meta, D: tl.constexpr, BITS: tl.constexpr, G:
     BT: tl.constexpr = at.shape[0]
     if BITS < 16 and G == D:
         TOP: tl.constexpr = top_codes(BITS, DT, LANES)
-        codes = row_codes(v_words, at, D, BITS, DT, TOP)
+        codes = row_codes(v_words, at, 0, D, D, BITS, DT, TOP)
         scale, zero = row_meta(v_words, v_half, meta, 0, D, D, BITS, G, SYM, tl.float32)  # [BT, 1]
         if LANES:
             codes = value_lanes(codes, BITS)
@@ -365,10 +354,10 @@ def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at
     # memory, not less; extend, at 4-8 warps and up to 255 registers, spilled 80 bytes with it
     # at KV8 g64); one scale a row too since keys come first (KV4 g128, sm_90a: 168 registers
     # and 8 bytes spilled without, 134 and none with)
-    V_LANES: tl.constexpr = ONE_WARP and V_BITS < 16 and 32 % V_BITS == 0
+    V_LANES: tl.constexpr = ONE_WARP and V_BITS < 16
     if not ROPE_HALF:
         q_sum = tl.sum(q.to(tl.float32), 1)
-        if K_BITS < 16 and 32 % K_BITS == 0 and K_CHANNEL != 2:
+        if K_BITS < 16 and K_CHANNEL != 2:
             q = pair_order(q, K_BITS)  # the keys' code order (staged keys: channel order)
     m = tl.full([QP], -float("inf"), tl.float32)
     denom = tl.zeros([QP], tl.float32)
@@ -414,7 +403,7 @@ def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at
     acc += acc_z[:, None]
     if V_LANES:
         acc = value_channels(acc, V_BITS)
-    if V_BITS < 16 and 32 % V_BITS == 0:  # acc is in the values' code order (pairs)
+    if V_BITS < 16:  # acc is in the values' code order (pairs)
         acc = channel_order(acc, V_BITS)
     return m, denom, acc
 
@@ -439,7 +428,7 @@ def page_rows(k_words, k_half, block, j, C0: tl.constexpr, W: tl.constexpr, D: t
     ``block`` (G code rows, D scales, D zeros) -> ``DT`` [BT, W] in the codes' order: one fma
     an element with the page's scale and zero of each channel, as a token row's groups."""
     order = C0 + code_order(W, BITS)  # scales and zeros in the codes' order
-    codes = row_codes(k_words, block + j * (D * BITS // 32) + C0 * BITS // 32, W, BITS, DT)
+    codes = row_codes(k_words, block + j * (D * BITS // 32), C0, W, D, BITS, DT)
     first = 2 * (block + G * D * BITS // 32) + order  # fp16 index of the span's scales
     scale = tl.load(k_half + first)
     if SYM:  # (code - HALF)·scale/HALF
@@ -494,12 +483,12 @@ def _page_span(k_words, k_half, pages, block, page, j, ok, C0: tl.constexpr, W: 
 
 @triton.jit
 def code_order(W: tl.constexpr, BITS: tl.constexpr):
-    """int32 [W]: the channel at each place of a row read in the codes' order: pair order for
-    2/4/8-bit codes (place ``P·w + 2j + h`` holds channel ``P·w + j + h·P/2``, P = 32/BITS,
-    :func:`word_codes`), channel order otherwise."""
+    """int32 [W]: the channel at each place of a row read in the codes' order: pair order
+    (place ``P·w + 2j + h`` holds channel ``P·w + j + h·P/2``, P = 32/low bits,
+    :func:`row_codes`); 16-bit rows in channel order."""
     x = tl.arange(0, W)
-    if BITS < 16 and 32 % BITS == 0:
-        P: tl.constexpr = 32 // BITS
+    if BITS < 16:
+        P: tl.constexpr = 32 // low_bits(BITS)
         i = x % P
         x = x - i + i // 2 + (i % 2) * (P // 2)
     return x
@@ -564,21 +553,21 @@ def pass_start(head_dim: int, half: int) -> int:
 
 
 def decodable(spec: QuantSpec, head_dim: int) -> bool:
-    """16-bit rows, or token-axis codes: 2/4/8 bits in groups of at least a word's codes
-    (32/bits: a word never spans two groups), 3/5/6 bits in whole chunks of 32 channels."""
+    """16-bit rows, or token-axis codes in groups of at least a (low-plane) word's codes (32/bits,
+    3/5/6 bits 32/2 or 32/4: a word never spans two groups); 3/5/6 bits in whole high-plane
+    words too (head_dim a multiple of 32)."""
     if not spec.is_quantized:
         return True
     if spec.axis != "token":
         return False
-    if 32 % spec.bits == 0:
-        return spec.group_size >= 32 // spec.bits
-    return head_dim % 32 == 0
+    low = spec.bits if 32 % spec.bits == 0 else split_bits(spec.bits)[0]
+    return spec.group_size >= 32 // low and (32 % spec.bits == 0 or head_dim % 32 == 0)
 
 
 def wide_rows(*specs: QuantSpec) -> bool:
     """Rows a tile of 64 tokens (decode) or 64-128 query rows (extend) holds in registers at
     d <= 128 (the sm_90a build): 16-bit, or token-axis asymmetric codes of 2, 4 or 8 bits
-    (3/5/6-bit chunks and symmetric rows took 157-210 registers at 64 decode tokens; KIVI keys
+    (3/5/6-bit rows and symmetric ones took 157-210 registers at 64 decode tokens; KIVI keys
     are read a page a tile)."""
     return all(
         not s.is_quantized or (s.axis == "token" and 32 % s.bits == 0 and not s.symmetric)
@@ -595,7 +584,7 @@ def pages_decodable(batch) -> bool:
     """KIVI keys the decode and extend kernels read a page at a time: a pool's pages as
     SGLang's pages of G slots hold them (a request's token t in slot ``page·G + t % G``; every
     page before its last packed, the last staged until full), G >= 16 (one tile inside a
-    page), code rows of whole words (3/5/6 bits: whole chunks of 32 channels), no window
+    page), code rows of whole words (3/5/6 bits: whole high-plane words, 32 channels), no window
     (tiles start at pages). Pre-RoPE pages are read in spans as token rows are
     (:func:`.rope_rows.rope_decodable`)."""
     spec, dim = batch.k_spec, batch.head_dim

@@ -9,16 +9,16 @@ dequantized`). Channel j of the low half and channel j of the high half are a ``
 pair, so they sit at the same place of their two tensors and turn by ``pos·f_j`` element-wise:
 no lane exchanges a value (no reshape, permute or join of the tile). The scores are one dot a
 span, ``s = q_lo·k_lo' + q_hi·k_hi' + q_pass·k_pass``, with q loaded once a program in the same
-spans. A span is in the codes' order (2/4/8 bits: pair order, :func:`.packed_rows.word_codes`,
-which keeps a word's codes in the word): q's spans, the frequencies and the unpacked tail's
+spans. A span is in the codes' order (pair order, :func:`.packed_rows.row_codes`, which keeps
+a word's codes in the word): q's spans, the frequencies and the unpacked tail's
 spans are put in that order too (:func:`spans`).
 
 The pass-through span is channels ``[R, D)`` where ``D - R`` is a power of two (R = D: none,
 R = D/2), else the whole row with q's rotary channels zeroed (the R rotary channels read twice,
 their pass-through product zero). The host check (:func:`rope_decodable`): R/2 >= 16 (the
-smallest ``tl.dot``), halves starting at a word of codes (2/4/8 bits) or a chunk of 32 channels
-(3/5/6 bits), and the kernel's own limits (:func:`.rope.rope_in_kernel`). KIVI pages are read
-in the same spans (:func:`.packed_rows.page_spans`: a scale and zero a channel).
+smallest ``tl.dot``), halves starting at a word of codes (2/4/8 bits) or of high-plane codes
+(3/5/6 bits: 32 channels), and the kernel's own limits (:func:`.rope.rope_in_kernel`). KIVI
+pages are read in the same spans (:func:`.packed_rows.page_spans`: a scale and zero a channel).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def rope_query(q, freq_ptr, pos0, HALF: tl.constexpr, BITS: tl.constexpr):
     frequencies fp32 [HALF] in the codes' order, and ``pos0`` (the position of stored key 0)."""
     lo, hi, rest = spans(q, HALF, BITS)
     freq = tl.load(freq_ptr + tl.arange(0, HALF))[None, :]
-    if BITS < 16 and 32 % BITS == 0:
+    if BITS < 16:
         freq = pair_order(freq, BITS)
     return lo, hi, rest, tl.reshape(freq, [HALF]), pos0
 
@@ -52,7 +52,7 @@ def spans(x, HALF: tl.constexpr, BITS: tl.constexpr):
     and the pass-through [N, D - PASS0] (its rotary channels zero where it is the whole row;
     the low half again where there is none). Shuffles: for q once a program, the tail's tiles."""
     D: tl.constexpr = x.shape[1]
-    if BITS < 16 and 32 % BITS == 0:
+    if BITS < 16:
         x = pair_order(x, BITS)  # a word's codes stay in its word: spans keep their channels
     lo = _take(x, 0, HALF)
     hi = _take(x, HALF, HALF)

@@ -181,8 +181,8 @@ def _quantize_token(x: torch.Tensor, spec: QuantSpec, values: bool = False):
 
 
 def _split_meta(rows: torch.Tensor, spec: QuantSpec, n_codes: int, n_meta: int):
-    # whole-byte codes unpack straight into fp32 (the scale multiply then runs in place); word
-    # codes stay integer and become fp32 inside the multiply (one pass fewer for them)
+    # whole-byte codes unpack straight into fp32 (the scale multiply then runs in place); split
+    # (3/5/6-bit) codes stay integer and become fp32 inside the multiply (one pass fewer for them)
     # token rows: their code and metadata slices are short strided runs (32 + 8 bytes for 4-bit
     # D=64), which slow every later pass on CPU; one contiguous copy each is cheaper overall
     # (channel blocks' runs are long: copying them costs more than it saves)
@@ -192,6 +192,8 @@ def _split_meta(rows: torch.Tensor, spec: QuantSpec, n_codes: int, n_meta: int):
     if spec.axis == "token":
         codes, scale = codes.contiguous(), scale.contiguous()
         zero = None if zero is None else zero.contiguous()
+    else:  # a block's G code rows, each packed on its own (3/5/6 bits: two planes a row)
+        codes = codes.unflatten(-1, (spec.group_size, -1))
     dtype = torch.float32 if 8 % spec.bits == 0 else None
     return unpack_codes(codes, spec.bits, dtype), scale, zero
 

@@ -22,7 +22,7 @@ import triton.language as tl
 
 from .intmath import next_power_of_2
 from .spec import QuantSpec
-from .triton_codes import grid_codes, hadamard_tile, store_code_words, store_codes, store_fp16
+from .triton_codes import grid_codes, hadamard_tile, store_codes, store_fp16
 from .triton_kernels import interpreted
 
 __all__ = ["triton_pack_channel_pages"]
@@ -34,7 +34,7 @@ _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 def _pack_kernel(
     x_ptr, pages_ptr, blk_ptr, heads, stride_xp, stride_xt, stride_xh, stride_bp,
     stride_bh, D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr, SYMMETRIC: tl.constexpr,
-    NW_PAD: tl.constexpr, ROTATE: tl.constexpr, HALVES: tl.constexpr, WORDS: tl.constexpr,
+    NW_PAD: tl.constexpr, ROTATE: tl.constexpr, HALVES: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     page, head = pid // heads, pid % heads
@@ -62,10 +62,7 @@ def _pack_kernel(
         store_fp16(meta + 2 * D, zero, ok, meta_ok, HALVES)
     store_fp16(meta, scale, ok, meta_ok, HALVES)
     q = q.to(tl.int32)
-    if WORDS:  # 3/5/6-bit code rows 4 bytes a store (as the token-axis pack)
-        store_code_words(dst + t.to(tl.int64) * NB, q, t >= 0, NB, BITS)
-    else:
-        store_codes(dst + t.to(tl.int64) * NB, q, t >= 0, NB, BITS)
+    store_codes(dst + t.to(tl.int64) * NB, q, t >= 0, NB, BITS)
 
 
 def _check(blocks: torch.Tensor, pages: torch.Tensor, x: torch.Tensor, spec: QuantSpec) -> None:
@@ -117,14 +114,12 @@ def launch_pack(blocks: torch.Tensor, pages: torch.Tensor, x: torch.Tensor, spec
     """The kernel's launch for checked arguments (x's last dim contiguous)."""
     d, rotate = x.shape[3], spec.rotation == "hadamard"
     grid = (x.shape[0] * x.shape[2],)
-    nw_pad, code_bytes = next_power_of_2(d // 8), d * spec.bits // 8
-    aligned = [v % 4 == 0 for v in (blocks.data_ptr(), *blocks.stride()[:2], code_bytes)]
+    nw_pad = next_power_of_2(d // 8)
     _pack_kernel[grid](
         x, pages, blocks, x.shape[2], x.stride(0), x.stride(1), x.stride(2),
         blocks.stride(0), blocks.stride(1), D=d, G=spec.group_size, BITS=spec.bits,
         SYMMETRIC=spec.symmetric, NW_PAD=nw_pad, ROTATE=rotate,
         HALVES=all(v % 2 == 0 for v in (blocks.data_ptr(), *blocks.stride()[:2])),
-        WORDS=8 % spec.bits != 0 and all(aligned) and nw_pad % 4 == 0,
         enable_fp_fusion=False, num_warps=_warps(rotate),
     )  # fmt: skip
 

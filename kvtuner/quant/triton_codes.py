@@ -1,7 +1,8 @@
 """Triton device functions of the packed format, shared by the pool kernels
 (:mod:`.triton_kernels`) and the attention kernels (:mod:`kvtuner.attention.tiles`): fp16
 metadata stored and loaded as int16 bits (directed rounding, the format's NaN), and codes packed
-into / read from a row's little-endian bit stream (see :mod:`.triton_kernels` for the layout).
+into / read from a row's little-endian bit stream, or 3/5/6-bit codes' two (low and high
+planes: :func:`kvtuner.quant.packing.pack_codes`).
 Importing this module imports triton."""
 
 from __future__ import annotations
@@ -11,16 +12,15 @@ import triton.language as tl
 
 __all__ = [
     "NAN_FP16",
-    "chunk_codes",
     "fp16_directed",
     "grid_codes",
     "hadamard_tile",
+    "high_shifts",
     "load_code_ints",
-    "load_code_words",
     "load_codes",
     "load_fp16",
     "load_group_meta",
-    "store_code_words",
+    "low_bits",
     "store_codes",
     "store_fp16",
     "store_group_meta",
@@ -225,150 +225,107 @@ def _code_bytes_ok(row_ok, j, NB: tl.constexpr):
     return ok
 
 
+@triton.constexpr_function
+def low_bits(bits: int) -> int:
+    """Bits of a code in its row's first stream: all of 2/4/8-bit codes; the low plane's 2, 4
+    or 4 of 3/5/6-bit ones (:func:`kvtuner.quant.packing.split_bits`)."""
+    return bits if 8 % bits == 0 else (2 if bits == 3 else 4)
+
+
 @triton.jit
-def _eight_code_words(q, BITS: tl.constexpr):
-    """Codes int32 [BLOCK, NW, 8] -> int64 [BLOCK, NW]: each 8 codes' BITS bytes of the
-    little-endian stream (at most 48 bits)."""
-    k = tl.arange(0, 8).to(tl.int64)
-    return tl.sum(q.to(tl.int64) << (k * BITS)[None, None, :], axis=2)
+def high_shifts(K: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr):
+    """int32 [K, 32/high]: the bit of high-plane word k where the high bits of its r-th code (in
+    channel order) sit (:func:`kvtuner.quant.packing.high_order`): ``16·h + low·j + high·e``
+    for r = P·e + (P/2)·h + j in the words the row fills, ``high·r`` in the last one it does
+    not (K: the tile's words, past the row's too)."""
+    LOW: tl.constexpr = low_bits(BITS)
+    HIGH: tl.constexpr = BITS - LOW
+    P: tl.constexpr = 32 // LOW  # codes a low-plane word
+    r = tl.arange(0, 32 // HIGH)
+    paired = 16 * ((r % P) // (P // 2)) + LOW * (r % (P // 2)) + HIGH * (r // P)
+    whole = (tl.arange(0, K) < D // (32 // HIGH))[:, None]
+    return tl.where(whole, paired[None, :], (HIGH * r)[None, :])
 
 
 @triton.jit
 def store_codes(dst, q, row_ok, NB: tl.constexpr, BITS: tl.constexpr):
-    """Codes q int32 [BLOCK, NW_PAD, 8] -> the little-endian bit stream at ``dst`` [BLOCK]:
-    code i of a row at stream bits [i*BITS, (i+1)*BITS), NB bytes."""
+    """Codes q int32 [BLOCK, NW_PAD, 8] -> a row's NB code bytes at ``dst`` [BLOCK]: 2/4/8 bits
+    as one little-endian stream (code i at stream bits [i*BITS, (i+1)*BITS)), 3/5/6 bits as
+    its low plane and high plane (:func:`kvtuner.quant.packing.pack_codes`)."""
+    if 8 % BITS == 0:
+        _store_stream(dst, q, row_ok, NB, BITS)
+    else:
+        BLOCK: tl.constexpr = q.shape[0]
+        NW_PAD: tl.constexpr = q.shape[1]
+        LOW: tl.constexpr = low_bits(BITS)
+        HIGH: tl.constexpr = BITS - LOW
+        D: tl.constexpr = NB * 8 // BITS
+        LOW_NB: tl.constexpr = D * LOW // 8
+        _store_stream(dst, q & ((1 << LOW) - 1), row_ok, LOW_NB, LOW)
+        if D < 32 // HIGH:  # no whole high word: channel order
+            _store_stream(dst + LOW_NB, q >> LOW, row_ok, NB - LOW_NB, HIGH)
+        else:
+            K: tl.constexpr = NW_PAD * 8 * HIGH // 32  # the tile's high words
+            high = tl.reshape(q >> LOW, [BLOCK, K, 32 // HIGH])
+            word = tl.sum(high << high_shifts(K, D, BITS)[None], axis=2)  # [BLOCK, K]
+            byte = (word[:, :, None] >> (tl.arange(0, 4) * 8)[None, None, :]) & 0xFF
+            j = tl.arange(0, K * 4)
+            at = dst[:, None] + LOW_NB + j[None, :]
+            ok = _code_bytes_ok(row_ok, j, NB - LOW_NB)
+            tl.store(at, tl.reshape(byte, [BLOCK, K * 4]).to(tl.uint8), mask=ok)
+
+
+@triton.jit
+def _store_stream(dst, q, row_ok, NB: tl.constexpr, BITS: tl.constexpr):
+    """Codes q int32 [BLOCK, NW_PAD, 8] of 1/2/4/8 bits -> their little-endian stream's NB
+    bytes at ``dst`` [BLOCK], in int32 bytes of whole codes (the tile reshaped to [BLOCK,
+    bytes, codes a byte])."""
     BLOCK: tl.constexpr = q.shape[0]
     NW_PAD: tl.constexpr = q.shape[1]
-    if 8 % BITS == 0:  # 2/4/8 bits: bytes of P whole codes, in int32
-        P: tl.constexpr = 8 // BITS
-        c = tl.reshape(q, [BLOCK, NW_PAD * BITS, P])
-        packed = tl.sum(c << (tl.arange(0, P) * BITS)[None, None, :], axis=2)
-        j = tl.arange(0, NW_PAD * BITS)  # [NB_PAD] byte index
-        tl.store(dst[:, None] + j[None, :], packed.to(tl.uint8), mask=_code_bytes_ok(row_ok, j, NB))
-    else:  # 3/5/6 bits: 8 codes make one word of BITS bytes (at most 48 bits)
-        k = tl.arange(0, 8)
-        word = _eight_code_words(q, BITS)
-        byte = (word[:, :, None] >> (k * 8).to(tl.int64)[None, None, :]) & 0xFF  # k < BITS used
-        w = tl.arange(0, NW_PAD)
-        at = dst[:, None, None] + (w * BITS)[None, :, None] + k[None, None, :]
-        ok = row_ok[:, None, None] & (w * BITS < NB)[None, :, None] & (k < BITS)[None, None, :]
-        tl.store(at, byte.to(tl.uint8), mask=ok)
-
-
-@triton.jit
-def _code_word(w, GROUP: tl.constexpr, K: tl.constexpr, BITS: tl.constexpr):
-    """The bits of 8-code word GROUP of a 32-code chunk (int64 [..], BITS bytes) that int32
-    word K of the chunk holds, in place there (int64 in [0, 2**32); zero where they do not
-    meet)."""
-    SHIFT: tl.constexpr = 8 * BITS * GROUP - 32 * K  # where GROUP's bit 0 lands in word K
-    if SHIFT >= 32 or SHIFT <= -8 * BITS:
-        part = tl.zeros_like(w)
-    elif SHIFT >= 0:
-        part = (w << SHIFT) & 0xFFFFFFFF
-    else:
-        part = (w >> -SHIFT) & 0xFFFFFFFF
-    return part
-
-
-@triton.jit
-def _group_word(word, GROUP: tl.constexpr, K: tl.constexpr, BITS: tl.constexpr):
-    """Inverse of :func:`_code_word`: the bits of int32 word K (int64 in [0, 2**32)) that
-    8-code word GROUP holds, in place there."""
-    SHIFT: tl.constexpr = 8 * BITS * GROUP - 32 * K
-    if SHIFT >= 32 or SHIFT <= -8 * BITS:
-        part = tl.zeros_like(word)
-    elif SHIFT >= 0:
-        part = word >> SHIFT
-    else:
-        part = (word << -SHIFT) & ((1 << (8 * BITS)) - 1)
-    return part
-
-
-@triton.jit
-def store_code_words(dst, q, row_ok, NB: tl.constexpr, BITS: tl.constexpr):
-    """:func:`store_codes` for 3/5/6 bits where rows start 4-byte aligned, hold whole words
-    (NB % 4 == 0) and the tile whole 32-code chunks (NW_PAD % 4 == 0): a chunk's 4 words of
-    8 codes (BITS bytes each) are BITS int32 words of the same stream, stored 4 bytes at a
-    time (not a byte at a time, whose 64-bit addresses cost 255 registers and a spill)."""
-    BLOCK: tl.constexpr = q.shape[0]
-    NC: tl.constexpr = q.shape[1] // 4
-    word = _eight_code_words(q, BITS)
-    even, odd = tl.split(tl.reshape(word, [BLOCK, NC, 2, 2]))  # 8-code word 4c + 2i + j
-    w0, w2 = tl.split(even)
-    w1, w3 = tl.split(odd)  # [BLOCK, NC] each
-    words = dst.to(tl.pointer_type(tl.int32))
-    c = tl.arange(0, NC)
-    for kk in tl.static_range(BITS):
-        out = _code_word(w0, 0, kk, BITS) | _code_word(w1, 1, kk, BITS)
-        out = out | _code_word(w2, 2, kk, BITS) | _code_word(w3, 3, kk, BITS)
-        at = c * BITS + kk  # [NC] the row's int32 word
-        ok = row_ok[:, None] & (at < NB // 4)[None, :]
-        tl.store(words[:, None] + at[None, :], out.to(tl.int32), mask=ok)
-
-
-@triton.jit
-def load_code_words(src, row_ok, NB: tl.constexpr, NW_PAD: tl.constexpr, BITS: tl.constexpr):
-    """Inverse of :func:`store_code_words`: codes as int32 [BLOCK, NW_PAD, 8], read 4 bytes at
-    a time."""
-    BLOCK: tl.constexpr = row_ok.shape[0]
-    codes = chunk_codes(src.to(tl.pointer_type(tl.int32)), NW_PAD // 4, BITS, row_ok, NB // 4)
-    return tl.reshape(codes, [BLOCK, NW_PAD, 8])
-
-
-@triton.jit
-def chunk_codes(rows, NC: tl.constexpr, BITS: tl.constexpr, row_ok=None,
-                WORDS: tl.constexpr = 0):  # fmt: skip
-    """3/5/6-bit codes of NC 32-code chunks (BITS int32 words each) of the rows at int32
-    pointers ``rows`` [BLOCK] -> int32 [BLOCK, NC, 32] in channel order. ``row_ok`` None: every
-    word is read; else rows ``row_ok`` [BLOCK] and their first ``WORDS`` words only (a tile
-    padded past the row's chunks reads zeros there, not the next bytes). A chunk's four 8-code
-    words (BITS bytes, at most 48 bits) are put together in int64 from its int32 words with
-    shifts fixed at compile time; each code is then one shift and mask of its word, not a
-    choice among the chunk's words."""
-    BLOCK: tl.constexpr = rows.shape[0]
-    c = tl.arange(0, NC)
-    w0 = tl.zeros([BLOCK, NC], tl.int64)
-    w1, w2, w3 = w0, w0, w0
-    for kk in tl.static_range(BITS):
-        at = c * BITS + kk  # [NC] the chunk's word kk
-        if row_ok is None:
-            word = tl.load(rows[:, None] + at[None, :])
-        else:
-            ok = row_ok[:, None] & (at < WORDS)[None, :]
-            word = tl.load(rows[:, None] + at[None, :], mask=ok, other=0)
-        word = word.to(tl.int64) & 0xFFFFFFFF
-        w0 = w0 | _group_word(word, 0, kk, BITS)
-        w1 = w1 | _group_word(word, 1, kk, BITS)
-        w2 = w2 | _group_word(word, 2, kk, BITS)
-        w3 = w3 | _group_word(word, 3, kk, BITS)
-    word = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), [BLOCK, NC, 4])
-    k = tl.arange(0, 8).to(tl.int64)
-    codes = (word[:, :, :, None] >> (k * BITS)[None, None, None, :]) & ((1 << BITS) - 1)
-    return tl.reshape(codes.to(tl.int32), [BLOCK, NC, 32])
+    P: tl.constexpr = 8 // BITS
+    c = tl.reshape(q, [BLOCK, NW_PAD * BITS, P])
+    packed = tl.sum(c << (tl.arange(0, P) * BITS)[None, None, :], axis=2)
+    j = tl.arange(0, NW_PAD * BITS)  # [NB_PAD] byte index
+    tl.store(dst[:, None] + j[None, :], packed.to(tl.uint8), mask=_code_bytes_ok(row_ok, j, NB))
 
 
 @triton.jit
 def load_code_ints(src, row_ok, NB: tl.constexpr, NW_PAD: tl.constexpr, BITS: tl.constexpr):
     """Inverse of :func:`store_codes`: codes as int32 [BLOCK, NW_PAD, 8] in ``[0, 2**BITS)``
     (for callers that convert them their own way, e.g. by the fp16 exponent trick)."""
-    BLOCK: tl.constexpr = row_ok.shape[0]
-    MASK: tl.constexpr = (1 << BITS) - 1
     if 8 % BITS == 0:
-        P: tl.constexpr = 8 // BITS
-        j = tl.arange(0, NW_PAD * BITS)
-        b = tl.load(src[:, None] + j[None, :], mask=_code_bytes_ok(row_ok, j, NB), other=0)
-        q = (b.to(tl.int32)[:, :, None] >> (tl.arange(0, P) * BITS)[None, None, :]) & MASK
-        q = tl.reshape(q, [BLOCK, NW_PAD, 8])
-    else:  # code k of a word starts in byte lo = k*BITS // 8 and may run into byte lo + 1
-        k = tl.arange(0, 8)
-        lo = (k * BITS) // 8
-        w = tl.arange(0, NW_PAD)
-        at = src[:, None, None] + (w * BITS)[None, :, None] + lo[None, None, :]
-        ok = row_ok[:, None, None] & (w * BITS < NB)[None, :, None]
-        b = tl.load(at, mask=ok, other=0).to(tl.int32)
-        hi = tl.load(at + 1, mask=ok & (lo + 1 < BITS)[None, None, :], other=0).to(tl.int32)
-        q = ((b | (hi << 8)) >> ((k * BITS) % 8)[None, None, :]) & MASK
+        q = _load_stream(src, row_ok, NB, NW_PAD, BITS)
+    else:
+        BLOCK: tl.constexpr = row_ok.shape[0]
+        LOW: tl.constexpr = low_bits(BITS)
+        HIGH: tl.constexpr = BITS - LOW
+        D: tl.constexpr = NB * 8 // BITS
+        LOW_NB: tl.constexpr = D * LOW // 8
+        q = _load_stream(src, row_ok, LOW_NB, NW_PAD, LOW)
+        if D < 32 // HIGH:  # no whole high word: channel order
+            high = _load_stream(src + LOW_NB, row_ok, NB - LOW_NB, NW_PAD, HIGH)
+        else:
+            K: tl.constexpr = NW_PAD * 8 * HIGH // 32
+            j = tl.arange(0, K * 4)
+            at = src[:, None] + LOW_NB + j[None, :]
+            b = tl.load(at, mask=_code_bytes_ok(row_ok, j, NB - LOW_NB), other=0)
+            b = tl.reshape(b.to(tl.int32), [BLOCK, K, 4])
+            word = tl.sum(b << (tl.arange(0, 4) * 8)[None, None, :], axis=2)  # [BLOCK, K]
+            high = (word[:, :, None] >> high_shifts(K, D, BITS)[None]) & ((1 << HIGH) - 1)
+            high = tl.reshape(high, [BLOCK, NW_PAD, 8])
+        q = q | (high << LOW)
     return q
+
+
+@triton.jit
+def _load_stream(src, row_ok, NB: tl.constexpr, NW_PAD: tl.constexpr, BITS: tl.constexpr):
+    """Inverse of :func:`_store_stream`: codes int32 [BLOCK, NW_PAD, 8]."""
+    BLOCK: tl.constexpr = row_ok.shape[0]
+    P: tl.constexpr = 8 // BITS
+    j = tl.arange(0, NW_PAD * BITS)
+    b = tl.load(src[:, None] + j[None, :], mask=_code_bytes_ok(row_ok, j, NB), other=0)
+    q = (b.to(tl.int32)[:, :, None] >> (tl.arange(0, P) * BITS)[None, None, :]) & ((1 << BITS) - 1)
+    return tl.reshape(q, [BLOCK, NW_PAD, 8])
 
 
 @triton.jit

@@ -7,10 +7,10 @@ Token axis only (what a slot pool stores), every bits value of ``SUPPORTED_BITS`
 16 = fp16 bytes). Each program handles ``BLOCKS`` row blocks of ``BLOCK`` tokens of one KV head
 (:class:`PoolPlan`; several blocks run in a loop whose copies Triton pipelines); a row's codes are
 held as a tile [BLOCK, D/8, 8]: 8 consecutive codes are one word of ``bits`` bytes of the row's
-little-endian bit stream. 2/4/8 bits pack bytes of whole codes in int32 (the tile reshaped to
-[BLOCK, code_bytes, codes_per_byte]); 3/5/6 bits shift-and-OR a word into int64 (at most 48 bits);
-four such words (32 codes) are ``bits`` int32 words of the stream, stored and loaded 4 bytes at a
-time where rows are 4-byte aligned (else byte by byte). A row's bytes move in units of the power of
+little-endian bit stream (3/5/6 bits: two, a low and a high plane,
+:func:`kvtuner.quant.packing.pack_codes`). Codes pack into bytes of whole codes in int32 (the
+tile reshaped to [BLOCK, code_bytes, codes_per_byte]); a high plane's into words by shifts fixed at
+compile time (:func:`.triton_codes.high_shifts`). A row's bytes move in units of the power of
 two every row offset shares (``ALIGN``): 16 or 8 bytes a store where rows allow.
 
 The bytes equal :mod:`.reference` exactly: IEEE ``1 / scale`` (``div_rn``) once a group, no FMA
@@ -38,12 +38,10 @@ from .triton_codes import (
     NAN_FP16,
     grid_codes,
     hadamard_tile,
-    load_code_words,
     load_codes,
     load_fp16,
     load_group_meta,
     meta_offset,
-    store_code_words,
     store_codes,
     store_fp16,
     store_group_meta,
@@ -146,7 +144,7 @@ def _scatter_kernel(
     x_ptr, loc_ptr, buf_ptr, n_tokens, stride_slot, stride_head, stride_xt,
     stride_xh, D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr, SYMMETRIC: tl.constexpr,
     NW_PAD: tl.constexpr, BLOCK: tl.constexpr, ROTATE: tl.constexpr, ALIGN: tl.constexpr,
-    WORDS: tl.constexpr, WHOLE: tl.constexpr, BLOCKS: tl.constexpr, STAGES: tl.constexpr,
+    WHOLE: tl.constexpr, BLOCKS: tl.constexpr, STAGES: tl.constexpr,
     PLANES: tl.constexpr,
 ):  # fmt: skip
     # a row's scales and zeros this many bytes after its codes (rows, or planes: .planes)
@@ -155,18 +153,18 @@ def _scatter_kernel(
         # 16 rows x 4 warps: 121 registers, not 95)
         _scatter_block(tl.program_id(0), x_ptr, loc_ptr, buf_ptr, n_tokens, stride_slot,
             stride_head, stride_xt, stride_xh, md, D, G, BITS, SYMMETRIC, NW_PAD, BLOCK,
-            ROTATE, ALIGN, WORDS, WHOLE, PLANES)  # fmt: skip
+            ROTATE, ALIGN, WHOLE, PLANES)  # fmt: skip
     else:
         first, last = _row_blocks(n_tokens, BLOCK, BLOCKS)
         for blk in tl.range(first, last, num_stages=STAGES):
             _scatter_block(blk, x_ptr, loc_ptr, buf_ptr, n_tokens, stride_slot, stride_head,
                 stride_xt, stride_xh, md, D, G, BITS, SYMMETRIC, NW_PAD, BLOCK, ROTATE, ALIGN,
-                WORDS, WHOLE, PLANES)  # fmt: skip
+                WHOLE, PLANES)  # fmt: skip
 
 
 @triton.jit
 def _scatter_block(blk, x_ptr, loc_ptr, buf_ptr, n_tokens, stride_slot, stride_head, stride_xt,
-    stride_xh, md, D, G, BITS, SYMMETRIC, NW_PAD, BLOCK, ROTATE, ALIGN, WORDS, WHOLE,
+    stride_xh, md, D, G, BITS, SYMMETRIC, NW_PAD, BLOCK, ROTATE, ALIGN, WHOLE,
     PLANES):  # fmt: skip
     """Row block ``blk`` of :func:`_scatter_kernel`."""
     rows, row_ok, dst = _row_bases(
@@ -174,7 +172,7 @@ def _scatter_block(blk, x_ptr, loc_ptr, buf_ptr, n_tokens, stride_slot, stride_h
     )
     at = _x_offsets(rows, stride_xt, stride_xh)
     x = _pack_tile(x_ptr, at, row_ok, D, G, NW_PAD, ROTATE, WHOLE)
-    _store_rows(dst, dst + md, x, row_ok, D, BITS, SYMMETRIC, NW_PAD, ALIGN, WORDS, PLANES)
+    _store_rows(dst, dst + md, x, row_ok, D, BITS, SYMMETRIC, NW_PAD, ALIGN, PLANES)
 
 
 @triton.jit
@@ -204,7 +202,7 @@ def _pack_tile(x_ptr, at, row_ok, D: tl.constexpr, G: tl.constexpr, NW_PAD: tl.c
 @triton.jit
 def _store_rows(dst, meta_dst, x, row_ok, D: tl.constexpr, BITS: tl.constexpr,
                 SYMMETRIC: tl.constexpr, NW_PAD: tl.constexpr, ALIGN: tl.constexpr,
-                WORDS: tl.constexpr, PLANES: tl.constexpr):  # fmt: skip
+                PLANES: tl.constexpr):  # fmt: skip
     """Quantize fp32 ``x`` [BLOCK, NG_PAD, G] and store the rows' codes at ``dst`` [BLOCK],
     their scales and zeros at ``meta_dst`` (2-byte aligned in planes: whole words)."""
     BLOCK: tl.constexpr = x.shape[0]
@@ -224,10 +222,7 @@ def _store_rows(dst, meta_dst, x, row_ok, D: tl.constexpr, BITS: tl.constexpr,
             store_fp16(meta + 2 * NG, zero, ok, meta_ok)
         store_fp16(meta, scale, ok, meta_ok)
     q = tl.reshape(q.to(tl.int32), [BLOCK, NW_PAD, 8])
-    if WORDS:
-        store_code_words(dst, q, row_ok, NB, BITS)
-    else:
-        store_codes(dst, q, row_ok, NB, BITS)
+    store_codes(dst, q, row_ok, NB, BITS)
 
 
 @triton.jit
@@ -235,32 +230,32 @@ def _gather_kernel(
     buf_ptr, loc_ptr, out_ptr, n_tokens, stride_slot, stride_head, D: tl.constexpr,
     G: tl.constexpr, BITS: tl.constexpr, SYMMETRIC: tl.constexpr, NW_PAD: tl.constexpr,
     BLOCK: tl.constexpr, OUT_BF16: tl.constexpr, ROTATE: tl.constexpr, ALIGN: tl.constexpr,
-    WORDS: tl.constexpr, WHOLE: tl.constexpr, BLOCKS: tl.constexpr, STAGES: tl.constexpr,
+    WHOLE: tl.constexpr, BLOCKS: tl.constexpr, STAGES: tl.constexpr,
     PLANES: tl.constexpr,
 ):  # fmt: skip
     md = meta_offset(tl.program_id(1).to(tl.int64), D, BITS, G, SYMMETRIC, PLANES, 1)
     if BLOCKS == 1:  # no loop (see _scatter_kernel)
         _gather_block(tl.program_id(0), buf_ptr, loc_ptr, out_ptr, n_tokens, stride_slot,
             stride_head, md, D, G, BITS, SYMMETRIC, NW_PAD, BLOCK, OUT_BF16, ROTATE, ALIGN,
-            WORDS, WHOLE, PLANES)  # fmt: skip
+            WHOLE, PLANES)  # fmt: skip
     else:
         first, last = _row_blocks(n_tokens, BLOCK, BLOCKS)
         for blk in tl.range(first, last, num_stages=STAGES):
             _gather_block(blk, buf_ptr, loc_ptr, out_ptr, n_tokens, stride_slot, stride_head,
-                md, D, G, BITS, SYMMETRIC, NW_PAD, BLOCK, OUT_BF16, ROTATE, ALIGN, WORDS,
+                md, D, G, BITS, SYMMETRIC, NW_PAD, BLOCK, OUT_BF16, ROTATE, ALIGN,
                 WHOLE, PLANES)  # fmt: skip
 
 
 @triton.jit
 def _gather_block(blk, buf_ptr, loc_ptr, out_ptr, n_tokens, stride_slot, stride_head, md, D,
-    G, BITS, SYMMETRIC, NW_PAD, BLOCK, OUT_BF16, ROTATE, ALIGN, WORDS, WHOLE,
+    G, BITS, SYMMETRIC, NW_PAD, BLOCK, OUT_BF16, ROTATE, ALIGN, WHOLE,
     PLANES):  # fmt: skip
     """Row block ``blk`` of :func:`_gather_kernel`."""
     rows, row_ok, src = _row_bases(
         buf_ptr, loc_ptr, n_tokens, stride_slot, stride_head, blk, BLOCK, ALIGN
     )
     META4: tl.constexpr = ALIGN % 4 + (0 if PLANES else D * BITS // 8 % 4) == 0  # 4-aligned
-    out = _dequantized_rows(src, src + md, row_ok, D, G, BITS, SYMMETRIC, NW_PAD, WORDS, META4)
+    out = _dequantized_rows(src, src + md, row_ok, D, G, BITS, SYMMETRIC, NW_PAD, META4)
     w = tl.arange(0, NW_PAD)
     if ROTATE or WHOLE:  # a whole row a thread: stored as [D/8, BLOCK, 8], the chunk axis
         # outermost, so each thread holds a row's chunks
@@ -280,7 +275,7 @@ def _gather_block(blk, buf_ptr, loc_ptr, out_ptr, n_tokens, stride_slot, stride_
 @triton.jit
 def _dequantized_rows(src, meta_src, row_ok, D: tl.constexpr, G: tl.constexpr,
                       BITS: tl.constexpr, SYMMETRIC: tl.constexpr, NW_PAD: tl.constexpr,
-                      WORDS: tl.constexpr, META4: tl.constexpr):  # fmt: skip
+                      META4: tl.constexpr):  # fmt: skip
     """The rows whose codes are at ``src`` [BLOCK], scales and zeros at ``meta_src`` (4-byte
     aligned: ``META4``), dequantized: fp32 [BLOCK, NW_PAD, 8]."""
     BLOCK: tl.constexpr = row_ok.shape[0]
@@ -288,10 +283,7 @@ def _dequantized_rows(src, meta_src, row_ok, D: tl.constexpr, G: tl.constexpr,
     NG: tl.constexpr = D // G
     NG_PAD: tl.constexpr = NW_PAD * 8 // G
     HALF: tl.constexpr = (1 << (BITS - 1)) - 1
-    if WORDS:
-        q = load_code_words(src, row_ok, NB, NW_PAD, BITS).to(tl.float32)  # [BLOCK, NW_PAD, 8]
-    else:
-        q = load_codes(src, row_ok, NB, NW_PAD, BITS)
+    q = load_codes(src, row_ok, NB, NW_PAD, BITS)  # [BLOCK, NW_PAD, 8]
     q = tl.reshape(q, [BLOCK, NG_PAD, G])
     if NG == NG_PAD:  # the row's scales and zeros in one vector load
         scale, zero = load_group_meta(meta_src, row_ok, 0, NG, SYMMETRIC, META4)
@@ -500,7 +492,6 @@ def _launch_args(
     )
     if spec.is_quantized:
         nw_pad = next_power_of_2(head_dim // 8)
-        code_bytes = head_dim * spec.bits // 8
         common.update(
             G=spec.group_size,
             BITS=spec.bits,
@@ -509,8 +500,6 @@ def _launch_args(
             ROTATE=_rotates(spec),
             WHOLE=plan.whole_rows,
             PLANES=planes,
-            # 3/5/6-bit codes as int32 words of whole 32-code chunks, where the rows allow
-            WORDS=8 % spec.bits != 0 and align % 4 == 0 and code_bytes % 4 == 0 and nw_pad % 4 == 0,
         )
     else:
         common.update(D_PAD=next_power_of_2(head_dim))

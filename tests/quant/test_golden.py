@@ -1,4 +1,4 @@
-"""Golden bytes: the packed format (v1, and v2's 3/5/6-bit codes) written out literally, so it
+"""Golden bytes: the packed format (v1, and v3's 3/5/6-bit codes) written out literally, so it
 cannot change silently.
 
 If one of these fails, the on-disk / in-pool format changed: that breaks every profile-serving
@@ -48,21 +48,24 @@ GOLDEN = {
             "00be00ba00000030003000300030003034c280c7993967b200006644f4c86638"
         ],
     ),
-    # v2: 8 codes of 3 bits make one 3-byte little-endian word. Row 0's first group has codes
-    # 0,1,3,3,4,5,6,7 -> sum(c_i << 3i) = 0xFAC6C8 -> bytes c8 c6 fa.
+    # v3: 3/5/6-bit codes as a low plane (their low 2/4/4 bits, 4/2/2 a byte) and a high plane
+    # (the other 1/1/2 bits). Row 0's codes are 0,1,3,3,4,5,6,7,0,3,4,3,5,7,1,3: low bits
+    # 0,1,3,3 -> byte f4; high bits 0,0,0,0,1,1,1,1 -> byte f0 (16 codes: no whole 32-code
+    # high word, so channel order; tests/quant/test_reference.py has the order of whole words)
     "3b_asym_g8": (
         QuantSpec(3, 8),
-        ["c8c6fa18d76793384a3c00be34c2", "0000004f37830000b0410030f4c8"],
+        ["f4e4ccddf03493384a3c00be34c2", "0000d70b00a50000b0410030f4c8"],
     ),
-    # 16 codes of 5 bits: two 5-byte words | 1 fp16 absmax scale
+    # 8 low-plane bytes | 2 high-plane bytes | 1 fp16 absmax scale
     "5b_sym_g16": (
         QuantSpec(5, 16, symmetric=True),
-        ["8a3d28a7c5e445573d8a6744", "efbdf7de7b9ed0f730900049"],
+        ["ca0f3286f4e1e518f8b46744", "ffffffff4ef48f2000a50049"],
     ),
-    # 16 codes of 6 bits: two 6-byte words | 2 scales | 2 zeros
+    # 8 low-plane bytes | 4 high-plane bytes (one whole 16-code word: pairs' bits 16 apart) |
+    # 2 scales | 2 zeros
     "6b_asym_g8": (
         QuantSpec(6, 8),
-        ["008371a67aff800662ea8f7c112c9f2f00be34c2", "0000000000003fa27edf0c9800000f350030f4c8"],
+        ["c0c8a6f7a080faf84059ea73112c9f2f00be34c2", "000000008ffa3f600c48c48000000f350030f4c8"],
     ),
     # rotated by the 16x16 Hadamard matrix first: 8 code bytes | scale | zero
     "4b_asym_g16_hadamard": (

@@ -117,15 +117,46 @@ def test_hadamard_round_trip_l2_bound(bits, data):
     assert (err <= bound * (1 + 1e-3) + 1e-4 * x.norm(dim=-1) + 1e-6).all()
 
 
-@pytest.mark.parametrize("bits", [2, 3, 4, 5, 6, 8])
+@pytest.mark.parametrize("bits", [2, 4, 8])
 def test_codes_are_one_little_endian_bit_stream(bits):
-    """Byte j of a packed row holds bits [8j, 8j+8) of sum(code_i << (i*bits)), for every width."""
+    """Byte j of a packed row holds bits [8j, 8j+8) of sum(code_i << (i*bits))."""
     codes = torch.randint(0, 1 << bits, (3, 64))
     packed = pack_codes(codes, bits)
     for row, out in zip(codes.tolist(), packed.tolist(), strict=True):
-        stream = sum(c << (i * bits) for i, c in enumerate(row))
-        assert out == [(stream >> (8 * j)) & 0xFF for j in range(64 * bits // 8)]
+        assert out == _stream_bytes(row, [i * bits for i in range(64)], 64 * bits // 8)
     assert torch.equal(unpack_codes(packed, bits, torch.int64), codes)
+
+
+@pytest.mark.parametrize("bits, low", [(3, 2), (5, 4), (6, 4)])
+@pytest.mark.parametrize("dim", [64, 72])
+def test_split_codes_are_a_low_and_a_high_plane(bits, low, dim):
+    """3/5/6 bits: the low ``low`` bits of every code as one stream, then the rest as another,
+    where the high bits of code P·(E·k + e) + (P/2)·h + j (P = 32/low, E = low/high) sit at
+    bit 32·k + 16·h + low·j + high·e: a pair's high bits 16 apart in one word, as its low bits
+    are; past the last whole word (d 72: 8 codes), in channel order."""
+    high = bits - low
+    p, e_words = 32 // low, low // high
+    codes = torch.randint(0, 1 << bits, (3, dim))
+    packed = pack_codes(codes, bits)
+    at = [0] * dim
+    for i in range(dim):
+        k, r = divmod(i, 32 // high)
+        e, r = divmod(r, p)
+        h, j = divmod(r, p // 2)
+        whole = (k + 1) * (32 // high) <= dim
+        at[i] = 32 * k + 16 * h + low * j + high * e if whole else i * high
+    for row, out in zip(codes.tolist(), packed.tolist(), strict=True):
+        low_plane = _stream_bytes([c % (1 << low) for c in row], [i * low for i in range(dim)],
+                                  dim * low // 8)  # fmt: skip
+        high_plane = _stream_bytes([c >> low for c in row], at, dim * high // 8)
+        assert out == low_plane + high_plane
+    assert torch.equal(unpack_codes(packed, bits, torch.int64), codes)
+
+
+def _stream_bytes(codes: list[int], bit_at: list[int], n_bytes: int) -> list[int]:
+    """Bytes of the stream holding code i at bit ``bit_at[i]``."""
+    stream = sum(c << at for c, at in zip(codes, bit_at, strict=True))
+    return [(stream >> (8 * j)) & 0xFF for j in range(n_bytes)]
 
 
 def test_hadamard_cache_survives_inference_mode():
@@ -182,9 +213,8 @@ def test_non_finite_poisons_only_its_group(spec, bad):
     assert not out[clean].isnan().any()
     scale, zero = stored_meta(rows, spec, 128, 128 // g)
     assert scale[1, 0].isnan() and (zero is None or zero[1, 0].isnan())
-    assert torch.equal(
-        rows[1, : spec.code_bytes(g)], torch.zeros(spec.code_bytes(g), dtype=torch.uint8)
-    )
+    codes = unpack_codes(rows[1, : spec.code_bytes(128)], spec.bits)  # codes 0 in the group
+    assert torch.equal(codes[:g], torch.zeros(g, dtype=torch.uint8))
     # other groups: the same bytes as quantizing them without the bad value
     y = x.clone()
     y[1, :g] = 0

@@ -67,7 +67,8 @@ if TK is None:
 
 def _cases():
     """(spec, head_dim): every bits x symmetric x group, 16 bits, Hadamard; D = 64 and 96.
-    3/5/6 bits (codes straddling bytes) at fewer groups and D = 96 asymmetric only: time."""
+    3/5/6 bits (low and high planes) at fewer groups, D = 96 asymmetric only (time), and D = 72
+    (a high word part-filled)."""
     specs = [
         QuantSpec(b, g, s) for b, s, g in itertools.product((2, 4, 8), (False, True), (2, 8, 32))
     ]
@@ -81,6 +82,8 @@ def _cases():
         if not s and g == 32:
             yield pytest.param(spec, 96, id=f"{spec.short()}-d96")  # 12 words padded to 16
     yield pytest.param(QuantSpec(3, 2), 64, id="3b/g2/asym/token-d64")
+    for b in (3, 5, 6):  # a high plane's last word part-filled (channel order there)
+        yield pytest.param(QuantSpec(b, 8), 72, id=f"{b}b/g8/asym/token-d72")
     for spec in (
         QuantSpec(4, 32, rotation="hadamard"),
         QuantSpec(2, 16, True, rotation="hadamard"),

@@ -4,7 +4,7 @@ Why: a decode step writes one token per request and layer, a few hundred values;
 is the number of calls, not the bytes. A torch call costs several µs of dispatch here, a numpy
 ufunc about a third of that, and K and V share one pass over a ``[n, 2*heads, G, group]`` array
 even when their bit widths differ (the per-head ``qmax`` is a broadcast array). Bit packing is
-``unpackbits`` + ``packbits`` (the format's little-endian bit stream, for every width).
+``unpackbits`` + ``packbits`` (the format's little-endian bit streams, for every width).
 
 Exactness: this is a second implementation of ``kvtuner.quant.reference`` (the definition), for
 token-axis specs of 2..8 bits; the rows are the reference's bytes and the values are
@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from .....quant import QuantSpec
+from .....quant.packing import high_order, split_bits
 from .....quant.reference import times_hadamard
 
 __all__ = ["PairCodec"]
@@ -101,14 +102,26 @@ def _bytes(codes: np.ndarray, meta: np.ndarray, values: np.ndarray):
 
 
 def _pack(codes: np.ndarray, bits: int) -> np.ndarray:
-    """Codes uint8 [n, h, G, group] -> uint8 [n, h, D*bits/8]: code i at stream bits
-    [i*bits, (i+1)*bits), byte j = stream bits [8j, 8j+8), least significant first (the format's
-    bit stream)."""
+    """Codes uint8 [n, h, G, group] -> uint8 [n, h, D*bits/8], the reference's
+    :func:`~kvtuner.quant.packing.pack_codes`: one bit stream (code i at stream bits
+    [i*bits, (i+1)*bits), byte j = stream bits [8j, 8j+8), least significant first), or for
+    3/5/6 bits a low and a high plane, each such a stream."""
     n, h = codes.shape[:2]
     codes = codes.reshape(n, h, -1)  # a copy when codes is K's or V's half of the pair
+    if 8 % bits:
+        low, high = split_bits(bits)
+        order = np.asarray(high_order(codes.shape[-1], bits))
+        return np.concatenate(
+            [_stream(codes & ((1 << low) - 1), low), _stream(codes[..., order] >> low, high)], -1
+        )
+    return _stream(codes, bits)
+
+
+def _stream(codes: np.ndarray, bits: int) -> np.ndarray:
+    """Codes uint8 [n, h, D] -> their little-endian bit stream, uint8 [n, h, D*bits/8]."""
     if bits == 8:
         return codes
-    d = codes.shape[-1]
+    n, h, d = codes.shape
     stream = np.unpackbits(codes[..., None], axis=-1, count=bits, bitorder="little")
     return np.packbits(stream.reshape(n, h, d * bits), axis=-1, bitorder="little")
 
