@@ -7,7 +7,19 @@ import functools
 
 import torch
 
-__all__ = ["from_fp16_bytes", "fp16_bytes", "pack_codes", "unpack_codes"]
+__all__ = [
+    "PACKED_FORMAT",
+    "from_fp16_bytes",
+    "fp16_bytes",
+    "high_order",
+    "pack_codes",
+    "split_bits",
+    "unpack_codes",
+]
+
+# the version of the rows' bytes (docs/format.md): 3 since 3/5/6-bit codes are two planes; where
+# packed pages outlive a process (HiCache storage) their keys carry it
+PACKED_FORMAT = 3
 
 
 def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Triton kernels for the packed format v2, beside their launchers.
+"""Triton kernels for the packed format v3, beside their launchers.
 
 ``triton_scatter_quantized``: ``buffer[loc] = quantize(x)``; ``triton_gather_dequantized``:
 ``dequantize(buffer[loc])``; either with ``planes``, the pool's slots laid out as

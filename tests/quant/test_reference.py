@@ -135,7 +135,7 @@ def test_split_codes_are_a_low_and_a_high_plane(bits, low, dim):
     bit 32·k + 16·h + low·j + high·e: a pair's high bits 16 apart in one word, as its low bits
     are; past the last whole word (d 72: 8 codes), in channel order."""
     high = bits - low
-    p, e_words = 32 // low, low // high
+    p = 32 // low
     codes = torch.randint(0, 1 << bits, (3, dim))
     packed = pack_codes(codes, bits)
     at = [0] * dim

@@ -107,7 +107,7 @@ def test_evicted_prefix_comes_back_from_host_with_the_same_greedy_output(first_s
 def test_pages_in_storage_name_the_profile_hash(first_server, storage_dir, profiles):
     from kvtuner.profile import load_profile
 
-    tag = f"kvtuner-{load_profile(profiles[8]).hash}"
+    tag = f"kvtuner-v3-{load_profile(profiles[8]).hash}"  # the packed format, the profile
     pages = [p.name for p in storage_dir.glob("*.bin")]
     assert pages and all(tag in name for name in pages)
 

@@ -98,11 +98,11 @@ def test_host_pool_holds_packed_rows_sized_by_the_profile(written, layout):
     assert host.kv_buffer.dtype == torch.uint8 and not host.kv_buffer.is_pinned()
     assert host.kv_buffer.numel() == host.size * cell.packed
     assert host.size >= 2 * pool.size  # SGLang sized it: ratio 2, plus a padding page
-    assert host.storage_format_tag == f"kvtuner-{pool.profile.hash}"  # rows: the torch pool
+    assert host.storage_format_tag == f"kvtuner-v3-{pool.profile.hash}"  # rows: the torch pool
     assert pool.storage_layout() == "rows"
     from kvtuner.runtime_loader.sglang.hicache.host_pool import storage_tag
 
-    assert storage_tag(pool.profile.hash, "planes") == f"kvtuner-{pool.profile.hash}-planes"
+    assert storage_tag(pool.profile.hash, "planes") == f"kvtuner-v3-{pool.profile.hash}-planes"
     stock_bytes = 2 * 3 * HEADS * D * 4  # SGLang's MHA host pool: fp32 K and V per token
     assert host.size_per_token < stock_bytes
 

@@ -77,7 +77,8 @@ def test_reads_equal_the_reference_quantizer_and_stay_within_its_bound(written):
             assert_within_half_step(x, x_hat, spec)
 
 
-V2_SPECS = [  # format v2, codes straddling bytes; layer 0's K and V share a grid (one pair call)
+# format v2's widths (v3: low and high planes); layer 0's K and V share a grid (one pair call)
+V2_SPECS = [
     (QuantSpec(3), QuantSpec(3)),
     (QuantSpec(5, symmetric=True), QuantSpec(3, group_size=16)),
     (QuantSpec(3, rotation="hadamard"), QuantSpec(5)),

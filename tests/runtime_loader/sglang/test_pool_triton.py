@@ -21,7 +21,7 @@ SIZE, HEADS, D = 12, 2, 64
 SPECS = [
     (QuantSpec(4, rotation="hadamard"), QuantSpec(2)),  # 40-byte K rows at d 64: planes
     (QuantSpec(8, symmetric=True), QuantSpec(16)),
-    (QuantSpec(3), QuantSpec(5, 16, symmetric=True)),  # format v2: codes straddling bytes
+    (QuantSpec(3), QuantSpec(5, 16, symmetric=True)),  # 3/5/6 bits: low and high planes
     (QuantSpec(8), QuantSpec(4, 64)),  # 72-byte key rows: planes
 ]
 

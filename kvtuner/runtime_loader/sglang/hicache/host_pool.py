@@ -30,15 +30,18 @@ from sglang.srt.mem_cache.pool_host.common import ALLOC_MEMORY_FUNCS
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 
 from ....errors import KVTunerError
+from ....quant.packing import PACKED_FORMAT
 from .host_transfers import TorchIndexTransfers, host_pool_arguments
 
 __all__ = ["KVTunerMHATokenToKVPoolHost", "storage_tag"]
 
 
 def storage_tag(profile_hash: str, layout: str = "rows") -> str:
-    """The page-format tag of a profile's packed pages in storage keys (``layout``: the device
-    pool's, ``rows`` or ``planes``)."""
-    return f"kvtuner-{profile_hash}" + ("" if layout == "rows" else f"-{layout}")
+    """The page-format tag of a profile's packed pages in storage keys: the packed format's
+    version, the profile and ``layout`` (the device pool's, ``rows`` or ``planes``); pages
+    stored under another format, profile or layout are misses."""
+    tag = f"kvtuner-v{PACKED_FORMAT}-{profile_hash}"
+    return tag + ("" if layout == "rows" else f"-{layout}")
 
 
 class KVTunerMHATokenToKVPoolHost(TorchIndexTransfers, MHATokenToKVPoolHost):
