@@ -73,8 +73,8 @@ def high_order(head_dim: int, bits: int) -> tuple[int, ...]:
     """The channel whose high bits each place of a 3/5/6-bit row's high plane holds.
 
     A kernel reads a low-plane word of P = 32/low codes as *pairs* (codes j and j + P/2 in a
-    word's low and high 16 bits, after one shift: :func:`kvtuner.attention.packed_rows.
-    word_codes`), so the high plane puts each pair's high bits 16 bits apart in one word too:
+    word's low and high 16 bits, after one shift: ``attention.packed_rows.row_codes``), so
+    the high plane puts each pair's high bits 16 bits apart in one word too:
     high word k covers the E = low/high low words E·k .. E·k + E - 1, and code P·(E·k + e) +
     (P/2)·h + j of them sits at bits ``16·h + low·j + high·e`` of it; one shift puts a pair's
     high bits above its low ones. Channels past the last whole high word keep channel order."""

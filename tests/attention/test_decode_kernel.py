@@ -177,7 +177,7 @@ def test_the_gpus_fp16_dots_match_the_reference_under_the_interpreter(k_spec, v_
 )
 def test_folded_value_codes_stay_within_an_ulp_of_the_folded_zero(v_spec):
     """The GPU's fp16 path reads 4-bit value codes as 1 + c/16 and folds the 1 into the zero
-    (``word_codes``' ``TOP``): a one-token request's output is its value row, each element off
+    (``row_codes``' ``TOP``): a one-token request's output is its value row, each element off
     the reference by at most the folded zero's rounding (half an fp16 ulp of |z| + 16·s, below
     max|x| + 1.2·range of its group) and its own; one scale a token-head folds after the dot, in
     fp32. With the exponent trick's 1024 folded instead, groups below head_dim round the zero
