@@ -195,7 +195,8 @@ def plan_decode(batch: AttentionBatch, *, sms: int | None = None) -> DecodePlan:
       spilled on one warp until keys came first); and for token rows of pre-RoPE keys
       rotated over part of the row (build-predicted: 52-62 against 69-95). KV4 g128 and KV3
       g32 (rows read in 4-byte copies) ran at 0.58× and 0.36× there, against 0.54× and 0.34×
-      at their best tile of 2-4 warps (64 × 32768);
+      at their best tile of 2-4 warps (64 × 32768); KV3 g32 rows of format v3 (two planes)
+      read in 16-byte copies, 41.7 instructions a key against 60.5 (build-predicted);
     - 16 tokens for KIVI pages of pre-RoPE keys (build-predicted: 69-104 instructions a key
       against 112; 3 bits: 98 against 120) and token rows of keys rotated over the whole row
       (2, 4, 8 or 16 bits: KV4 g32 and KV8 g64 timed at 0.41-0.43× bf16 SDPA, against
