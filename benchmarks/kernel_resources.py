@@ -216,8 +216,8 @@ def pre_rope(batch, rotary: int):
 
 def rope_batches() -> dict:
     """The decode kernel's pre-RoPE keys: full rotary (Llama), a half and a quarter
-    (GPT-NeoX-style partial rotary: a pass-through span), KV8 g64 and g32, and codes that
-    straddle words (3 bits)."""
+    (GPT-NeoX-style partial rotary: a pass-through span), KV8 g64 and g32, and codes in two
+    planes (3 bits)."""
     return {
         "decode KV4 g32 pre-RoPE": pre_rope(paged_batch("KV4 g32"), D),
         "decode KV4 g32 pre-RoPE R=D/2": pre_rope(paged_batch("KV4 g32"), D // 2),

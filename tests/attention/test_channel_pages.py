@@ -56,7 +56,7 @@ def args(keys, v_rows, table, k_spec, v_spec):
     return (keys.blocks, v_rows, k_spec, v_spec), index
 
 
-PAGE_SPECS = [  # KIVI keys with token-axis values; symmetric 2-bit keys; 3-bit codes straddle
+PAGE_SPECS = [  # KIVI keys with token-axis values; symmetric 2-bit keys; 3-bit codes (2 planes)
     (QuantSpec(4, group_size=G, axis="channel"), QuantSpec(4)),
     (QuantSpec(2, group_size=G, axis="channel", symmetric=True), QuantSpec(8, group_size=16)),
     (QuantSpec(3, group_size=G, axis="channel", symmetric=True), QuantSpec(8, group_size=16)),
@@ -159,7 +159,7 @@ def batch_of(q, rows, index, **change) -> AttentionBatch:
 @pytest.mark.parametrize(
     "k_spec,v_spec",
     [
-        (QuantSpec(3, group_size=G, axis="channel"), QuantSpec(4)),  # codes straddle words
+        (QuantSpec(3, group_size=G, axis="channel"), QuantSpec(4)),  # codes in two planes
         (QuantSpec(8, group_size=G, axis="channel", symmetric=True), QuantSpec(2, group_size=16)),
     ],
     ids=lambda s: s.short(),

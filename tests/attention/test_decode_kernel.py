@@ -61,7 +61,7 @@ SPECS = [
     (QuantSpec(8, group_size=64), QuantSpec(2, group_size=32)),
     (QuantSpec(16), QuantSpec(4)),
     (QuantSpec(4, group_size=64), QuantSpec(16)),
-    (QuantSpec(3), QuantSpec(3, symmetric=True)),  # codes straddle words
+    (QuantSpec(3), QuantSpec(3, symmetric=True)),  # codes in two planes
     (QuantSpec(5, group_size=64, rotation="hadamard"), QuantSpec(6, group_size=16)),
     (QuantSpec(6, symmetric=True), QuantSpec(3, group_size=64)),
 ]
@@ -217,10 +217,10 @@ def test_what_the_decode_kernel_leaves_to_the_general_one():
                               **{**index, **kw})  # fmt: skip
 
     assert serves(batch(QuantSpec(4)))
-    assert serves(batch(QuantSpec(3)))  # codes straddle words: whole chunks of 32 channels
+    assert serves(batch(QuantSpec(3)))  # two planes: whole high-plane words of 32 channels
     assert not serves(batch(QuantSpec(2, group_size=8)))  # a word of 16 codes spans 2 groups
     assert serves(batch(QuantSpec(4), QuantSpec(6)))
-    assert not decodable(QuantSpec(3, group_size=16), 16)  # half a chunk of 32 codes
+    assert not decodable(QuantSpec(3, group_size=16), 16)  # half a high-plane word
     assert not decodable(QuantSpec(4, axis="channel"), 64)  # KIVI keys
     assert not serves(batch(QuantSpec(8, group_size=64, symmetric=True)))  # 66-byte rows
     rope = QuantSpec(4, pre_rope=True)

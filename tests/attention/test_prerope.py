@@ -129,7 +129,7 @@ OFFSETS = torch.tensor([0, 1000, 45], dtype=torch.int32)  # per request: pool to
         (QuantSpec(8, 64, pre_rope=True), QuantSpec(8, 64), 64, 64),  # one group a row
         (QuantSpec(8, 64, pre_rope=True), QuantSpec(4), 32, 64),  # K8V4, R = D/2
         (QuantSpec(2, 16, symmetric=True, pre_rope=True), QuantSpec(2, 16), 32, 64),
-        (QuantSpec(3, pre_rope=True), QuantSpec(3, symmetric=True), 64, 64),  # chunks of 32
+        (QuantSpec(3, pre_rope=True), QuantSpec(3, symmetric=True), 64, 64),  # high words of 32
         (QuantSpec(16), QuantSpec(4), 32, 64),
         (QuantSpec(4, pre_rope=True), QuantSpec(4), 32, 128),  # R = D/4: the whole row passes
     ],

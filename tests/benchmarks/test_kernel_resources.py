@@ -157,8 +157,8 @@ def test_the_general_kernel_is_still_the_slow_one_it_replaces(decode_rows):
 
 
 def test_pack_and_unpack_move_rows_in_words_at_every_row_length(decode_rows):
-    """80-byte KV4 g32, 136-byte KV8 g64 (offsets multiples of 8 bytes), 3-bit codes that
-    straddle bytes and 16-bit rows: no byte-wide load or store, no spill, and at least 8 warps
+    """80-byte KV4 g32, 136-byte KV8 g64 (offsets multiples of 8 bytes), 3-bit codes
+    in two planes and 16-bit rows: no byte-wide load or store, no spill, and at least 8 warps
     an SM (KV4 g32 pack took 140 registers at 64 rows a program; KV8 g64 255 and 1064 B
     spilled, with 68 byte stores). Unpack of plain rows waits on memory: at least 48 warps an
     SM (on the H200, 52-64 ran at 0.42-0.48× clone(), 13 on one warp at 0.20-0.31×, though

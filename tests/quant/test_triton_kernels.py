@@ -569,7 +569,7 @@ def test_kernels_compile_for_a_gpu_with_ieee_division_and_no_fma():
         "4b/g32/asym/token True False",  # asym gather multiplies and adds only
         "4b/g32/sym/token True True",
         "16b False False",
-        "3b/g32/asym/token True False",  # codes straddling bytes: 64-bit words
+        "3b/g32/asym/token True False",  # codes in a low and a high plane
         "6b/g16/sym/token True True",
         "4b/g32/asym/token/had False False",  # no TF32 mma, no FMA for the rotation
     ]
