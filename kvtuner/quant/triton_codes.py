@@ -228,7 +228,8 @@ def _code_bytes_ok(row_ok, j, NB: tl.constexpr):
 @triton.constexpr_function
 def low_bits(bits: int) -> int:
     """Bits of a code in its row's first stream: all of 2/4/8-bit codes; the low plane's 2, 4
-    or 4 of 3/5/6-bit ones (:func:`kvtuner.quant.packing.split_bits`)."""
+    or 4 of 3/5/6-bit ones: :func:`~.packing.split_bits`, written out (Triton's compiler takes
+    no call of a plain function here)."""
     return bits if 8 % bits == 0 else (2 if bits == 3 else 4)
 
 
