@@ -240,8 +240,8 @@ def test_gemma3_hybrid_windows_at_head_dim_256(gemma3):
 def same_tokens_and_logits_but_a_code(got, ref) -> None:
     """Identical tokens; logits within rounding at every step but one at most, where the two
     runs' attention, summed in another order (a static cache's 40 slots against the tokens so
-    far), moved a new token's 8-bit code by one step: on a 2-core AMD EPYC the 10th step's
-    logits moved 0.17 so (the other nine 1.8e-5 at most); where CI passed before, none."""
+    far), can move a new token's 8-bit code by one step: on a 2-core AMD EPYC the 10th step's
+    logits moved 0.17 (the other nine 1.8e-5 at most); where CI passed before, none did."""
     assert torch.equal(got[0], ref[0])
     off = (got[1] - ref[1]).abs().amax(-1)  # [B, new]: each step's largest difference
     assert (off > 1e-3).sum() <= 1 and off.max() < 0.5, off
