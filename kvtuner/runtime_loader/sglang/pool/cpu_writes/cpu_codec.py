@@ -17,6 +17,8 @@ The Hadamard rotation stays the reference's torch matmul, on the same ``[n, head
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -110,11 +112,18 @@ def _pack(codes: np.ndarray, bits: int) -> np.ndarray:
     codes = codes.reshape(n, h, -1)  # a copy when codes is K's or V's half of the pair
     if 8 % bits:
         low, high = split_bits(bits)
-        order = np.asarray(high_order(codes.shape[-1], bits))
+        order = _high_index(codes.shape[-1], bits)
         return np.concatenate(
             [_stream(codes & ((1 << low) - 1), low), _stream(codes[..., order] >> low, high)], -1
         )
     return _stream(codes, bits)
+
+
+@functools.lru_cache(maxsize=64)
+def _high_index(head_dim: int, bits: int) -> np.ndarray:
+    """:func:`~kvtuner.quant.packing.high_order` as an index array, built once a width (a
+    decode step writes every layer)."""
+    return np.asarray(high_order(head_dim, bits))
 
 
 def _stream(codes: np.ndarray, bits: int) -> np.ndarray:
