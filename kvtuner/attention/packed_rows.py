@@ -73,10 +73,11 @@ def row_codes(words_ptr, at, C0: tl.constexpr, W: tl.constexpr, D: tl.constexpr,
     (one shift and one and-or more). So position ``P·w + 2j + half`` holds code ``P·w + j +
     half·P/2`` (:func:`pair_order` puts q in that order, :func:`channel_order` takes a
     result back); a word never spans two groups (the launcher's G >= P).
-    ``TOP`` (fp16, BITS <= 4): each code shifted to the top of the mantissa under 1.0's
-    exponent, read as 1 + code/2**BITS; the caller folds the 1 into its zero (x = z + s·c =
-    (z - s') + s'·(1 + c/2**BITS), s' = 2**BITS·s), so the exponent trick's subtraction of 1024
-    goes (one fp16 operation a pair of codes)."""
+    ``TOP`` (fp16): each code shifted to the top of the mantissa under 1.0's exponent, read as
+    1 + code/2**BITS; the caller folds the 1 into its zero, element-wise (x = z + s·c = (z -
+    s') + s'·(1 + c/2**BITS), s' = 2**BITS·s: :func:`top_codes`) or after its dot, in fp32 (one
+    scale a token-head: :func:`scores`, :func:`values`), so the exponent trick's subtraction
+    of 1024 goes (one fp16 operation a pair of codes)."""
     BT: tl.constexpr = at.shape[0]
     LOW: tl.constexpr = low_bits(BITS)
     P: tl.constexpr = 32 // LOW
@@ -172,6 +173,25 @@ def value_channels(x, BITS: tl.constexpr):
     P: tl.constexpr = 32 // low_bits(BITS)
     if D % (8 * P) == 0:
         x = tl.permute(tl.reshape(x, [R, D // (8 * P), P, 8]), (0, 3, 1, 2))
+        x = tl.reshape(x, [R, D])
+    return x
+
+
+@triton.jit
+def key_lanes(x):
+    """Raw key codes (or q) x [R, D] in pair order -> *key lane order*. The fp16 MMA's A
+    operand (the key tile, [BT, D], keys dotted first: :func:`.tiles._qk`) gives lane t of each
+    4 the column pairs 4r + t (r < D/8); in this order they are pairs (D/8)·t + r of the pair
+    order, so each lane reads D/4 channels of whole words of its own (one 16-byte load a row
+    at 4 bits, d 128), not one pair of every word of the row, and each register's shift is a
+    constant. Raw codes only (one scale a token-head, :func:`scores`): dequantized in this
+    order, LLVM left their fp16 ``fma`` unpaired and ptxas swapped each pair's halves before
+    and after it (one-warp KV4 g32, sm_90a: 967 -> 1053 loop instructions). Identity where D
+    is not a multiple of 32."""
+    R: tl.constexpr = x.shape[0]
+    D: tl.constexpr = x.shape[1]
+    if D % 32 == 0:
+        x = tl.permute(tl.reshape(x, [R, 4, D // 8, 2]), (0, 2, 1, 3))
         x = tl.reshape(x, [R, D])
     return x
 
@@ -279,13 +299,21 @@ def scores(q, q_sum, k_words, k_half, at, meta, D: tl.constexpr, BITS: tl.conste
            G: tl.constexpr, SYM: tl.constexpr, IEEE: tl.constexpr, JOINT: tl.constexpr = False,
            KEYS_FIRST: tl.constexpr = False):  # fmt: skip
     """Raw scores fp32 [QP, BT] of q [QP, D] (row sums q_sum fp32 [QP]) against the keys at
-    word ``at`` [BT]; one scale a token-head: scale·(q·codes) + zero·Σq, after the dot.
+    word ``at`` [BT]; one scale a token-head: scale·(q·codes) + zero·Σq, after the dot, the
+    codes read as 1 + c/2**BITS on the fp16 path (``TOP``: the 1 comes off with the zero) and,
+    keys first, in :func:`key_lanes` order (q put in it once by :func:`packed_part`).
     ``JOINT`` as in :func:`row_meta`, ``KEYS_FIRST`` as in :func:`.tiles._qk`."""
     BT: tl.constexpr = at.shape[0]
     if BITS < 16 and G == D:
-        codes = row_codes(k_words, at, 0, D, D, BITS, q.dtype)
+        TOP: tl.constexpr = q.dtype == tl.float16
+        codes = row_codes(k_words, at, 0, D, D, BITS, q.dtype, TOP)
         scale, zero = row_meta(k_words, k_half, meta, 0, D, D, BITS, G, SYM, tl.float32)  # [BT, 1]
+        if KEYS_FIRST:
+            codes = key_lanes(codes)
         s = _qk(q, codes, IEEE, KEYS_FIRST)
+        if TOP:  # q·(1 + c/2**BITS)·s' = q·c·s + Σq·s' (s' = 2**BITS·s), the 1 taken off in fp32
+            scale *= 1 << BITS
+            zero -= scale
         s = s * tl.reshape(scale, [1, BT]) + q_sum[:, None] * tl.reshape(zero, [1, BT])
     else:
         k = dequantized(k_words, k_half, at, meta, 0, D, D, BITS, G, SYM, q.dtype, JOINT)
@@ -304,7 +332,7 @@ def values(p, v_words, v_half, at, meta, D: tl.constexpr, BITS: tl.constexpr, G:
     :func:`value_lanes` order; ``KEYS_FIRST`` as in :func:`.tiles._pv`."""
     BT: tl.constexpr = at.shape[0]
     if BITS < 16 and G == D:
-        TOP: tl.constexpr = top_codes(BITS, DT, LANES)
+        TOP: tl.constexpr = DT == tl.float16  # noqa: SIM300 (folded after the dot, in fp32)
         codes = row_codes(v_words, at, 0, D, D, BITS, DT, TOP)
         scale, zero = row_meta(v_words, v_half, meta, 0, D, D, BITS, G, SYM, tl.float32)  # [BT, 1]
         if LANES:
@@ -359,6 +387,8 @@ def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at
         q_sum = tl.sum(q.to(tl.float32), 1)
         if K_BITS < 16 and K_CHANNEL != 2:
             q = pair_order(q, K_BITS)  # the keys' code order (staged keys: channel order)
+            if ONE_WARP and K_G == D and not K_CHANNEL:
+                q = key_lanes(q)  # raw codes dotted in key lane order
     m = tl.full([QP], -float("inf"), tl.float32)
     denom = tl.zeros([QP], tl.float32)
     acc = tl.zeros([QP, D], tl.float32)

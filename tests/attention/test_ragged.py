@@ -73,7 +73,9 @@ def test_ragged_rows_equal_each_request_run_alone():
             lengths=lens[rows[b : b + 1].long()], slot_table=table, table_rows=rows[b : b + 1],
             block_tokens=16,
         )  # fmt: skip
-        torch.testing.assert_close(got[indptr[b] : indptr[b + 1]], alone[0], atol=1e-6, rtol=0)
+        # a one-token request alone runs the decode kernel, whose keys of one scale a row are
+        # dotted in another channel order (fp32 rounding: 1.3e-6 seen)
+        torch.testing.assert_close(got[indptr[b] : indptr[b + 1]], alone[0], atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize(
