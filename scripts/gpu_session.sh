@@ -105,7 +105,9 @@ case "$stage" in
       # with the heads its 8 columns: KV4 g32 182 -> 167 registers, KV4 g128 211 -> 134, KV3
       # g32 241 -> 141, 12-15 programs an SM, 7-20 % fewer instructions a tile there, sm_90a;
       # then 4-bit value codes at the top of fp16's mantissa: KV4 g32 1025 -> 967; then
-      # format v3's 3/5/6-bit planes: KV3 g32 60.5 -> 41.7 instructions a key, 16-byte copies)
+      # format v3's 3/5/6-bit planes: KV3 g32 60.5 -> 41.7 instructions a key, 16-byte copies;
+      # then one scale a token-head's keys in the MMA's lane order, codes at the top of the
+      # mantissa: KV4 g128 975 -> 854 loop instructions, padded 848 -> 746 (the layouts step))
       cat .ab/REV >>"$log" 2>/dev/null
       for tree in .ab .; do
         name=$([ "$tree" = . ] && echo this || echo ab)
