@@ -159,3 +159,19 @@ def test_new_tokens_in_hand_are_checked():
         AttentionBatch(**ragged_fields, k_new=hand["k_new"])
     with pytest.raises(ValueError, match=r"\[N, Hkv, D\]"):
         AttentionBatch(**ragged_fields, k_new=hand["k_new"][:, :1], v_new=hand["v_new"][:, :1])
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+def test_the_gpus_fp16_path_reads_one_scale_a_token_head_as_top_codes(bits):
+    """On a GPU q reaches the extend kernel in 16 bits, and rows of one scale a token-head dot
+    their codes read as 1 + c/2**bits, the 1 taken off after the dot in fp32 (keys ·Σq, values
+    ·Σ p·s): fp16 q given to :func:`launch_extend` runs that path under the interpreter."""
+    spec = QuantSpec(bits, group_size=64)
+    args, kw = pool(spec, spec)
+    q, indptr = ragged(NEW, 8, seed=6)
+    kw = dict(kw, qo_indptr=indptr, max_q_len=5)
+    batch = AttentionBatch(q=q.half(), k_rows=args[0], v_rows=args[1], k_spec=spec,
+                           v_spec=spec, **kw)  # fmt: skip
+    got = launch_extend(batch, batch.q, plan_extend(batch, 2))
+    want = extend_attention_reference(q.half().float(), *args, **kw)
+    torch.testing.assert_close(got, want, atol=1e-3, rtol=0)
