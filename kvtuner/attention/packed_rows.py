@@ -387,8 +387,8 @@ def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at
         q_sum = tl.sum(q.to(tl.float32), 1)
         if K_BITS < 16 and K_CHANNEL != 2:
             q = pair_order(q, K_BITS)  # the keys' code order (staged keys: channel order)
-            if ONE_WARP and K_G == D and not K_CHANNEL:
-                q = key_lanes(q)  # raw codes dotted in key lane order
+            if ONE_WARP and K_G == D and not K_CHANNEL:  # as scores() reads such keys
+                q = key_lanes(q)  # (one scale a row, keys first): raw codes in key lane order
     m = tl.full([QP], -float("inf"), tl.float32)
     denom = tl.zeros([QP], tl.float32)
     acc = tl.zeros([QP, D], tl.float32)
