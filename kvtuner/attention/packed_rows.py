@@ -166,32 +166,36 @@ def value_lanes(x, BITS: tl.constexpr):
 
 
 @triton.jit
-def value_channels(x, BITS: tl.constexpr):
-    """Inverse of :func:`value_lanes`."""
+def value_channels(x, BITS: tl.constexpr, SPANS: tl.constexpr = 1):
+    """Inverse of :func:`value_lanes`, applied to each of x's ``SPANS`` equal spans of
+    channels (the groups dotted apart, each tile in lane order on its own)."""
     R: tl.constexpr = x.shape[0]
     D: tl.constexpr = x.shape[1]
+    W: tl.constexpr = D // SPANS
     P: tl.constexpr = 32 // low_bits(BITS)
-    if D % (8 * P) == 0:
-        x = tl.permute(tl.reshape(x, [R, D // (8 * P), P, 8]), (0, 3, 1, 2))
+    if W % (8 * P) == 0:
+        x = tl.permute(tl.reshape(x, [R * SPANS, W // (8 * P), P, 8]), (0, 3, 1, 2))
         x = tl.reshape(x, [R, D])
     return x
 
 
 @triton.jit
-def key_lanes(x):
-    """Raw key codes (or q) x [R, D] in pair order -> *key lane order*. The fp16 MMA's A
-    operand (the key tile, [BT, D], keys dotted first: :func:`.tiles._qk`) gives lane t of each
-    4 the column pairs 4r + t (r < D/8); in this order they are pairs (D/8)·t + r of the pair
-    order, so each lane reads D/4 channels of whole words of its own (one 16-byte load a row
-    at 4 bits, d 128), not one pair of every word of the row, and each register's shift is a
-    constant. Raw codes only (one scale a token-head, :func:`scores`): dequantized in this
-    order, LLVM left their fp16 ``fma`` unpaired and ptxas swapped each pair's halves before
-    and after it (one-warp KV4 g32, sm_90a: 967 -> 1053 loop instructions). Identity where D
-    is not a multiple of 32."""
+def key_lanes(x, SPANS: tl.constexpr = 1):
+    """Raw key codes (or q) x [R, D] in pair order -> *key lane order*, each of its ``SPANS``
+    equal spans of channels on its own (the groups dotted apart: :func:`dotted_groups`). The
+    fp16 MMA's A operand (the key tile, [BT, D], keys dotted first: :func:`.tiles._qk`) gives
+    lane t of each 4 the column pairs 4r + t (r < D/8); in this order they are pairs (D/8)·t
+    + r of the pair order, so each lane reads D/4 channels of whole words of its own (one
+    16-byte load a row at 4 bits, d 128), not one pair of every word of the row, and each
+    register's shift is a constant. Raw codes only (groups dotted apart, :func:`scores`):
+    dequantized in this order, LLVM left their fp16 ``fma`` unpaired and ptxas swapped each
+    pair's halves before and after it (one-warp KV4 g32, sm_90a: 967 -> 1053 loop
+    instructions). Identity where a span is not a multiple of 32 channels."""
     R: tl.constexpr = x.shape[0]
     D: tl.constexpr = x.shape[1]
-    if D % 32 == 0:
-        x = tl.permute(tl.reshape(x, [R, 4, D // 8, 2]), (0, 2, 1, 3))
+    W: tl.constexpr = D // SPANS
+    if W % 32 == 0:
+        x = tl.permute(tl.reshape(x, [R * SPANS, 4, W // 8, 2]), (0, 2, 1, 3))
         x = tl.reshape(x, [R, D])
     return x
 
@@ -294,27 +298,59 @@ def dequantized(words_ptr, half_ptr, at, meta, C0: tl.constexpr, W: tl.constexpr
     return x
 
 
+@triton.constexpr_function
+def dotted_groups(bits: int, group: int, head_dim: int, one_warp: bool,
+                  beside_dequantized: bool = False) -> int:  # fmt: skip
+    """In how many dots a row's raw codes meet q or p, each group's scale and zero applied
+    after its dot in fp32 (:func:`scores`, :func:`values`): 1 for one scale a token-head; 2
+    for a row's two groups (g64 at d 128) on the one-warp decode tile, each group's dot whole
+    MMAs (one-warp KV8 g64 decode, sm_90a: 1138 -> 881 loop instructions a tile: the fp16
+    subtraction of 1024 and the ``fma`` a pair of codes gone, and each lane's 16-byte key
+    loads of :func:`key_lanes`); 0 where codes are dequantized element-wise first: groups of
+    32 channels, whose dots and scales cost what the element-wise ``fma`` saves (one-warp
+    decode at d 64 in two dots of g32: KV4 605 -> 714 loop instructions, KV3 835 -> 974).
+    ``beside_dequantized``: keys whose values are dequantized element-wise stay so too (in two
+    dots beside them K8 g64 V4 g32 spilled 32 bytes at 168 registers, ptxas's choice)."""
+    if bits >= 16:
+        return 0
+    if group == head_dim:
+        return 1
+    two = one_warp and 2 * group == head_dim and group >= 64 and not beside_dequantized
+    return 2 if two else 0
+
+
 @triton.jit
 def scores(q, q_sum, k_words, k_half, at, meta, D: tl.constexpr, BITS: tl.constexpr,
            G: tl.constexpr, SYM: tl.constexpr, IEEE: tl.constexpr, JOINT: tl.constexpr = False,
-           KEYS_FIRST: tl.constexpr = False):  # fmt: skip
-    """Raw scores fp32 [QP, BT] of q [QP, D] (row sums q_sum fp32 [QP]) against the keys at
-    word ``at`` [BT]; one scale a token-head: scale·(q·codes) + zero·Σq, after the dot, the
+           KEYS_FIRST: tl.constexpr = False, DOTS: tl.constexpr = 0):  # fmt: skip
+    """Raw scores fp32 [QP, BT] of q [QP, D] against the keys at word ``at`` [BT]. ``DOTS``
+    (:func:`dotted_groups`) 1 or 2: the row's groups each dotted apart, raw codes, then
+    Σ_g scale_g·(q_g·codes_g) + zero_g·Σq_g (q's group sums ``q_sum`` fp32 [QP, DOTS]), the
     codes read as 1 + c/2**BITS on the fp16 path (``TOP``: the 1 comes off with the zero) and,
-    keys first, in :func:`key_lanes` order (q put in it once by :func:`packed_part`).
+    keys first, in :func:`key_lanes` order a group (q put in it once by :func:`packed_part`).
     ``JOINT`` as in :func:`row_meta`, ``KEYS_FIRST`` as in :func:`.tiles._qk`."""
     BT: tl.constexpr = at.shape[0]
-    if BITS < 16 and G == D:
+    if DOTS:
         TOP: tl.constexpr = q.dtype == tl.float16
-        codes = row_codes(k_words, at, 0, D, D, BITS, q.dtype, TOP)
-        scale, zero = row_meta(k_words, k_half, meta, 0, D, D, BITS, G, SYM, tl.float32)  # [BT, 1]
-        if KEYS_FIRST:
-            codes = key_lanes(codes)
-        s = _qk(q, codes, IEEE, KEYS_FIRST)
+        scale, zero = row_meta(k_words, k_half, meta, 0, D, D, BITS, G, SYM, tl.float32, JOINT)
         if TOP:  # q·(1 + c/2**BITS)·s' = q·c·s + Σq·s' (s' = 2**BITS·s), the 1 taken off in fp32
             scale *= 1 << BITS
             zero -= scale
-        s = s * tl.reshape(scale, [1, BT]) + q_sum[:, None] * tl.reshape(zero, [1, BT])
+        if DOTS == 1:  # scale, zero [BT, 1]
+            codes = _key_codes(k_words, at, 0, D, D, BITS, q.dtype, TOP, KEYS_FIRST)
+            s = _qk(q, codes, IEEE, KEYS_FIRST) * tl.reshape(scale, [1, BT])
+            s += q_sum * tl.reshape(zero, [1, BT])
+        else:  # scale, zero [BT, 2]; both groups' codes, then both dots: fewer registers
+            q0, q1 = _halves(q)
+            scale0, scale1 = tl.split(scale)
+            zero0, zero1 = tl.split(zero)
+            codes0 = _key_codes(k_words, at, 0, G, D, BITS, q.dtype, TOP, KEYS_FIRST)
+            codes1 = _key_codes(k_words, at, G, G, D, BITS, q.dtype, TOP, KEYS_FIRST)
+            s0 = _qk(q0, codes0, IEEE, KEYS_FIRST)
+            s1 = _qk(q1, codes1, IEEE, KEYS_FIRST)
+            q_sum0, q_sum1 = tl.split(q_sum)
+            s = s0 * scale0[None, :] + s1 * scale1[None, :]
+            s += q_sum0[:, None] * zero0[None, :] + q_sum1[:, None] * zero1[None, :]
     else:
         k = dequantized(k_words, k_half, at, meta, 0, D, D, BITS, G, SYM, q.dtype, JOINT)
         s = _qk(q, k, IEEE, KEYS_FIRST)
@@ -322,36 +358,92 @@ def scores(q, q_sum, k_words, k_half, at, meta, D: tl.constexpr, BITS: tl.conste
 
 
 @triton.jit
+def _key_codes(k_words, at, C0: tl.constexpr, W: tl.constexpr, D: tl.constexpr,
+               BITS: tl.constexpr, DT: tl.constexpr, TOP: tl.constexpr,
+               KEYS_FIRST: tl.constexpr):  # fmt: skip
+    """Raw codes of channels [C0, C0 + W) of the keys at ``at`` [BT] -> ``DT`` [BT, W], in
+    :func:`key_lanes` order keys first."""
+    codes = row_codes(k_words, at, C0, W, D, BITS, DT, TOP)
+    if KEYS_FIRST:
+        codes = key_lanes(codes)
+    return codes
+
+
+@triton.jit
 def values(p, v_words, v_half, at, meta, D: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr,
            SYM: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr,
            JOINT: tl.constexpr = False, LANES: tl.constexpr = False,
-           KEYS_FIRST: tl.constexpr = False):  # fmt: skip
-    """p fp32 [QP, BT] times the values at word ``at`` [BT] -> (fp32 [QP, D], fp32 [QP]: the
-    zeros' part Σ_t p·zero, added to every channel by the caller; 0 unless one scale a row).
-    ``JOINT`` as in :func:`row_meta`; ``LANES`` (2/4/8-bit codes): the result in
-    :func:`value_lanes` order; ``KEYS_FIRST`` as in :func:`.tiles._pv`."""
+           KEYS_FIRST: tl.constexpr = False, DOTS: tl.constexpr = 0):  # fmt: skip
+    """p fp32 [QP, BT] times the values at word ``at`` [BT] -> (fp32 [QP, D], the zeros' part
+    Σ_t p·zero fp32: [QP] for one group, [QP, 2, 1] for two, to be added to each group's
+    channels by the caller; :func:`packed_part` carries it so). ``DOTS``
+    (:func:`dotted_groups`): the row's groups each dotted apart, raw codes against p·scale_g
+    (1 + c/2**BITS on the fp16 path, the 1 taken off with the zero); 0: dequantized
+    element-wise, no zeros' part. ``JOINT`` as in :func:`row_meta`; ``LANES`` (2/4/8-bit
+    codes): the result in :func:`value_lanes` order a group; ``KEYS_FIRST`` as in
+    :func:`.tiles._pv`."""
     BT: tl.constexpr = at.shape[0]
-    if BITS < 16 and G == D:
+    QP: tl.constexpr = p.shape[0]
+    if DOTS:
         TOP: tl.constexpr = DT == tl.float16  # noqa: SIM300 (folded after the dot, in fp32)
-        codes = row_codes(v_words, at, 0, D, D, BITS, DT, TOP)
-        scale, zero = row_meta(v_words, v_half, meta, 0, D, D, BITS, G, SYM, tl.float32)  # [BT, 1]
-        if LANES:
-            codes = value_lanes(codes, BITS)
+        scale, zero = row_meta(v_words, v_half, meta, 0, D, D, BITS, G, SYM, tl.float32, JOINT)
         if TOP:  # codes 1 + c/2**BITS: s·c = s'·codes - s' (s' = 2**BITS·s), after the dot
             scale = scale * (1 << BITS)
-        ps = (p * tl.reshape(scale, [1, BT])).to(DT)  # the dot's own rounding of p·s
-        pv = _pv(ps, codes, IEEE, KEYS_FIRST)
-        pz = p * tl.reshape(zero, [1, BT])
-        if TOP:
-            pz -= ps.to(tl.float32)
-        pz = tl.sum(pz, 1)
+        if DOTS == 1:  # scale, zero [BT, 1]
+            codes = _value_codes(v_words, at, 0, D, D, BITS, DT, TOP, LANES)
+            ps = (p * tl.reshape(scale, [1, BT])).to(DT)  # the dot's own rounding of p·s
+            pv = _pv(ps, codes, IEEE, KEYS_FIRST)
+            pz = tl.sum(_zeros_part(p, ps, tl.reshape(zero, [1, BT]), TOP), 1)
+        else:  # scale, zero [BT, 2]; both groups' codes, then both dots
+            scale0, scale1 = tl.split(scale)
+            zero0, zero1 = tl.split(zero)
+            codes0 = _value_codes(v_words, at, 0, G, D, BITS, DT, TOP, LANES)
+            codes1 = _value_codes(v_words, at, G, G, D, BITS, DT, TOP, LANES)
+            ps0 = (p * scale0[None, :]).to(DT)
+            ps1 = (p * scale1[None, :]).to(DT)
+            pv0 = _pv(ps0, codes0, IEEE, KEYS_FIRST)
+            pv1 = _pv(ps1, codes1, IEEE, KEYS_FIRST)
+            pv = tl.reshape(tl.permute(tl.join(pv0, pv1), (0, 2, 1)), [QP, D])
+            pz0 = _zeros_part(p, ps0, zero0[None, :], TOP)
+            pz = tl.permute(tl.join(pz0, _zeros_part(p, ps1, zero1[None, :], TOP)), (0, 2, 1))
+            pz = tl.sum(pz, 2, keep_dims=True)
     else:
         v = dequantized(v_words, v_half, at, meta, 0, D, D, BITS, G, SYM, DT, JOINT, LANES)
         if LANES:
             v = value_lanes(v, BITS)
         pv = _pv(p.to(DT), v, IEEE, KEYS_FIRST)
-        pz = tl.zeros([p.shape[0]], tl.float32)
+        pz = tl.zeros([QP], tl.float32)
     return pv, pz
+
+
+@triton.jit
+def _value_codes(v_words, at, C0: tl.constexpr, W: tl.constexpr, D: tl.constexpr,
+                 BITS: tl.constexpr, DT: tl.constexpr, TOP: tl.constexpr,
+                 LANES: tl.constexpr):  # fmt: skip
+    """Raw codes of channels [C0, C0 + W) of the values at ``at`` [BT] -> ``DT`` [BT, W], in
+    :func:`value_lanes` order where ``LANES``."""
+    codes = row_codes(v_words, at, C0, W, D, BITS, DT, TOP)
+    if LANES:
+        codes = value_lanes(codes, BITS)
+    return codes
+
+
+@triton.jit
+def _zeros_part(p, ps, zero, TOP: tl.constexpr):
+    """p fp32 [QP, BT], p·scale as dotted ``ps`` [QP, BT], a group's zeros fp32 [1, BT] -> the
+    group's zeros' part p·zero fp32 [QP, BT], less p·scale where the codes are 1 + c/2**BITS."""
+    pz = p * zero
+    if TOP:
+        pz -= ps.to(tl.float32)
+    return pz
+
+
+@triton.jit
+def _halves(x):
+    """x [R, 2W] -> its two halves [R, W]."""
+    R: tl.constexpr = x.shape[0]
+    W: tl.constexpr = x.shape[1] // 2
+    return tl.split(tl.permute(tl.reshape(x, [R, 2, W]), (0, 2, 1)))
 
 
 @triton.jit
@@ -383,16 +475,24 @@ def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at
     # at KV8 g64); one scale a row too since keys come first (KV4 g128, sm_90a: 168 registers
     # and 8 bytes spilled without, 134 and none with)
     V_LANES: tl.constexpr = ONE_WARP and V_BITS < 16
+    V_DOTS: tl.constexpr = dotted_groups(V_BITS, V_G, D, ONE_WARP)
+    V_ELEMENTWISE: tl.constexpr = V_BITS < 16 and not V_DOTS
+    K_DOTS: tl.constexpr = 0 if K_CHANNEL else dotted_groups(K_BITS, K_G, D, ONE_WARP,
+                                                             V_ELEMENTWISE)  # fmt: skip
+    K_SPANS: tl.constexpr = max(K_DOTS, 1)
+    V_SPANS: tl.constexpr = max(V_DOTS, 1)  # the value tile's spans in lane order
     if not ROPE_HALF:
-        q_sum = tl.sum(q.to(tl.float32), 1)
+        q_sum = tl.sum(tl.reshape(q.to(tl.float32), [QP, K_SPANS, D // K_SPANS]), 2)  # a group
         if K_BITS < 16 and K_CHANNEL != 2:
             q = pair_order(q, K_BITS)  # the keys' code order (staged keys: channel order)
-            if ONE_WARP and K_G == D and not K_CHANNEL:  # as scores() reads such keys
-                q = key_lanes(q)  # (one scale a row, keys first): raw codes in key lane order
+            if ONE_WARP and K_DOTS:  # as scores() reads such keys: raw codes, keys first
+                q = key_lanes(q, K_DOTS)
     m = tl.full([QP], -float("inf"), tl.float32)
     denom = tl.zeros([QP], tl.float32)
     acc = tl.zeros([QP, D], tl.float32)
-    acc_z = tl.zeros([QP], tl.float32)
+    # the values' zeros' part, as values() returns it (a [QP, 2] carry spilled 8 bytes in
+    # KV8 g64 rows padded to 16 B; [QP, 1, 1] for one group took 130-166 registers, not 128)
+    acc_z = tl.zeros([QP] if V_DOTS < 2 else [QP, 2, 1], tl.float32)
     for t0 in range(lo, hi, BT):
         t = t0 + tl.arange(0, BT)
         ok = t < hi
@@ -424,17 +524,23 @@ def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at
             s = rope_scores(rope, spans, t, D, ROPE_HALF, IEEE, ONE_WARP)
         else:
             s = scores(q, q_sum, k_words, k_half, k_at, k_meta, D, K_BITS, K_G, K_SYM, IEEE,
-                       not CAUSAL, ONE_WARP)  # fmt: skip
+                       not CAUSAL, ONE_WARP, K_DOTS)  # fmt: skip
         m, denom, alpha, p = _softmax_step(s, seen, m, denom, score_scale, cap_log2, SOFTCAP)
         pv, pz = values(p, v_words, v_half, v_at, v_meta, D, V_BITS, V_G, V_SYM,
-                        q.dtype, IEEE, not CAUSAL, V_LANES, ONE_WARP)  # fmt: skip
+                        q.dtype, IEEE, not CAUSAL, V_LANES, ONE_WARP, V_DOTS)  # fmt: skip
         acc = acc * alpha[:, None] + pv
-        acc_z = acc_z * alpha + pz
-    acc += acc_z[:, None]
+        if V_DOTS == 1:
+            acc_z = acc_z * alpha + pz
+        elif V_DOTS:
+            acc_z = acc_z * alpha[:, None, None] + pz
     if V_LANES:
-        acc = value_channels(acc, V_BITS)
+        acc = value_channels(acc, V_BITS, V_SPANS)
     if V_BITS < 16:  # acc is in the values' code order (pairs)
         acc = channel_order(acc, V_BITS)
+    if V_DOTS == 1:
+        acc += acc_z[:, None]
+    elif V_DOTS:  # each group's zeros' part on its channels
+        acc = tl.reshape(tl.reshape(acc, [QP, 2, D // 2]) + acc_z, [QP, D])
     return m, denom, acc
 
 

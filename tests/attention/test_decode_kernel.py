@@ -20,7 +20,7 @@ from kvtuner.attention import (
 )
 from kvtuner.attention.decode_kernel import DecodePlan, launch_decode, plan_decode, serves
 from kvtuner.attention.layout import programs_an_sm
-from kvtuner.attention.packed_rows import decodable
+from kvtuner.attention.packed_rows import decodable, dotted_groups
 from kvtuner.quant import QuantSpec, quantize
 
 D = 64
@@ -189,6 +189,45 @@ def test_one_scale_a_token_head_dots_top_codes_and_keys_in_lane_order(bits):
     got = launch_decode(batch, batch.q, None, None, plan).squeeze(1)
     want = decode_attention_reference(q.half().float(), *args, **kw)
     torch.testing.assert_close(got, want, atol=1e-3, rtol=0)
+
+
+TWO_GROUPS = [  # head_dim 128, groups of 64; the dots a row of keys and values take
+    (QuantSpec(8, group_size=64), QuantSpec(8, group_size=64), (2, 2)),
+    (QuantSpec(4, group_size=64), QuantSpec(4, group_size=64, symmetric=True), (2, 2)),
+    (QuantSpec(3, group_size=64), QuantSpec(6, group_size=64), (2, 2)),  # planes, spans at 64
+    (QuantSpec(8, group_size=64), QuantSpec(16), (2, 0)),
+    (QuantSpec(16), QuantSpec(8, group_size=64), (0, 2)),
+    (QuantSpec(8, group_size=64), QuantSpec(4, group_size=128), (2, 1)),
+    (QuantSpec(4, group_size=64), QuantSpec(4), (0, 0)),  # beside g32 values, dequantized
+]
+
+
+@pytest.mark.parametrize(
+    "k_spec,v_spec,dots", TWO_GROUPS, ids=lambda x: getattr(x, "short", x.__str__)()
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_a_rows_two_groups_are_dotted_apart_on_one_warp(k_spec, v_spec, dots, dtype):
+    """At head_dim 128 a row of two groups of 64 meets q (and p) in two dots of raw codes, one
+    a group, its scale and zero applied after the dot in fp32 (``dotted_groups`` 2: keys in
+    key lane order a group, values in value lane order a group, the zeros' part summed a
+    group); on the GPU's fp16 path (fp16 q under the interpreter) the codes are 1 + c/2**bits.
+    Within 2e-5 of the reference for fp32 q and 3e-3 for fp16 (the element-wise fp16 path
+    this replaces was up to 5.4e-3 off on these rows; now 2e-3 with symmetric values, 5.5e-4
+    without; the last row, dequantized element-wise, 2.9e-3); the two groups' scales swapped
+    in the scores, or their zero sums in the values, fail here (checked)."""
+    args, kw = pool(k_spec, v_spec, lengths=[100, 40, 1], dim=128)
+    q = (torch.randn(3, 8, 128, generator=gen(5)) * 2).to(dtype)
+    batch = AttentionBatch(q=q.unsqueeze(1), k_rows=args[0], v_rows=args[1], k_spec=k_spec,
+                           v_spec=v_spec, **kw)  # fmt: skip
+    plan = plan_decode(batch)
+    assert serves(batch) and plan.num_warps == 1
+    v_dots = dotted_groups(v_spec.bits, v_spec.group_size, 128, True)
+    elementwise = v_spec.bits < 16 and not v_dots
+    assert (dotted_groups(k_spec.bits, k_spec.group_size, 128, True, elementwise), v_dots) == dots
+    got = launch_decode(batch, batch.q, None, None, plan).squeeze(1).float()
+    want = decode_attention_reference(q.float(), *args, **kw)
+    tol = 2e-5 if dtype == torch.float32 else 3e-3
+    torch.testing.assert_close(got, want, atol=tol, rtol=tol if dtype == torch.float32 else 0)
 
 
 @pytest.mark.parametrize(
