@@ -17,7 +17,8 @@ registers, spills, shared memory and SASS mix; nothing runs. One row per (case, 
   loop's instructions the warps issue for one key of a tile), ``loop_sass`` (instructions a
   warp issues per trip of the kernel's main loop: one K/V tile for attention),
   ``loop_shared_bytes`` (bytes a thread moves through shared memory per trip, the async
-  copies' writes aside: layout changes and staged operands). Instructions a
+  copies' writes aside: layout changes and staged operands), ``loop_local`` (spill loads and
+  stores in that loop). Instructions a
   key do not set decode's time alone: on the H200 the one-warp tile's symmetric KV4 rows issued
   25 % more of them than KV4 g32 and ran as fast, while rows read in 4-byte async copies
   (``ldgsts`` ``32``: KV4 g128, KV3 g32) ran at half the speed their instructions implied
@@ -492,6 +493,13 @@ def loop_shared_bytes(sass: str) -> int:
     return total
 
 
+def loop_local(sass: str) -> int:
+    """Local-memory loads and stores (``LDL``/``STL``: spills) in the largest loop: where a
+    spill costs every tile. A value spilled across the loop (stored once before it, loaded once
+    after) costs two instructions a program."""
+    return sum(op.startswith(("LDL", "STL")) for _, op, _ in _loop(sass))
+
+
 def row_instructions(row: dict) -> float:
     """Pack and unpack (a program: ``BLOCK`` token-head rows; a KIVI page pack: its ``G``
     token rows): SASS instructions the warps issue for one row, which compares tiles of
@@ -532,6 +540,7 @@ def collect(tool, groups: list[str]) -> list[dict]:
                     loop = loop_instructions(sass)
                     rows.append({"label": label, **row, **widths, "loop_sass": loop,
                                  "loop_shared_bytes": loop_shared_bytes(sass),
+                                 "loop_local": loop_local(sass),
                                  "warps_per_sm": row["programs_per_sm"] * row["num_warps"],
                                  "row_sass": row_instructions(row),
                                  "token_sass": token_instructions(row, loop)})  # fmt: skip

@@ -330,24 +330,26 @@ def scores(q, q_sum, k_words, k_half, at, meta, D: tl.constexpr, BITS: tl.conste
     keys first, in :func:`key_lanes` order a group (q put in it once by :func:`packed_part`).
     ``JOINT`` as in :func:`row_meta`, ``KEYS_FIRST`` as in :func:`.tiles._qk`."""
     BT: tl.constexpr = at.shape[0]
-    if DOTS:
+    if DOTS:  # the dots first, then the metadata (one-warp KV4 g128 planes: 130 -> 128 registers)
         TOP: tl.constexpr = q.dtype == tl.float16
+        if DOTS == 1:
+            s = _qk(q, _key_codes(k_words, at, 0, D, D, BITS, q.dtype, TOP, KEYS_FIRST), IEEE,
+                    KEYS_FIRST)  # fmt: skip
+        else:
+            q0, q1 = _halves(q)
+            s0 = _qk(q0, _key_codes(k_words, at, 0, G, D, BITS, q.dtype, TOP, KEYS_FIRST), IEEE,
+                     KEYS_FIRST)  # fmt: skip
+            s1 = _qk(q1, _key_codes(k_words, at, G, G, D, BITS, q.dtype, TOP, KEYS_FIRST), IEEE,
+                     KEYS_FIRST)  # fmt: skip
         scale, zero = row_meta(k_words, k_half, meta, 0, D, D, BITS, G, SYM, tl.float32, JOINT)
         if TOP:  # q·(1 + c/2**BITS)·s' = q·c·s + Σq·s' (s' = 2**BITS·s), the 1 taken off in fp32
             scale *= 1 << BITS
             zero -= scale
         if DOTS == 1:  # scale, zero [BT, 1]
-            codes = _key_codes(k_words, at, 0, D, D, BITS, q.dtype, TOP, KEYS_FIRST)
-            s = _qk(q, codes, IEEE, KEYS_FIRST) * tl.reshape(scale, [1, BT])
-            s += q_sum * tl.reshape(zero, [1, BT])
-        else:  # scale, zero [BT, 2]; both groups' codes, then both dots: fewer registers
-            q0, q1 = _halves(q)
+            s = s * tl.reshape(scale, [1, BT]) + q_sum * tl.reshape(zero, [1, BT])
+        else:  # scale, zero [BT, 2]
             scale0, scale1 = tl.split(scale)
             zero0, zero1 = tl.split(zero)
-            codes0 = _key_codes(k_words, at, 0, G, D, BITS, q.dtype, TOP, KEYS_FIRST)
-            codes1 = _key_codes(k_words, at, G, G, D, BITS, q.dtype, TOP, KEYS_FIRST)
-            s0 = _qk(q0, codes0, IEEE, KEYS_FIRST)
-            s1 = _qk(q1, codes1, IEEE, KEYS_FIRST)
             q_sum0, q_sum1 = tl.split(q_sum)
             s = s0 * scale0[None, :] + s1 * scale1[None, :]
             s += q_sum0[:, None] * zero0[None, :] + q_sum1[:, None] * zero1[None, :]
