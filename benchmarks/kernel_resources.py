@@ -63,6 +63,7 @@ SPECS = {  # label: (K spec kwargs, V spec kwargs)
     "KV4 g32": (dict(bits=4), dict(bits=4)),
     "KV8 g64": (dict(bits=8, group_size=64), dict(bits=8, group_size=64)),
     "KV8 g32": (dict(bits=8), dict(bits=8)),
+    "KV4 g64": (dict(bits=4, group_size=64), dict(bits=4, group_size=64)),
     "K8V4 g64/g32": (dict(bits=8, group_size=64), dict(bits=4)),
     "KV2 g32": (dict(bits=2), dict(bits=2)),
     "KV4 g128": (dict(bits=4, group_size=128), dict(bits=4, group_size=128)),
