@@ -49,6 +49,10 @@ __all__ = [
 ]
 
 FP16_MAX = tl.constexpr(65504.0)  # q is clamped to fp16's range before it becomes fp16
+# how :func:`row_codes` reads a code c on the fp16 path (:func:`code_unit`, :func:`code_origin`)
+EXACT = tl.constexpr(0)  # c: 1024 + c by the exponent trick, the 1024 subtracted
+TOP = tl.constexpr(1)  # 1 + c/2**BITS: c at the top of the mantissa under 1.0's exponent
+BIASED = tl.constexpr(2)  # 1024 + c, the 1024 left for the caller to take off
 
 
 @triton.jit
@@ -60,7 +64,7 @@ def dot_operand(x, DT: tl.constexpr):
 
 @triton.jit
 def row_codes(words_ptr, at, C0: tl.constexpr, W: tl.constexpr, D: tl.constexpr,
-              BITS: tl.constexpr, DT: tl.constexpr, TOP: tl.constexpr = False):  # fmt: skip
+              BITS: tl.constexpr, DT: tl.constexpr, READ: tl.constexpr = EXACT):  # fmt: skip
     """Codes of channels [C0, C0 + W) of the rows of D codes at int32 word ``at`` [BT] ->
     ``DT`` [BT, W] in *pair order*.
 
@@ -73,15 +77,16 @@ def row_codes(words_ptr, at, C0: tl.constexpr, W: tl.constexpr, D: tl.constexpr,
     (one shift and one and-or more). So position ``P·w + 2j + half`` holds code ``P·w + j +
     half·P/2`` (:func:`pair_order` puts q in that order, :func:`channel_order` takes a
     result back); a word never spans two groups (the launcher's G >= P).
-    ``TOP`` (fp16): each code shifted to the top of the mantissa under 1.0's exponent, read as
-    1 + code/2**BITS; the caller folds the 1 into its zero, element-wise (x = z + s·c = (z -
-    s') + s'·(1 + c/2**BITS), s' = 2**BITS·s: :func:`top_codes`) or after its dot, in fp32 (one
-    scale a token-head: :func:`scores`, :func:`values`), so the exponent trick's subtraction
-    of 1024 goes (one fp16 operation a pair of codes)."""
+    ``READ`` (fp16; elsewhere codes are exact): ``TOP``, each code shifted to the top of the
+    mantissa under 1.0's exponent, read as 1 + code/2**BITS, the caller folding the 1 into its
+    zero, element-wise (x = z + s·c = (z - s') + s'·(1 + c/2**BITS), s' = 2**BITS·s:
+    :func:`top_codes`) or after its dot, in fp32 (:func:`scores`, :func:`values`), so the
+    exponent trick's subtraction of 1024 goes (one fp16 operation a pair of codes);
+    ``BIASED``, 1024 + code, for a fold after the dot where no shift is saved by the top."""
     BT: tl.constexpr = at.shape[0]
     LOW: tl.constexpr = low_bits(BITS)
     P: tl.constexpr = 32 // LOW
-    AT: tl.constexpr = 10 - BITS if TOP else 0  # the bit each half's code is moved to
+    AT: tl.constexpr = 10 - BITS if READ == TOP else 0  # the bit each half's code is moved to
     words = tl.load(words_ptr + at[:, None] + C0 // P + tl.arange(0, W // P)[None, :])
     pairs = _pairs(words, tl.arange(0, P // 2) * LOW, LOW, AT)  # [BT, W/P, P/2]
     if LOW < BITS:  # the high plane's word k holds the high bits of low words E·k .. E·k+E-1
@@ -93,11 +98,11 @@ def row_codes(words_ptr, at, C0: tl.constexpr, W: tl.constexpr, D: tl.constexpr,
         high = _pairs(tl.reshape(high, [BT, W // (P * E), 1]), at_e, HIGH, AT + LOW)
         pairs = pairs | tl.reshape(high, [BT, W // P, P // 2])
     if DT == tl.float16:  # noqa: SIM300 (a constexpr dtype, not a constant on the left)
-        pairs = pairs | (0x3C003C00 if TOP else 0x64006400)  # 1.0 or 1024.0 in each half
+        pairs = pairs | (0x3C003C00 if READ == TOP else 0x64006400)  # 1.0 or 1024.0 a half
         lo = pairs.to(tl.int16).to(tl.float16, bitcast=True)
         hi = (pairs >> 16).to(tl.int16).to(tl.float16, bitcast=True)
         codes = tl.join(lo, hi)  # [BT, W/P, P/2, 2]
-        if not TOP:
+        if READ == EXACT:
             codes = codes - 1024.0
     else:
         codes = tl.join(pairs & 0xFFFF, pairs >> 16).to(DT)
@@ -117,14 +122,44 @@ def _pairs(words, start, BITS: tl.constexpr, AT: tl.constexpr):
 
 
 @triton.constexpr_function
-def top_codes(bits: int, dtype, lanes: bool) -> bool:
-    """Whether a tile's codes come at the top of fp16's mantissa (:func:`row_codes`' ``TOP``):
-    4-bit codes in fp16 read in a lane order where each register's pair of codes has a shift
-    of its own (:func:`value_lanes`; in pair order the shift is the lane's, and moving codes
-    up or down by a lane's amount took two shifts). One-warp decode, sm_90a: KV4 g32 1025 ->
-    967 loop instructions a tile, the `HADD2`s of its values gone; KV2 g32 spilled 40 bytes
-    with it, and 8-bit codes would lose an eighth of a step to the folded zero."""
-    return lanes and dtype == tl.float16 and bits == 4
+def code_unit(read: int, bits: int) -> int:
+    """Code steps a unit of the codes as :func:`row_codes` reads them (``TOP``: 2**bits): the
+    factor a scale takes to apply to the codes as read."""
+    return 1 << bits if read == TOP else 1
+
+
+@triton.constexpr_function
+def code_origin(read: int) -> float:
+    """What a code of 0 reads as (with the scale times :func:`code_unit`, its share of the
+    zero to take off): 1.0 on ``TOP``, 1024.0 ``BIASED``, 0 ``EXACT``."""
+    if read == TOP:
+        return 1.0
+    return 1024.0 if read == BIASED else 0.0
+
+
+@triton.constexpr_function
+def after_dot_read(bits: int, dtype) -> int:
+    """How raw codes dotted before their scale are read (:func:`scores`, :func:`values`): on the
+    fp16 path ``TOP`` (1 + c/2**bits: sub-8-bit codes are shifted anyway), at 8 bits
+    ``BIASED`` (1024 + c: the low byte of each half needs no shift; one-warp KV8 g64 decode,
+    sm_90a: 893 -> 850 loop instructions a tile, Triton 3.6 1147 -> 1058; its fp32 sums carry
+    1024·s·Σ|q|, s a 255th of the range: 5.2e-4 off the reference where ``TOP`` was 5.0e-4);
+    exact codes on the interpreter's fp32 path."""
+    if dtype != tl.float16:
+        return EXACT
+    return BIASED if bits == 8 else TOP
+
+
+@triton.constexpr_function
+def element_read(bits: int, dtype, lanes: bool) -> int:
+    """How a tile dequantized element-wise reads its codes (:func:`row_codes`' ``READ``):
+    ``TOP`` for 4-bit codes in fp16 read in a lane order where each register's pair of codes
+    has a shift of its own (:func:`value_lanes`; in pair order the shift is the lane's, and
+    moving codes up or down by a lane's amount took two shifts). One-warp decode, sm_90a:
+    KV4 g32 1025 -> 967 loop instructions a tile, the `HADD2`s of its values gone; KV2 g32
+    spilled 40 bytes with it, and 8-bit codes would lose an eighth of a step to the folded
+    zero. Else ``EXACT``."""
+    return TOP if lanes and dtype == tl.float16 and bits == 4 else EXACT
 
 
 @triton.jit
@@ -286,12 +321,12 @@ def dequantized(words_ptr, half_ptr, at, meta, C0: tl.constexpr, W: tl.constexpr
         x = tl.load(half_ptr + 2 * at[:, None] + C0 + tl.arange(0, W)[None, :]).to(DT)
     else:
         NG: tl.constexpr = (W + G - 1) // G
-        TOP: tl.constexpr = top_codes(BITS, DT, LANES)
-        codes = row_codes(words_ptr, at, C0, W, D, BITS, DT, TOP)
+        READ: tl.constexpr = element_read(BITS, DT, LANES)
+        codes = row_codes(words_ptr, at, C0, W, D, BITS, DT, READ)
         codes = tl.reshape(codes, [BT, NG, W // NG])
         scale, zero = row_meta(words_ptr, half_ptr, meta, C0, W, D, BITS, G, SYM, DT, JOINT,
                                LANES)  # fmt: skip
-        if TOP:  # fp16: z - s' is one rounding, half an ulp of |z| + s' at most
+        if READ == TOP:  # fp16: z - s' is one rounding, half an ulp of |z| + s' at most
             scale = scale * (1 << BITS)
             zero = zero - scale
         x = tl.reshape(tl.fma(codes, scale[:, :, None], zero[:, :, None]), [BT, W])
@@ -304,7 +339,7 @@ def dotted_groups(bits: int, group: int, head_dim: int, one_warp: bool,
     """In how many dots a row's raw codes meet q or p, each group's scale and zero applied
     after its dot in fp32 (:func:`scores`, :func:`values`): 1 for one scale a token-head; 2
     for a row's two groups (g64 at d 128) on the one-warp decode tile, each group's dot whole
-    MMAs (one-warp KV8 g64 decode, sm_90a: 1138 -> 881 loop instructions a tile: the fp16
+    MMAs (one-warp KV8 g64 decode, sm_90a: 1138 -> 893 loop instructions a tile: the fp16
     subtraction of 1024 and the ``fma`` a pair of codes gone, and each lane's 16-byte key
     loads of :func:`key_lanes`); 0 where codes are dequantized element-wise first: groups of
     32 channels, whose dots and scales cost what the element-wise ``fma`` saves (one-warp
@@ -326,25 +361,27 @@ def scores(q, q_sum, k_words, k_half, at, meta, D: tl.constexpr, BITS: tl.conste
     """Raw scores fp32 [QP, BT] of q [QP, D] against the keys at word ``at`` [BT]. ``DOTS``
     (:func:`dotted_groups`) 1 or 2: the row's groups each dotted apart, raw codes, then
     Σ_g scale_g·(q_g·codes_g) + zero_g·Σq_g (q's group sums ``q_sum`` fp32 [QP, DOTS]), the
-    codes read as 1 + c/2**BITS on the fp16 path (``TOP``: the 1 comes off with the zero) and,
+    codes read as :func:`after_dot_read` says (what a code of 0 reads as comes off with the
+    zero) and,
     keys first, in :func:`key_lanes` order a group (q put in it once by :func:`packed_part`).
     ``JOINT`` as in :func:`row_meta`, ``KEYS_FIRST`` as in :func:`.tiles._qk`."""
     BT: tl.constexpr = at.shape[0]
     if DOTS:  # the dots first, then the metadata (one-warp KV4 g128 planes: 130 -> 128 registers)
-        TOP: tl.constexpr = q.dtype == tl.float16
+        READ: tl.constexpr = after_dot_read(BITS, q.dtype)
         if DOTS == 1:
-            s = _qk(q, _key_codes(k_words, at, 0, D, D, BITS, q.dtype, TOP, KEYS_FIRST), IEEE,
+            s = _qk(q, _key_codes(k_words, at, 0, D, D, BITS, q.dtype, READ, KEYS_FIRST), IEEE,
                     KEYS_FIRST)  # fmt: skip
         else:
             q0, q1 = _halves(q)
-            s0 = _qk(q0, _key_codes(k_words, at, 0, G, D, BITS, q.dtype, TOP, KEYS_FIRST), IEEE,
-                     KEYS_FIRST)  # fmt: skip
-            s1 = _qk(q1, _key_codes(k_words, at, G, G, D, BITS, q.dtype, TOP, KEYS_FIRST), IEEE,
-                     KEYS_FIRST)  # fmt: skip
+            s0 = _qk(q0, _key_codes(k_words, at, 0, G, D, BITS, q.dtype, READ, KEYS_FIRST),
+                     IEEE, KEYS_FIRST)  # fmt: skip
+            s1 = _qk(q1, _key_codes(k_words, at, G, G, D, BITS, q.dtype, READ, KEYS_FIRST),
+                     IEEE, KEYS_FIRST)  # fmt: skip
         scale, zero = row_meta(k_words, k_half, meta, 0, D, D, BITS, G, SYM, tl.float32, JOINT)
-        if TOP:  # q·(1 + c/2**BITS)·s' = q·c·s + Σq·s' (s' = 2**BITS·s), the 1 taken off in fp32
-            scale *= 1 << BITS
-            zero -= scale
+        # codes read as o + c/u: q·x = (s·u)·(q·codes) + (z - s·u·o)·Σq, in fp32
+        scale *= code_unit(READ, BITS)
+        if READ != EXACT:
+            zero -= scale * code_origin(READ)
         if DOTS == 1:  # scale, zero [BT, 1]
             s = s * tl.reshape(scale, [1, BT]) + q_sum * tl.reshape(zero, [1, BT])
         else:  # scale, zero [BT, 2]
@@ -361,11 +398,11 @@ def scores(q, q_sum, k_words, k_half, at, meta, D: tl.constexpr, BITS: tl.conste
 
 @triton.jit
 def _key_codes(k_words, at, C0: tl.constexpr, W: tl.constexpr, D: tl.constexpr,
-               BITS: tl.constexpr, DT: tl.constexpr, TOP: tl.constexpr,
+               BITS: tl.constexpr, DT: tl.constexpr, READ: tl.constexpr,
                KEYS_FIRST: tl.constexpr):  # fmt: skip
     """Raw codes of channels [C0, C0 + W) of the keys at ``at`` [BT] -> ``DT`` [BT, W], in
     :func:`key_lanes` order keys first."""
-    codes = row_codes(k_words, at, C0, W, D, BITS, DT, TOP)
+    codes = row_codes(k_words, at, C0, W, D, BITS, DT, READ)
     if KEYS_FIRST:
         codes = key_lanes(codes)
     return codes
@@ -380,34 +417,33 @@ def values(p, v_words, v_half, at, meta, D: tl.constexpr, BITS: tl.constexpr, G:
     Σ_t p·zero fp32: [QP] for one group, [QP, 2, 1] for two, to be added to each group's
     channels by the caller; :func:`packed_part` carries it so). ``DOTS``
     (:func:`dotted_groups`): the row's groups each dotted apart, raw codes against p·scale_g
-    (1 + c/2**BITS on the fp16 path, the 1 taken off with the zero); 0: dequantized
-    element-wise, no zeros' part. ``JOINT`` as in :func:`row_meta`; ``LANES`` (2/4/8-bit
+    (read as :func:`after_dot_read` says, a code of 0's share taken off with the zero); 0:
+    dequantized element-wise, no zeros' part. ``JOINT`` as in :func:`row_meta`; ``LANES`` (2/4/8-bit
     codes): the result in :func:`value_lanes` order a group; ``KEYS_FIRST`` as in
     :func:`.tiles._pv`."""
     BT: tl.constexpr = at.shape[0]
     QP: tl.constexpr = p.shape[0]
     if DOTS:
-        TOP: tl.constexpr = DT == tl.float16  # noqa: SIM300 (folded after the dot, in fp32)
+        READ: tl.constexpr = after_dot_read(BITS, DT)
         scale, zero = row_meta(v_words, v_half, meta, 0, D, D, BITS, G, SYM, tl.float32, JOINT)
-        if TOP:  # codes 1 + c/2**BITS: s·c = s'·codes - s' (s' = 2**BITS·s), after the dot
-            scale = scale * (1 << BITS)
+        scale = scale * code_unit(READ, BITS)  # codes o + c/u: s·c = (s·u)·codes - (s·u)·o
         if DOTS == 1:  # scale, zero [BT, 1]
-            codes = _value_codes(v_words, at, 0, D, D, BITS, DT, TOP, LANES)
+            codes = _value_codes(v_words, at, 0, D, D, BITS, DT, READ, LANES)
             ps = (p * tl.reshape(scale, [1, BT])).to(DT)  # the dot's own rounding of p·s
             pv = _pv(ps, codes, IEEE, KEYS_FIRST)
-            pz = tl.sum(_zeros_part(p, ps, tl.reshape(zero, [1, BT]), TOP), 1)
+            pz = tl.sum(_zeros_part(p, ps, tl.reshape(zero, [1, BT]), READ), 1)
         else:  # scale, zero [BT, 2]; both groups' codes, then both dots
             scale0, scale1 = tl.split(scale)
             zero0, zero1 = tl.split(zero)
-            codes0 = _value_codes(v_words, at, 0, G, D, BITS, DT, TOP, LANES)
-            codes1 = _value_codes(v_words, at, G, G, D, BITS, DT, TOP, LANES)
+            codes0 = _value_codes(v_words, at, 0, G, D, BITS, DT, READ, LANES)
+            codes1 = _value_codes(v_words, at, G, G, D, BITS, DT, READ, LANES)
             ps0 = (p * scale0[None, :]).to(DT)
             ps1 = (p * scale1[None, :]).to(DT)
             pv0 = _pv(ps0, codes0, IEEE, KEYS_FIRST)
             pv1 = _pv(ps1, codes1, IEEE, KEYS_FIRST)
             pv = tl.reshape(tl.permute(tl.join(pv0, pv1), (0, 2, 1)), [QP, D])
-            pz0 = _zeros_part(p, ps0, zero0[None, :], TOP)
-            pz = tl.permute(tl.join(pz0, _zeros_part(p, ps1, zero1[None, :], TOP)), (0, 2, 1))
+            pz0 = _zeros_part(p, ps0, zero0[None, :], READ)
+            pz = tl.permute(tl.join(pz0, _zeros_part(p, ps1, zero1[None, :], READ)), (0, 2, 1))
             pz = tl.sum(pz, 2, keep_dims=True)
     else:
         v = dequantized(v_words, v_half, at, meta, 0, D, D, BITS, G, SYM, DT, JOINT, LANES)
@@ -420,23 +456,23 @@ def values(p, v_words, v_half, at, meta, D: tl.constexpr, BITS: tl.constexpr, G:
 
 @triton.jit
 def _value_codes(v_words, at, C0: tl.constexpr, W: tl.constexpr, D: tl.constexpr,
-                 BITS: tl.constexpr, DT: tl.constexpr, TOP: tl.constexpr,
+                 BITS: tl.constexpr, DT: tl.constexpr, READ: tl.constexpr,
                  LANES: tl.constexpr):  # fmt: skip
     """Raw codes of channels [C0, C0 + W) of the values at ``at`` [BT] -> ``DT`` [BT, W], in
     :func:`value_lanes` order where ``LANES``."""
-    codes = row_codes(v_words, at, C0, W, D, BITS, DT, TOP)
+    codes = row_codes(v_words, at, C0, W, D, BITS, DT, READ)
     if LANES:
         codes = value_lanes(codes, BITS)
     return codes
 
 
 @triton.jit
-def _zeros_part(p, ps, zero, TOP: tl.constexpr):
+def _zeros_part(p, ps, zero, READ: tl.constexpr):
     """p fp32 [QP, BT], p·scale as dotted ``ps`` [QP, BT], a group's zeros fp32 [1, BT] -> the
-    group's zeros' part p·zero fp32 [QP, BT], less p·scale where the codes are 1 + c/2**BITS."""
+    group's zeros' part p·zero fp32 [QP, BT], less p·scale times what a code of 0 reads as."""
     pz = p * zero
-    if TOP:
-        pz -= ps.to(tl.float32)
+    if READ != EXACT:
+        pz -= ps.to(tl.float32) * code_origin(READ)
     return pz
 
 
