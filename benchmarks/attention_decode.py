@@ -58,6 +58,7 @@ SPECS = {  # label: (K spec kwargs, V spec kwargs)
     "KV4 g32": (dict(bits=4), dict(bits=4)),
     "KV8 g64": (dict(bits=8, group_size=64), dict(bits=8, group_size=64)),
     "KV4 g128": (dict(bits=4, group_size=128), dict(bits=4, group_size=128)),  # per token-head
+    "KV4 g64": (dict(bits=4, group_size=64), dict(bits=4, group_size=64)),  # two groups a row
     "K8V4 (mixed)": (dict(bits=8, group_size=64), dict(bits=4)),
     "KV4 g32 pre-RoPE": (dict(bits=4, pre_rope=True), dict(bits=4)),  # opt-in from here on
     "KV8 g64 pre-RoPE": (dict(bits=8, group_size=64, pre_rope=True), dict(bits=8, group_size=64)),

@@ -107,7 +107,9 @@ case "$stage" in
       # then 4-bit value codes at the top of fp16's mantissa: KV4 g32 1025 -> 967; then
       # format v3's 3/5/6-bit planes: KV3 g32 60.5 -> 41.7 instructions a key, 16-byte copies;
       # then one scale a token-head's keys in the MMA's lane order, codes at the top of the
-      # mantissa: KV4 g128 975 -> 854 loop instructions, padded 848 -> 746 (the layouts step))
+      # mantissa: KV4 g128 975 -> 854 loop instructions, padded 848 -> 746 (the layouts step);
+      # 2026-11-28, against e1f448a: a row's two groups of 64 dotted apart, 8-bit codes read
+      # as 1024 + c: KV8 g64 1138 -> 850, Triton 3.6 1264 -> 1058)
       cat .ab/REV >>"$log" 2>/dev/null
       for tree in .ab .; do
         name=$([ "$tree" = . ] && echo this || echo ab)
