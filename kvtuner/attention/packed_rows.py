@@ -80,7 +80,7 @@ def row_codes(words_ptr, at, C0: tl.constexpr, W: tl.constexpr, D: tl.constexpr,
     ``READ`` (fp16; elsewhere codes are exact): ``TOP``, each code shifted to the top of the
     mantissa under 1.0's exponent, read as 1 + code/2**BITS, the caller folding the 1 into its
     zero, element-wise (x = z + s·c = (z - s') + s'·(1 + c/2**BITS), s' = 2**BITS·s:
-    :func:`top_codes`) or after its dot, in fp32 (:func:`scores`, :func:`values`), so the
+    :func:`element_read`) or after its dot, in fp32 (:func:`scores`, :func:`values`), so the
     exponent trick's subtraction of 1024 goes (one fp16 operation a pair of codes);
     ``BIASED``, 1024 + code, for a fold after the dot where no shift is saved by the top."""
     BT: tl.constexpr = at.shape[0]
@@ -362,8 +362,8 @@ def scores(q, q_sum, k_words, k_half, at, meta, D: tl.constexpr, BITS: tl.conste
     (:func:`dotted_groups`) 1 or 2: the row's groups each dotted apart, raw codes, then
     Σ_g scale_g·(q_g·codes_g) + zero_g·Σq_g (q's group sums ``q_sum`` fp32 [QP, DOTS]), the
     codes read as :func:`after_dot_read` says (what a code of 0 reads as comes off with the
-    zero) and,
-    keys first, in :func:`key_lanes` order a group (q put in it once by :func:`packed_part`).
+    zero) and, keys first, in :func:`key_lanes` order a group (q put in it once by
+    :func:`packed_part`).
     ``JOINT`` as in :func:`row_meta`, ``KEYS_FIRST`` as in :func:`.tiles._qk`."""
     BT: tl.constexpr = at.shape[0]
     if DOTS:  # the dots first, then the metadata (one-warp KV4 g128 planes: 130 -> 128 registers)

@@ -174,7 +174,8 @@ def test_the_gpus_fp16_dots_match_the_reference_under_the_interpreter(k_spec, v_
 def test_one_scale_a_token_head_dots_top_codes_and_keys_in_lane_order(bits):
     """Rows of one scale a token-head dot their raw codes and scale after the dot. On the GPU's
     fp16 path the codes are read as 1 + c/2**bits (the top of the mantissa, no subtraction of
-    the exponent trick's 1024) and the 1 comes off in fp32 (·Σq for keys, ·Σ p·s for values);
+    the exponent trick's 1024; 8 bits: 1024 + c, no shift) and the 1 (1024) comes off in fp32
+    (·Σq for keys, ·Σ p·s for values);
     one-warp keys are dotted in key lane order, q put in it once. At head_dim 128 each lane of
     an MMA quad reads 32 channels of whole words (16 bytes a row at 4 bits). Within 1e-3 of
     the reference, as the codes less 1024 were (6.6e-4 at most here); 1024 + c dotted and the

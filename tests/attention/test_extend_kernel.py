@@ -164,8 +164,9 @@ def test_new_tokens_in_hand_are_checked():
 @pytest.mark.parametrize("bits", [2, 3, 4, 8])
 def test_the_gpus_fp16_path_reads_one_scale_a_token_head_as_top_codes(bits):
     """On a GPU q reaches the extend kernel in 16 bits, and rows of one scale a token-head dot
-    their codes read as 1 + c/2**bits, the 1 taken off after the dot in fp32 (keys ·Σq, values
-    ·Σ p·s): fp16 q given to :func:`launch_extend` runs that path under the interpreter."""
+    their codes read as 1 + c/2**bits (8 bits: 1024 + c), what a code of 0 reads as taken off
+    after the dot in fp32 (keys ·Σq, values ·Σ p·s): fp16 q given to :func:`launch_extend`
+    runs that path under the interpreter."""
     spec = QuantSpec(bits, group_size=64)
     args, kw = pool(spec, spec)
     q, indptr = ragged(NEW, 8, seed=6)
