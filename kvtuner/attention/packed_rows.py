@@ -326,9 +326,9 @@ def dequantized(words_ptr, half_ptr, at, meta, C0: tl.constexpr, W: tl.constexpr
         codes = tl.reshape(codes, [BT, NG, W // NG])
         scale, zero = row_meta(words_ptr, half_ptr, meta, C0, W, D, BITS, G, SYM, DT, JOINT,
                                LANES)  # fmt: skip
-        if READ == TOP:  # fp16: z - s' is one rounding, half an ulp of |z| + s' at most
-            scale = scale * (1 << BITS)
-            zero = zero - scale
+        if READ != EXACT:  # fp16: z - s'·o is one rounding, half an ulp of |z| + s' at most
+            scale = scale * code_unit(READ, BITS)
+            zero = zero - scale * code_origin(READ)
         x = tl.reshape(tl.fma(codes, scale[:, :, None], zero[:, :, None]), [BT, W])
     return x
 
