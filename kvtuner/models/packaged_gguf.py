@@ -15,10 +15,11 @@ from pathlib import Path
 __all__ = ["assemble_atomic", "cache_dir"]
 
 
-def cache_dir(alias: str) -> Path:
-    """Folder that holds the assembled GGUF of ``alias``."""
+def cache_dir(name: str) -> Path:
+    """kvtuner's folder ``name`` among the model files it keeps: an alias's assembled GGUF, or
+    ``converted`` (:mod:`.converted`)."""
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "kvtuner" / alias
+    return Path(base) / "kvtuner" / name
 
 
 def assemble_atomic(target: Path, write: Callable[[str], None]) -> Path:

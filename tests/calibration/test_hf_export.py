@@ -9,11 +9,14 @@ import sys
 
 import pytest
 
+from kvtuner.models.converted import ENV_VAR
+
 EXPORT_TIMEOUT = 600
 
 
 def _export(*args: str) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # each converts the GGUF (no converted copy read): seconds before either renames
+    env = {**os.environ, "OMP_NUM_THREADS": "1", ENV_VAR: "0"}
     return subprocess.Popen(
         [sys.executable, "-m", "kvtuner", "export-hf", *args],
         env=env,

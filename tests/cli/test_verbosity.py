@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from kvtuner.cli.main import build_parser, main
+from kvtuner.models.converted import ENV_VAR
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "calibration"))
 from calib_helpers import save_tiny  # noqa: E402
@@ -52,12 +53,12 @@ def test_search_quiet_leaves_stderr_without_bars_or_chatter(tmp_path, monkeypatc
 
 def _generate(*runs: tuple[str, ...]) -> list[subprocess.CompletedProcess]:
     """``kvtuner generate`` on SmolLM2 once per flag tuple, the processes side by side (each
-    converts the GGUF, most of its time)."""
+    converts the GGUF, most of its time: no converted copy read)."""
     args = ["generate", "--model", "smollm2-135m", "--uniform", "kv8", "--max-new-tokens", "2"]
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "kvtuner", *args, *flags, "Hello"],
-            env={**os.environ, "KVTUNER_CACHE_DIR": os.devnull},
+            env={**os.environ, "KVTUNER_CACHE_DIR": os.devnull, ENV_VAR: "0"},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
