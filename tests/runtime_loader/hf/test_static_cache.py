@@ -238,10 +238,12 @@ def test_gemma3_hybrid_windows_at_head_dim_256(gemma3):
 
 
 def same_tokens_and_logits_but_a_code(got, ref) -> None:
-    """Identical tokens; logits within rounding at every step but one at most, where the two
-    runs' attention, summed in another order (a static cache's 40 slots against the tokens so
-    far), can move a new token's 8-bit code by one step: on a 2-core AMD EPYC the 10th step's
-    logits moved 0.17 (the other nine 1.8e-5 at most); where CI passed before, none did."""
+    """Identical tokens; the prefill's logits within rounding, and every step's within 0.5: the
+    two runs' attention, summed in another order (a static cache's 40 slots against the tokens
+    so far), can move a new token's 8-bit code by one step, and a moved code stays in the cache
+    for the steps after it. On a 2-core AMD EPYC the 10th step's logits moved 0.17 (the other
+    nine 1.8e-5 at most); on one torch thread (CI's core tier) the 7th to 10th moved 3.6e-3 to
+    0.17."""
     assert torch.equal(got[0], ref[0])
     off = (got[1] - ref[1]).abs().amax(-1)  # [B, new]: each step's largest difference
-    assert (off > 1e-3).sum() <= 1 and off.max() < 0.5, off
+    assert (off[:, 0] < 1e-3).all() and off.max() < 0.5, off
