@@ -90,8 +90,8 @@ install() {  # name: setup_<name>, log in .<name>-install.log, printed on failur
 # The core tier was the long pole (one process, 3266 s of a 56-minute run, its last 1000 s alone on
 # the machine): two workers, a file's tests (and its module fixtures) in one worker. Each worker
 # loads the session's real models once, from their converted copies after the first conversion.
-# One torch thread a worker, and Inductor compiling in-process: beside the SGLang tier's servers,
-# two workers of two OpenMP threads each took test_static_cache.py from 36 s to 239 s a test.
+# One torch thread a worker, and Inductor compiling in-process: two workers of two OpenMP threads
+# each, beside the SGLang tier's servers, spent 5170 s of CPU against 4520 s (fresh-clone runs).
 tier_core() {
   OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1 .venv/bin/python -m pytest \
     -m "not sglang and not vllm" -q --durations=15 -n 2 --dist loadfile
