@@ -187,7 +187,8 @@ def _load(source: ModelSource, where: Placement, trust_remote_code: bool) -> tup
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     config = _load_config(source, trust_remote_code)
-    as_read = copy.deepcopy(config)  # loading fills in its dtype; the copy keeps the GGUF's
+    # loading fills in the config's dtype; a GGUF's converted copy keeps the config as read
+    as_read = copy.deepcopy(config) if source.gguf else None
     common = dict(trust_remote_code=trust_remote_code, **source.kwargs())
     try:
         tokenizer = AutoTokenizer.from_pretrained(source.path, **common)
