@@ -33,6 +33,7 @@ from triton.language.extra import libdevice
 from ..quant.packing import split_bits
 from ..quant.spec import QuantSpec
 from ..quant.triton_codes import low_bits
+from ..quant.triton_kernels import interpreted
 from .tiles import _pv, _qk, _softmax_step
 
 __all__ = [
@@ -48,6 +49,8 @@ __all__ = [
     "wide_rows",
 ]
 
+# the GPU build's few lines of PTX (:func:`register_pairs_fma`); Triton's interpreter runs none
+PTX = tl.constexpr(not interpreted())
 FP16_MAX = tl.constexpr(65504.0)  # q is clamped to fp16's range before it becomes fp16
 # how :func:`row_codes` reads a code c on the fp16 path (:func:`code_unit`, :func:`code_origin`)
 EXACT = tl.constexpr(0)  # c: 1024 + c by the exponent trick, the 1024 subtracted
@@ -64,7 +67,8 @@ def dot_operand(x, DT: tl.constexpr):
 
 @triton.jit
 def row_codes(words_ptr, at, C0: tl.constexpr, W: tl.constexpr, D: tl.constexpr,
-              BITS: tl.constexpr, DT: tl.constexpr, READ: tl.constexpr = EXACT):  # fmt: skip
+              BITS: tl.constexpr, DT: tl.constexpr, READ: tl.constexpr = EXACT,
+              TOKEN_PAIRS: tl.constexpr = False):  # fmt: skip
     """Codes of channels [C0, C0 + W) of the rows of D codes at int32 word ``at`` [BT] ->
     ``DT`` [BT, W] in *pair order*.
 
@@ -84,6 +88,8 @@ def row_codes(words_ptr, at, C0: tl.constexpr, W: tl.constexpr, D: tl.constexpr,
     exponent trick's subtraction of 1024 goes (one fp16 operation a pair of codes);
     ``BIASED``, 1024 + code, for a fold after the dot where no shift is saved by the top."""
     BT: tl.constexpr = at.shape[0]
+    if TOKEN_PAIRS and BITS == 4 and READ == TOP:
+        return pair_order(_token_paired(words_ptr, at, C0, W), BITS)
     LOW: tl.constexpr = low_bits(BITS)
     P: tl.constexpr = 32 // LOW
     AT: tl.constexpr = 10 - BITS if READ == TOP else 0  # the bit each half's code is moved to
@@ -322,15 +328,34 @@ def dequantized(words_ptr, half_ptr, at, meta, C0: tl.constexpr, W: tl.constexpr
     else:
         NG: tl.constexpr = (W + G - 1) // G
         READ: tl.constexpr = element_read(BITS, DT, LANES)
-        codes = row_codes(words_ptr, at, C0, W, D, BITS, DT, READ)
+        codes = row_codes(words_ptr, at, C0, W, D, BITS, DT, READ, LANES)
         codes = tl.reshape(codes, [BT, NG, W // NG])
         scale, zero = row_meta(words_ptr, half_ptr, meta, C0, W, D, BITS, G, SYM, DT, JOINT,
                                LANES)  # fmt: skip
         if READ != EXACT:  # fp16: z - s'·o is one rounding, half an ulp of |z| + s' at most
             scale = scale * code_unit(READ, BITS)
             zero = zero - scale * code_origin(READ)
-        x = tl.reshape(tl.fma(codes, scale[:, :, None], zero[:, :, None]), [BT, W])
+        if LANES and DT == tl.float16:  # value lane order: pairs of tokens (4 bits)
+            x = register_pairs_fma(codes, scale[:, :, None], zero[:, :, None])
+        else:
+            x = tl.fma(codes, scale[:, :, None], zero[:, :, None])
+        x = tl.reshape(x, [BT, W])
     return x
+
+
+@triton.jit
+def register_pairs_fma(x, scale, zero):
+    """fp16 x·scale + zero (scale and zero broadcast to x), rounded once as ``tl.fma``. The
+    GPU's build pairs the halves of x's own registers (``fma.rn.f16x2``, in PTX): LLVM paired
+    the scalar fp16 ``fma`` where the scale is the same, so a tile whose registers hold two
+    tokens of a channel (:func:`_token_paired`) was taken apart and put back with a ``PRMT``
+    each way (one-warp KV4 g32 decode, sm_90a: 1022 loop instructions and 24 bytes spilled,
+    against 913 and none in PTX). The interpreter runs no PTX: ``tl.fma`` there."""
+    if PTX:
+        return tl.inline_asm_elementwise("fma.rn.f16x2 $0, $1, $2, $3;", "=r,r,r,r",
+                                         [x, scale, zero], dtype=tl.float16, is_pure=True,
+                                         pack=2)  # fmt: skip
+    return tl.fma(x, scale, zero)
 
 
 @triton.constexpr_function
@@ -460,10 +485,32 @@ def _value_codes(v_words, at, C0: tl.constexpr, W: tl.constexpr, D: tl.constexpr
                  LANES: tl.constexpr):  # fmt: skip
     """Raw codes of channels [C0, C0 + W) of the values at ``at`` [BT] -> ``DT`` [BT, W], in
     :func:`value_lanes` order where ``LANES``."""
-    codes = row_codes(v_words, at, C0, W, D, BITS, DT, READ)
+    codes = row_codes(v_words, at, C0, W, D, BITS, DT, READ, LANES)
     if LANES:
         codes = value_lanes(codes, BITS)
     return codes
+
+
+@triton.jit
+def _token_paired(words_ptr, at, C0: tl.constexpr, W: tl.constexpr):
+    """4-bit codes of channels [C0, C0 + W) of rows at ``at`` [BT] -> fp16 [BT, W] in channel
+    order, read as 1 + c/64, built two tokens a register (rows 2i and 2i + 1)."""
+    BT: tl.constexpr = at.shape[0]
+    words = tl.load(words_ptr + at[:, None] + C0 // 8 + tl.arange(0, W // 8)[None, :])
+    words = tl.permute(tl.reshape(words.to(tl.uint32, bitcast=True), [BT // 2, 2, W // 8]),
+                       (0, 2, 1))  # fmt: skip
+    even, odd = tl.split(words)  # [BT/2, W/8]
+    low = (even & 0xFFFF) | (odd << 16)  # codes 0-3 of both rows at bits 4j of each half
+    high = (even >> 16) | (odd & 0xFFFF0000)  # codes 4-7
+    up = tl.join(low, high)  # [BT/2, W/8, 2]: codes 4h + j of both rows at bits 4j
+    x = tl.join(tl.join(up << 6, up << 2), tl.join(up >> 2, up >> 6))  # [.., j % 2, j // 2]
+    x = tl.reshape(tl.permute(x, (0, 1, 2, 4, 3)), [BT // 2, W // 8, 2, 4])
+    x = (x & 0x03C003C0) | 0x3C003C00  # code j at bits 6-9 of each half
+    pairs = x.to(tl.int32, bitcast=True)
+    tok0 = pairs.to(tl.int16).to(tl.float16, bitcast=True)
+    tok1 = (pairs >> 16).to(tl.int16).to(tl.float16, bitcast=True)
+    codes = tl.permute(tl.join(tok0, tok1), (0, 4, 1, 2, 3))  # [BT/2, 2, W/8, 2, 4]
+    return tl.reshape(codes, [BT, W])
 
 
 @triton.jit
