@@ -86,7 +86,9 @@ def row_codes(words_ptr, at, C0: tl.constexpr, W: tl.constexpr, D: tl.constexpr,
     zero, element-wise (x = z + s·c = (z - s') + s'·(1 + c/2**BITS), s' = 2**BITS·s:
     :func:`element_read`) or after its dot, in fp32 (:func:`scores`, :func:`values`), so the
     exponent trick's subtraction of 1024 goes (one fp16 operation a pair of codes);
-    ``BIASED``, 1024 + code, for a fold after the dot where no shift is saved by the top."""
+    ``BIASED``, 1024 + code, for a fold after the dot where no shift is saved by the top.
+    ``TOKEN_PAIRS`` (4-bit codes read ``TOP``; value tiles, :func:`value_lanes`): each register
+    built from two rows, as the MMA pairs a value tile (:func:`_token_paired`)."""
     BT: tl.constexpr = at.shape[0]
     if TOKEN_PAIRS and BITS == 4 and READ == TOP:
         return pair_order(_token_paired(words_ptr, at, C0, W), BITS)
@@ -228,10 +230,11 @@ def key_lanes(x, SPANS: tl.constexpr = 1):
     lane t of each 4 the column pairs 4r + t (r < D/8); in this order they are pairs (D/8)·t
     + r of the pair order, so each lane reads D/4 channels of whole words of its own (one
     16-byte load a row at 4 bits, d 128), not one pair of every word of the row, and each
-    register's shift is a constant. Raw codes only (groups dotted apart, :func:`scores`):
-    dequantized in this order, LLVM left their fp16 ``fma`` unpaired and ptxas swapped each
-    pair's halves before and after it (one-warp KV4 g32, sm_90a: 967 -> 1053 loop
-    instructions). Identity where a span is not a multiple of 32 channels."""
+    register's shift is a constant. Raw codes (groups dotted apart, :func:`scores`), or 4-bit
+    keys dequantized with :func:`register_pairs_fma` (with ``tl.fma`` LLVM left the fp16
+    ``fma`` unpaired and ptxas swapped each pair's halves before and after it: one-warp KV4
+    g32, sm_90a, 967 -> 1053 loop instructions). Identity where a span is not a multiple of
+    32 channels."""
     R: tl.constexpr = x.shape[0]
     D: tl.constexpr = x.shape[1]
     W: tl.constexpr = D // SPANS
@@ -316,12 +319,13 @@ def _fp16_half(words, HIGH: tl.constexpr):
 def dequantized(words_ptr, half_ptr, at, meta, C0: tl.constexpr, W: tl.constexpr,
                 D: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr, SYM: tl.constexpr,
                 DT: tl.constexpr, JOINT: tl.constexpr = False,
-                LANES: tl.constexpr = False):  # fmt: skip
+                LANES: tl.constexpr = False, KEY_LANES: tl.constexpr = False):  # fmt: skip
     """Channels [C0, C0 + W) of the rows at word ``at`` [BT] (metadata at ``meta``) -> ``DT``
     [BT, W], in the codes' order: one fma an element (16-bit rows: loaded). A span starts at a
     word of codes (2/4/8 bits) or of high-plane codes (3/5/6 bits: 32 channels, 16 at 6 bits),
     and covers whole groups or lies in one.
-    ``JOINT`` and ``LANES`` as in :func:`row_meta`."""
+    ``JOINT`` and ``LANES`` as in :func:`row_meta`; ``LANES`` (4 bits) and ``KEY_LANES`` (keys
+    the caller puts in :func:`key_lanes` order) dequantize with :func:`register_pairs_fma`."""
     BT: tl.constexpr = at.shape[0]
     if BITS == 16:
         x = tl.load(half_ptr + 2 * at[:, None] + C0 + tl.arange(0, W)[None, :]).to(DT)
@@ -335,7 +339,7 @@ def dequantized(words_ptr, half_ptr, at, meta, C0: tl.constexpr, W: tl.constexpr
         if READ != EXACT:  # fp16: z - s'·o is one rounding, half an ulp of |z| + s' at most
             scale = scale * code_unit(READ, BITS)
             zero = zero - scale * code_origin(READ)
-        if LANES and DT == tl.float16:  # value lane order: pairs of tokens (4 bits)
+        if (LANES or KEY_LANES) and DT == tl.float16:  # noqa: SIM300 (a constexpr dtype)
             x = register_pairs_fma(codes, scale[:, :, None], zero[:, :, None])
         else:
             x = tl.fma(codes, scale[:, :, None], zero[:, :, None])
@@ -347,10 +351,11 @@ def dequantized(words_ptr, half_ptr, at, meta, C0: tl.constexpr, W: tl.constexpr
 def register_pairs_fma(x, scale, zero):
     """fp16 x·scale + zero (scale and zero broadcast to x), rounded once as ``tl.fma``. The
     GPU's build pairs the halves of x's own registers (``fma.rn.f16x2``, in PTX): LLVM paired
-    the scalar fp16 ``fma`` where the scale is the same, so a tile whose registers hold two
-    tokens of a channel (:func:`_token_paired`) was taken apart and put back with a ``PRMT``
-    each way (one-warp KV4 g32 decode, sm_90a: 1022 loop instructions and 24 bytes spilled,
-    against 913 and none in PTX). The interpreter runs no PTX: ``tl.fma`` there."""
+    the scalar fp16 ``fma`` where the scale is the same, so a value tile whose registers hold
+    two tokens of a channel (:func:`_token_paired`) was taken apart and put back with a
+    ``PRMT`` each way (one-warp KV4 g32 decode, sm_90a: 1022 loop instructions and 24 bytes
+    spilled, against 913 and none in PTX; 951 before either). The interpreter runs no PTX:
+    ``tl.fma`` there, the same rounding."""
     if PTX:
         return tl.inline_asm_elementwise("fma.rn.f16x2 $0, $1, $2, $3;", "=r,r,r,r",
                                          [x, scale, zero], dtype=tl.float16, is_pure=True,
@@ -382,13 +387,15 @@ def dotted_groups(bits: int, group: int, head_dim: int, one_warp: bool,
 @triton.jit
 def scores(q, q_sum, k_words, k_half, at, meta, D: tl.constexpr, BITS: tl.constexpr,
            G: tl.constexpr, SYM: tl.constexpr, IEEE: tl.constexpr, JOINT: tl.constexpr = False,
-           KEYS_FIRST: tl.constexpr = False, DOTS: tl.constexpr = 0):  # fmt: skip
+           KEYS_FIRST: tl.constexpr = False, DOTS: tl.constexpr = 0,
+           KEY_LANES: tl.constexpr = False):  # fmt: skip
     """Raw scores fp32 [QP, BT] of q [QP, D] against the keys at word ``at`` [BT]. ``DOTS``
     (:func:`dotted_groups`) 1 or 2: the row's groups each dotted apart, raw codes, then
     Σ_g scale_g·(q_g·codes_g) + zero_g·Σq_g (q's group sums ``q_sum`` fp32 [QP, DOTS]), the
     codes read as :func:`after_dot_read` says (what a code of 0 reads as comes off with the
     zero) and, keys first, in :func:`key_lanes` order a group (q put in it once by
-    :func:`packed_part`).
+    :func:`packed_part`); 0, dequantized element-wise, in :func:`key_lanes` order too where
+    ``KEY_LANES``.
     ``JOINT`` as in :func:`row_meta`, ``KEYS_FIRST`` as in :func:`.tiles._qk`."""
     BT: tl.constexpr = at.shape[0]
     if DOTS:  # the dots first, then the metadata (one-warp KV4 g128 planes: 130 -> 128 registers)
@@ -416,7 +423,10 @@ def scores(q, q_sum, k_words, k_half, at, meta, D: tl.constexpr, BITS: tl.conste
             s = s0 * scale0[None, :] + s1 * scale1[None, :]
             s += q_sum0[:, None] * zero0[None, :] + q_sum1[:, None] * zero1[None, :]
     else:
-        k = dequantized(k_words, k_half, at, meta, 0, D, D, BITS, G, SYM, q.dtype, JOINT)
+        k = dequantized(k_words, k_half, at, meta, 0, D, D, BITS, G, SYM, q.dtype, JOINT,
+                        KEY_LANES=KEY_LANES)  # fmt: skip
+        if KEY_LANES:
+            k = key_lanes(k)
         s = _qk(q, k, IEEE, KEYS_FIRST)
     return s
 
@@ -494,7 +504,12 @@ def _value_codes(v_words, at, C0: tl.constexpr, W: tl.constexpr, D: tl.constexpr
 @triton.jit
 def _token_paired(words_ptr, at, C0: tl.constexpr, W: tl.constexpr):
     """4-bit codes of channels [C0, C0 + W) of rows at ``at`` [BT] -> fp16 [BT, W] in channel
-    order, read as 1 + c/64, built two tokens a register (rows 2i and 2i + 1)."""
+    order, read as 1 + c/16 (``TOP``), each register two *tokens* of a channel (rows 2i and
+    2i + 1: the value MMA's pairs), not two channels of a token: a word of each row gives
+    two words of four codes (codes 0-3 of both rows, codes 4-7), each code then one shift and
+    one and-or, and no ``PRMT`` re-pairs them for the MMA (one-warp KV4 g64 decode, sm_90a:
+    its 72 ``PRMT`` down to 8, 894 -> 814 loop instructions a tile; rows loaded apart, even
+    and odd, cost more in addresses and 4-byte copies than they saved: 947)."""
     BT: tl.constexpr = at.shape[0]
     words = tl.load(words_ptr + at[:, None] + C0 // 8 + tl.arange(0, W // 8)[None, :])
     words = tl.permute(tl.reshape(words.to(tl.uint32, bitcast=True), [BT // 2, 2, W // 8]),
@@ -565,6 +580,11 @@ def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at
     K_DOTS: tl.constexpr = 0 if K_CHANNEL else dotted_groups(K_BITS, K_G, D, ONE_WARP,
                                                              V_ELEMENTWISE)  # fmt: skip
     K_SPANS: tl.constexpr = max(K_DOTS, 1)
+    # 4-bit keys dequantized element-wise, one warp: in key lane order (constant shifts, whole
+    # words a lane; KV4 g32 sym, sm_90a: 1108 -> 936 loop instructions a tile), codes exact (the
+    # top's folded zero rounds once for a whole group's Σq: 1.7e-3 -> 8.8e-3 off, K4 V16)
+    K_LANES: tl.constexpr = (ONE_WARP and not K_DOTS and not K_CHANNEL and not ROPE_HALF
+                             and K_BITS == 4)  # fmt: skip
     V_SPANS: tl.constexpr = max(V_DOTS, 1)  # the value tile's spans in lane order
     if not ROPE_HALF:
         q_sum = tl.sum(tl.reshape(q.to(tl.float32), [QP, K_SPANS, D // K_SPANS]), 2)  # a group
@@ -572,6 +592,8 @@ def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at
             q = pair_order(q, K_BITS)  # the keys' code order (staged keys: channel order)
             if ONE_WARP and K_DOTS:  # as scores() reads such keys: raw codes, keys first
                 q = key_lanes(q, K_DOTS)
+            elif K_LANES:
+                q = key_lanes(q)
     m = tl.full([QP], -float("inf"), tl.float32)
     denom = tl.zeros([QP], tl.float32)
     acc = tl.zeros([QP, D], tl.float32)
@@ -609,7 +631,7 @@ def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at
             s = rope_scores(rope, spans, t, D, ROPE_HALF, IEEE, ONE_WARP)
         else:
             s = scores(q, q_sum, k_words, k_half, k_at, k_meta, D, K_BITS, K_G, K_SYM, IEEE,
-                       not CAUSAL, ONE_WARP, K_DOTS)  # fmt: skip
+                       not CAUSAL, ONE_WARP, K_DOTS, K_LANES)  # fmt: skip
         m, denom, alpha, p = _softmax_step(s, seen, m, denom, score_scale, cap_log2, SOFTCAP)
         pv, pz = values(p, v_words, v_half, v_at, v_meta, D, V_BITS, V_G, V_SYM,
                         q.dtype, IEEE, not CAUSAL, V_LANES, ONE_WARP, V_DOTS)  # fmt: skip
