@@ -230,7 +230,7 @@ def key_lanes(x, SPANS: tl.constexpr = 1):
     lane t of each 4 the column pairs 4r + t (r < D/8); in this order they are pairs (D/8)·t
     + r of the pair order, so each lane reads D/4 channels of whole words of its own (one
     16-byte load a row at 4 bits, d 128), not one pair of every word of the row, and each
-    register's shift is a constant. Raw codes (groups dotted apart, :func:`scores`), or 4-bit
+    register's shift is a constant. Raw codes (groups dotted apart, :func:`scores`), or 2/4/8-bit
     keys dequantized with :func:`register_pairs_fma` (with ``tl.fma`` LLVM left the fp16
     ``fma`` unpaired and ptxas swapped each pair's halves before and after it: one-warp KV4
     g32, sm_90a, 967 -> 1053 loop instructions). Identity where a span is not a multiple of
@@ -324,8 +324,8 @@ def dequantized(words_ptr, half_ptr, at, meta, C0: tl.constexpr, W: tl.constexpr
     [BT, W], in the codes' order: one fma an element (16-bit rows: loaded). A span starts at a
     word of codes (2/4/8 bits) or of high-plane codes (3/5/6 bits: 32 channels, 16 at 6 bits),
     and covers whole groups or lies in one.
-    ``JOINT`` and ``LANES`` as in :func:`row_meta`; ``LANES`` (4 bits) and ``KEY_LANES`` (keys
-    the caller puts in :func:`key_lanes` order) dequantize with :func:`register_pairs_fma`."""
+    ``JOINT`` and ``LANES`` as in :func:`row_meta`; ``LANES`` and ``KEY_LANES`` (keys the
+    caller puts in :func:`key_lanes` order) dequantize with :func:`register_pairs_fma`."""
     BT: tl.constexpr = at.shape[0]
     if BITS == 16:
         x = tl.load(half_ptr + 2 * at[:, None] + C0 + tl.arange(0, W)[None, :]).to(DT)
@@ -580,11 +580,12 @@ def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at
     K_DOTS: tl.constexpr = 0 if K_CHANNEL else dotted_groups(K_BITS, K_G, D, ONE_WARP,
                                                              V_ELEMENTWISE)  # fmt: skip
     K_SPANS: tl.constexpr = max(K_DOTS, 1)
-    # 4-bit keys dequantized element-wise, one warp: in key lane order (constant shifts, whole
-    # words a lane; KV4 g32 sym, sm_90a: 1108 -> 936 loop instructions a tile), codes exact (the
-    # top's folded zero rounds once for a whole group's Σq: 1.7e-3 -> 8.8e-3 off, K4 V16)
+    # 2/4/8-bit keys dequantized element-wise, one warp: in key lane order (constant shifts,
+    # whole words a lane; sm_90a loop instructions a tile: KV4 g32 sym 1108 -> 936, K8V4 1007
+    # -> 911), codes exact (the top's folded zero rounds once for a whole group's Σq: K4 g32
+    # V16 1.7e-3 -> 8.8e-3 off the reference)
     K_LANES: tl.constexpr = (ONE_WARP and not K_DOTS and not K_CHANNEL and not ROPE_HALF
-                             and K_BITS == 4)  # fmt: skip
+                             and (K_BITS == 2 or K_BITS == 4 or K_BITS == 8))  # fmt: skip
     V_SPANS: tl.constexpr = max(V_DOTS, 1)  # the value tile's spans in lane order
     if not ROPE_HALF:
         q_sum = tl.sum(tl.reshape(q.to(tl.float32), [QP, K_SPANS, D // K_SPANS]), 2)  # a group
