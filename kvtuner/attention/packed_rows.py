@@ -49,7 +49,7 @@ __all__ = [
     "wide_rows",
 ]
 
-# the GPU build's few lines of PTX (:func:`register_pairs_fma`); Triton's interpreter runs none
+# the GPU build's lines of PTX (:func:`register_pairs_fma`, :func:`and_or`); none interpreted
 PTX = tl.constexpr(not interpreted())
 FP16_MAX = tl.constexpr(65504.0)  # q is clamped to fp16's range before it becomes fp16
 # how :func:`row_codes` reads a code c on the fp16 path (:func:`code_unit`, :func:`code_origin`)
@@ -96,7 +96,8 @@ def row_codes(words_ptr, at, C0: tl.constexpr, W: tl.constexpr, D: tl.constexpr,
     P: tl.constexpr = 32 // LOW
     AT: tl.constexpr = 10 - BITS if READ == TOP else 0  # the bit each half's code is moved to
     words = tl.load(words_ptr + at[:, None] + C0 // P + tl.arange(0, W // P)[None, :])
-    pairs = _pairs(words, tl.arange(0, P // 2) * LOW, LOW, AT)  # [BT, W/P, P/2]
+    EXPONENT: tl.constexpr = exponent_bits(READ, DT)
+    pairs = _pairs(words, tl.arange(0, P // 2) * LOW, LOW, AT, EXPONENT, READ == BIASED)
     if LOW < BITS:  # the high plane's word k holds the high bits of low words E·k .. E·k+E-1
         HIGH: tl.constexpr = BITS - LOW
         E: tl.constexpr = LOW // HIGH
@@ -106,7 +107,6 @@ def row_codes(words_ptr, at, C0: tl.constexpr, W: tl.constexpr, D: tl.constexpr,
         high = _pairs(tl.reshape(high, [BT, W // (P * E), 1]), at_e, HIGH, AT + LOW)
         pairs = pairs | tl.reshape(high, [BT, W // P, P // 2])
     if DT == tl.float16:  # noqa: SIM300 (a constexpr dtype, not a constant on the left)
-        pairs = pairs | (0x3C003C00 if READ == TOP else 0x64006400)  # 1.0 or 1024.0 a half
         lo = pairs.to(tl.int16).to(tl.float16, bitcast=True)
         hi = (pairs >> 16).to(tl.int16).to(tl.float16, bitcast=True)
         codes = tl.join(lo, hi)  # [BT, W/P, P/2, 2]
@@ -118,15 +118,47 @@ def row_codes(words_ptr, at, C0: tl.constexpr, W: tl.constexpr, D: tl.constexpr,
 
 
 @triton.jit
-def _pairs(words, start, BITS: tl.constexpr, AT: tl.constexpr):
+def _pairs(words, start, BITS: tl.constexpr, AT: tl.constexpr, EXPONENT: tl.constexpr = 0,
+           LOP3: tl.constexpr = False):  # fmt: skip
     """int32 words [BT, N] (or [BT, N, 1]) -> int32 [BT, N, *start.shape]: the BITS-bit codes
     at bits ``start`` and ``start + 16`` of each word, moved to bits AT and AT + 16, the rest
-    zero."""
+    ``EXPONENT``'s bits; ``LOP3``: the mask and the exponent in one PTX :func:`and_or` (byte
+    codes dotted as 1024 + c, :func:`after_dot_read`: one-warp KV8 g64 decode, sm_90a, 850
+    -> 766 loop instructions a tile, Triton 3.6 1058 -> 930; element-wise codes built worse
+    so: KV8 g32 976 -> 1014, and KV4 g32's keys spilled 32 bytes under 3.9)."""
     MASK2: tl.constexpr = ((1 << BITS) - 1) * 0x10001 << AT  # a code in each 16-bit half
     up = tl.maximum(AT - start, 0).to(tl.uint32)
     down = tl.maximum(start - AT, 0).to(tl.uint32)
     pairs = (words.to(tl.uint32, bitcast=True)[:, :, None] << up) >> down
-    return pairs.to(tl.int32, bitcast=True) & MASK2
+    if LOP3:
+        return and_or(pairs, MASK2, EXPONENT)
+    return (pairs.to(tl.int32, bitcast=True) & MASK2) | EXPONENT
+
+
+@triton.constexpr_function
+def exponent_bits(read: int, dtype) -> int:
+    """The fp16 exponent :func:`row_codes` puts over each half's code: 1.0 (``TOP``) or
+    1024.0 (the exponent trick); none off the fp16 path."""
+    if dtype != tl.float16:
+        return 0
+    return 0x3C003C00 if read == TOP else 0x64006400
+
+
+@triton.constexpr_function
+def _lop3(mask: int, bits: int) -> str:
+    return f"lop3.b32 $0, $1, {mask & 0xFFFFFFFF:#x}, {bits:#x}, 0xEA;"  # (a & b) | c
+
+
+@triton.jit
+def and_or(x, MASK: tl.constexpr, BITS: tl.constexpr):
+    """x (32 bits) & MASK | BITS, int32: one ``LOP3`` on the GPU build, named in PTX, whose
+    two constants ptxas otherwise re-made in a register before each use (3.9) or split into
+    two ``LOP3`` (3.6); the interpreter computes it as written."""
+    x = x.to(tl.int32, bitcast=True)
+    if PTX and BITS != 0:
+        return tl.inline_asm_elementwise(_lop3(MASK, BITS), "=r,r", [x], dtype=tl.int32,
+                                         is_pure=True, pack=1)  # fmt: skip
+    return (x & MASK) | BITS
 
 
 @triton.constexpr_function
@@ -520,7 +552,7 @@ def _token_paired(words_ptr, at, C0: tl.constexpr, W: tl.constexpr):
     up = tl.join(low, high)  # [BT/2, W/8, 2]: codes 4h + j of both rows at bits 4j
     x = tl.join(tl.join(up << 6, up << 2), tl.join(up >> 2, up >> 6))  # [.., j % 2, j // 2]
     x = tl.reshape(tl.permute(x, (0, 1, 2, 4, 3)), [BT // 2, W // 8, 2, 4])
-    x = (x & 0x03C003C0) | 0x3C003C00  # code j at bits 6-9 of each half
+    x = and_or(x, 0x03C003C0, 0x3C003C00)  # code j at bits 6-9 of each half (KV4 g32: 899 -> 852)
     pairs = x.to(tl.int32, bitcast=True)
     tok0 = pairs.to(tl.int16).to(tl.float16, bitcast=True)
     tok1 = (pairs >> 16).to(tl.int16).to(tl.float16, bitcast=True)
