@@ -90,13 +90,13 @@ def row_codes(words_ptr, at, C0: tl.constexpr, W: tl.constexpr, D: tl.constexpr,
     ``TOKEN_PAIRS`` (4-bit codes read ``TOP``; value tiles, :func:`value_lanes`): each register
     built from two rows, as the MMA pairs a value tile (:func:`_token_paired`)."""
     BT: tl.constexpr = at.shape[0]
-    if TOKEN_PAIRS and BITS == 4 and READ == TOP:
-        return pair_order(_token_paired(words_ptr, at, C0, W), BITS)
     LOW: tl.constexpr = low_bits(BITS)
     P: tl.constexpr = 32 // LOW
     AT: tl.constexpr = 10 - BITS if READ == TOP else 0  # the bit each half's code is moved to
     words = tl.load(words_ptr + at[:, None] + C0 // P + tl.arange(0, W // P)[None, :])
     EXPONENT: tl.constexpr = exponent_bits(READ, DT)
+    if TOKEN_PAIRS and BITS == 4 and READ == TOP:
+        return pair_order(_token_paired(words, AT, EXPONENT), BITS)
     pairs = _pairs(words, tl.arange(0, P // 2) * LOW, LOW, AT, EXPONENT, READ == BIASED)
     if LOW < BITS:  # the high plane's word k holds the high bits of low words E·k .. E·k+E-1
         HIGH: tl.constexpr = BITS - LOW
@@ -534,25 +534,26 @@ def _value_codes(v_words, at, C0: tl.constexpr, W: tl.constexpr, D: tl.constexpr
 
 
 @triton.jit
-def _token_paired(words_ptr, at, C0: tl.constexpr, W: tl.constexpr):
-    """4-bit codes of channels [C0, C0 + W) of rows at ``at`` [BT] -> fp16 [BT, W] in channel
-    order, read as 1 + c/16 (``TOP``), each register two *tokens* of a channel (rows 2i and
-    2i + 1: the value MMA's pairs), not two channels of a token: a word of each row gives
+def _token_paired(words, AT: tl.constexpr, EXPONENT: tl.constexpr):
+    """Rows' words of 4-bit codes int32 [BT, N] -> fp16 [BT, 8N] in channel order, each code
+    moved to bit AT of its half under ``EXPONENT`` (``TOP``: 1 + c/16), each register two
+    *tokens* of a channel (rows 2i and 2i + 1: the value MMA's pairs), not two channels of a
+    token: a word of each row gives
     two words of four codes (codes 0-3 of both rows, codes 4-7), each code then one shift and
     one and-or, and no ``PRMT`` re-pairs them for the MMA (one-warp KV4 g64 decode, sm_90a:
     its 72 ``PRMT`` down to 8, 894 -> 814 loop instructions a tile; rows loaded apart, even
     and odd, cost more in addresses and 4-byte copies than they saved: 947)."""
-    BT: tl.constexpr = at.shape[0]
-    words = tl.load(words_ptr + at[:, None] + C0 // 8 + tl.arange(0, W // 8)[None, :])
+    BT: tl.constexpr = words.shape[0]
+    W: tl.constexpr = 8 * words.shape[1]
     words = tl.permute(tl.reshape(words.to(tl.uint32, bitcast=True), [BT // 2, 2, W // 8]),
                        (0, 2, 1))  # fmt: skip
     even, odd = tl.split(words)  # [BT/2, W/8]
     low = (even & 0xFFFF) | (odd << 16)  # codes 0-3 of both rows at bits 4j of each half
     high = (even >> 16) | (odd & 0xFFFF0000)  # codes 4-7
     up = tl.join(low, high)  # [BT/2, W/8, 2]: codes 4h + j of both rows at bits 4j
-    x = tl.join(tl.join(up << 6, up << 2), tl.join(up >> 2, up >> 6))  # [.., j % 2, j // 2]
-    x = tl.reshape(tl.permute(x, (0, 1, 2, 4, 3)), [BT // 2, W // 8, 2, 4])
-    x = and_or(x, 0x03C003C0, 0x3C003C00)  # code j at bits 6-9 of each half (KV4 g32: 899 -> 852)
+    x = tl.join(tl.join(up << AT, up << (AT - 4)), tl.join(up >> (8 - AT), up >> (12 - AT)))
+    x = tl.reshape(tl.permute(x, (0, 1, 2, 4, 3)), [BT // 2, W // 8, 2, 4])  # code j: j%2, j//2
+    x = and_or(x, 0xF * 0x10001 << AT, EXPONENT)  # code j at bit AT (KV4 g32: 899 -> 852)
     pairs = x.to(tl.int32, bitcast=True)
     tok0 = pairs.to(tl.int16).to(tl.float16, bitcast=True)
     tok1 = (pairs >> 16).to(tl.int16).to(tl.float16, bitcast=True)
@@ -623,10 +624,8 @@ def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at
         q_sum = tl.sum(tl.reshape(q.to(tl.float32), [QP, K_SPANS, D // K_SPANS]), 2)  # a group
         if K_BITS < 16 and K_CHANNEL != 2:
             q = pair_order(q, K_BITS)  # the keys' code order (staged keys: channel order)
-            if ONE_WARP and K_DOTS:  # as scores() reads such keys: raw codes, keys first
-                q = key_lanes(q, K_DOTS)
-            elif K_LANES:
-                q = key_lanes(q)
+            if ONE_WARP and K_DOTS or K_LANES:  # as scores() reads such keys, keys first
+                q = key_lanes(q, K_SPANS)
     m = tl.full([QP], -float("inf"), tl.float32)
     denom = tl.zeros([QP], tl.float32)
     acc = tl.zeros([QP, D], tl.float32)
