@@ -12,9 +12,9 @@ what a decode call runs, :mod:`kvtuner.attention.decode_kernel` where it serves 
 ``scale-after-dot`` the general kernel dotting raw codes, scales and zeros per group after it)
 is timed at every point of the same run; ``× base`` = baseline µs / variant µs.
 ``--block-tokens``, ``--num-splits``, ``--num-warps``, ``--num-stages`` and ``--max-registers``
-(the decode kernel's register cap, ``none`` for the compiler's choice; decode-kernel variant
-only) take several values: every combination is timed at every point (a tile sweep; the
-``tile`` column, ``-`` = default).
+(the decode kernel's register cap; ``none``: the plan's, fitted at a build's first launch;
+``255``: ptxas' own limit, no cap; decode-kernel variant only) take several values: every
+combination is timed at every point (a tile sweep; the ``tile`` column, ``-`` = default).
 ``--dtype float16`` runs q (and SDPA's K/V, same bytes as bf16: the ``*_bf16_*`` keys keep
 their names) in fp16. ``--specs "KV4 g32 pre-RoPE"`` (and ``"KV8 g64 pre-RoPE"``; not in the
 default list) time keys stored pre-RoPE: every K tile rotated forward in the kernel,
@@ -119,7 +119,8 @@ def parse_args() -> argparse.Namespace:
         type=lambda s: None if s == "none" else int(s),
         nargs="+",
         default=[None],
-        help="the decode kernel's cap on registers a thread (ptxas' maxnreg); none: no cap",
+        help="the decode kernel's cap on registers a thread (ptxas' maxnreg); none: the "
+        "plan's, fitted at a build's first launch; 255: no cap",
     )
     p.add_argument(
         "--layouts",

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import dataclasses
 import importlib.util
 import os
@@ -149,9 +150,9 @@ def decode_cases() -> dict:
     from kvtuner.attention.decode_kernel import launch_decode, plan_decode
     from kvtuner.attention.kernel import launch
 
-    def decode(batch):
-        return lambda: launch_decode(batch, batch.q, batch.k_tail, batch.v_tail,
-                                     plan_decode(batch, sms=SMS))  # fmt: skip
+    def decode(batch):  # uncapped: what each build takes alone (the caps: fitted_cases)
+        plan = dataclasses.replace(plan_decode(batch, sms=SMS), fit_registers=False)
+        return lambda: launch_decode(batch, batch.q, batch.k_tail, batch.v_tail, plan)
 
     cases = {f"decode {label}": decode(paged_batch(label)) for label in SPECS}
     cases["decode KV4 g32 window+cap"] = decode(paged_batch("KV4 g32", window=4096, logit_cap=50.0))
@@ -180,6 +181,27 @@ def decode_cases() -> dict:
         kivi_rope, kivi_rope.q, None, None, splits, 64
     )
     return cases
+
+
+# one-warp rows whose register cap is fitted in CI (each tries 1-2 caps over the uncapped build)
+FITTED = ["KV4 g32", "KV4 g32 sym", "KV4 g64", "KV8 g64", "K8V4 g64/g32"]
+
+
+def fitted_cases() -> dict:
+    """The decode kernel as a GPU launches it: its plan's cap on registers fitted at the first
+    launch (:func:`kvtuner.attention.decode_kernel._fitted_cap`: the lowest cap that spills
+    nothing and holds more programs an SM). Rows: each cap tried (``maxnreg``), the uncapped
+    build where the decode group has not built it yet; ``fitted_cap`` the one launched."""
+    from kvtuner.attention.decode_kernel import launch_decode, plan_decode
+
+    def fit(batch):
+        def launch() -> dict:
+            launch_decode(batch, batch.q, None, None, plan_decode(batch, sms=SMS))
+            return {"fitted_cap": plan_decode(batch, sms=SMS).max_registers}
+
+        return launch
+
+    return {f"decode {label} fitted": fit(paged_batch(label)) for label in FITTED}
 
 
 def kivi_batch(bits: int = 4):
@@ -418,9 +440,10 @@ def extend_tile_cases() -> dict:
     return cases
 
 
-GROUPS = {"decode": decode_cases, "extend": extend_cases, "pack": pack_cases, "tiles": tile_cases,
-          "extend-tiles": extend_tile_cases, "pool-plans": pool_plan_cases}  # fmt: skip
-DEFAULT_GROUPS = ["decode", "extend", "pack"]
+GROUPS = {"decode": decode_cases, "fitted": fitted_cases, "extend": extend_cases,
+          "pack": pack_cases, "tiles": tile_cases, "extend-tiles": extend_tile_cases,
+          "pool-plans": pool_plan_cases}  # fmt: skip
+DEFAULT_GROUPS = ["decode", "fitted", "extend", "pack"]
 
 
 def store_widths(sass: str) -> dict[str, int]:
@@ -529,12 +552,17 @@ def _branch_target(operands: str) -> str | None:
 def collect(tool, groups: list[str]) -> list[dict]:
     """Compile every case of ``groups`` for sm_90a -> one row per (case, kernel compiled)."""
     rows: list[dict] = []
-    with tempfile.TemporaryDirectory() as sass_dir, tool.compile_only(sass_dir) as kernels:
+    with (
+        tempfile.TemporaryDirectory() as sass_dir,
+        tool.compile_only(sass_dir) as kernels,
+        loaded_as_on_a_gpu(kernels),
+    ):
         for group in groups:
             for label, launch in GROUPS[group]().items():
                 seen = len(kernels.rows)
-                launch()
+                found = launch()  # a dict: what a case learnt of its launch (a fitted cap)
                 for i, row in enumerate(kernels.rows[seen:], seen):
+                    row.update(found if isinstance(found, dict) else {})
                     sass = Path(sass_dir, f"{i:02d}_{row['kernel']}.sass").read_text()
                     widths = {"ldgsts_widths": async_copy_widths(sass),
                               "stg_widths": store_widths(sass)}  # fmt: skip
@@ -546,6 +574,43 @@ def collect(tool, groups: list[str]) -> list[dict]:
                                  "row_sass": row_instructions(row),
                                  "token_sass": token_instructions(row, loop)})  # fmt: skip
     return rows
+
+
+@contextlib.contextmanager
+def loaded_as_on_a_gpu(kernels):
+    """Inside ``compile_only``: a compiled kernel is loaded once (its row recorded once, with
+    its ``maxnreg``), as a GPU's driver keeps its module, and its local bytes (Triton's
+    ``n_spills``) count its stack frame too, as the CUDA driver's do (a spill lives in the
+    frame); the tool loads no module and reports cuobjdump's LOCAL alone."""
+    from triton.compiler.compiler import CompiledKernel
+    from triton.runtime import driver
+
+    load_handles, utils = CompiledKernel._init_handles, driver.active.utils
+    load_binary, loaded = utils.load_binary, set()
+
+    def init_handles(compiled):
+        if id(compiled) not in loaded:
+            loaded.add(id(compiled))
+            load_handles(compiled)
+            kernels.rows[-1]["maxnreg"] = getattr(compiled.metadata, "maxnreg", None)
+
+    def load_with_frame(*args):
+        module, function, registers, _, threads = load_binary(*args)
+        return module, function, registers, kernels.rows[-1]["spill_bytes"], threads
+
+    CompiledKernel._init_handles, utils.load_binary = init_handles, load_with_frame
+    try:
+        yield
+    finally:
+        CompiledKernel._init_handles, utils.load_binary = load_handles, load_binary
+
+
+def _label(row: dict) -> str:
+    """A row's label, its cap on registers, and ``(launched)`` on a fitted case's launched build."""
+    cap = f" at maxnreg {row['maxnreg']}" if row.get("maxnreg") else ""
+    fitted = row["kernel"] == "_decode_kernel" and "fitted_cap" in row
+    launched = fitted and row["fitted_cap"] == row.get("maxnreg")
+    return row["label"] + cap + (" (launched)" if launched else "")
 
 
 def table(rows: list[dict]) -> str:
@@ -560,7 +625,7 @@ def table(rows: list[dict]) -> str:
             for key in ("ldg_widths", "ldgsts_widths", "stg_widths")
         )
         lines.append(
-            f"| {r['label']} | {r['kernel']} | {r.get('num_warps')} | {r['reg']} | "
+            f"| {_label(r)} | {r['kernel']} | {r.get('num_warps')} | {r['reg']} | "
             f"{r['spill_bytes']} | {r.get('shared')} | {r['programs_per_sm']} | "
             f"{r['warps_per_sm']} | "
             f"{r['loop_sass']} | {r['loop_shared_bytes']} | "

@@ -88,17 +88,25 @@ case "$stage" in
     # plan), the decode plans against bf16 SDPA, the same decode from the tree in .ab/
     # (another commit, where carried) interleaved with this one, rows padded and as planes,
     # pack and unpack as planes, HF generate at batch 1 x 16k with the static packed cache,
-    # Nsight Compute on KV4 g128's decode, then the GPU-only tests (step limits: 595 s)
+    # Nsight Compute on KV4 g128's decode, then the GPU-only tests (step limits: 599 s)
     nvidia-smi -L >>"$log" 2>&1
     step 85 python3 benchmarks/quant_throughput.py --device cuda --plans \
       --output "$out/quant_throughput_plans.json"
-    step 80 python3 benchmarks/attention_decode.py --device cuda --batch 16 64 \
+    step 75 python3 benchmarks/attention_decode.py --device cuda --batch 16 64 \
       --context 8192 32768 --specs "KV4 g32" "KV8 g64" "K8V4 (mixed)" "KV4 g128" "KV3 g32" \
       "KV4 g32 sym" "KV4 g32 pre-RoPE" "KV8 g64 pre-RoPE" --variants decode-kernel \
       --output "$out/attention_decode_plans.json"
-    step 20 python3 benchmarks/attention_decode.py --device cuda --batch 16 --context 8192 \
+    step 12 python3 benchmarks/attention_decode.py --device cuda --batch 16 --context 8192 \
       --specs "KV4 g32" "KV8 g64" --variants decode-kernel --graphs \
       --output "$out/attention_decode_graphs.json"  # 16 x 8k without the host's eager work
+    # the register cap fitted at a build's first launch (since 2026-11-28: 128 or 144 where
+    # the build spills nothing and holds more programs an SM; sm_90a, Triton 3.6: KV4 g32
+    # and its symmetric rows 128, 16 programs against 13-14; KV4 g64 and K8V4 144) against
+    # none (255, ptxas' own limit); KV8 g64 fits none (both caps spill): the control
+    step 20 python3 benchmarks/attention_decode.py --device cuda --batch 64 --context 32768 \
+      --specs "KV4 g32" "KV4 g32 sym" "KV4 g64" "K8V4 (mixed)" "KV8 g64" \
+      --variants decode-kernel --max-registers none 255 \
+      --output "$out/attention_decode_fitted_cap.json"
     if [ -d .ab/kvtuner ]; then  # A/B at one shape, the two trees in turn, one round (two
       # rounds agreed within 0.5 % in the third lease); .ab/REV names the other commit
       # (2026-11-27: b4edb09, q's rows padded to 16 as the MMA's, against keys dotted first
@@ -125,7 +133,7 @@ case "$stage" in
       --specs "KV4 g128" "KV8 g64" "KV4 g32 sym" --variants decode-kernel \
       --layouts rows padded planes --output "$out/attention_decode_layouts.json"
     # pack and unpack at the launchers' plans, KV4 g128 and KV8 g64 also as planes
-    step 25 python3 benchmarks/quant_throughput.py --device cuda --shape 262144 8 128 \
+    step 22 python3 benchmarks/quant_throughput.py --device cuda --shape 262144 8 128 \
       --output "$out/quant_throughput_layouts.json"
     # HF generate at batch 1 x 16k: the static packed cache (decode compiled into CUDA graphs,
     # as StaticCache's) against StaticCache, DynamicCache and the eager packed cache (rows print

@@ -128,8 +128,9 @@ def extend_attention(
       codes of every head before their scales and zeros (:mod:`kvtuner.quant.planes`).
     num_splits (default: from the device, batch and length), block_tokens (default: the decode
     and extend kernels' plans, the general kernel's 64), Triton's num_warps and num_stages,
-    max_registers (the decode kernel's cap on registers a thread, ptxas' maxnreg: a tile
-    sweep's knob; other kernels refuse it) and query_rows (the extend kernel's rows a program:
+    max_registers (the decode kernel's cap on registers a thread, ptxas' maxnreg; default:
+    fitted at a build's first launch on a GPU, :data:`.decode_kernel.REGISTER_CAPS`; 255: no
+    cap; other kernels refuse it) and query_rows (the extend kernel's rows a program:
     new tokens × a KV head's query heads, a power of two >= 16) tune the launch; one query
     token per request over token-axis rows runs the decode kernel (:mod:`.decode_kernel`),
     queries over a paged pool of such rows the extend kernel (:mod:`.extend_kernel`);

@@ -32,6 +32,7 @@ import triton.language as tl
 
 from ..quant.intmath import next_power_of_2
 from ..quant.triton_codes import meta_offset
+from ..quant.triton_kernels import interpreted
 from .layout import AttentionBatch, choose_splits, placeholder, programs_an_sm
 from .packed_rows import (
     decodable,
@@ -160,15 +161,18 @@ def _decode_kernel(
 class DecodePlan:
     """How one decode launch is cut: packed-token splits, tokens a tile, Triton's warps and
     pipeline stages (None: Triton's default), and a cap on registers a thread (ptxas'
-    ``maxnreg``; None: the compiler's choice). A cap buys programs an SM with spill: the
-    one-warp KV4 g32 tile at 168 registers spills 104 bytes and fits 12 programs an SM, not 8
-    (the sm_90a build); whether that pays is the GPU's to say."""
+    ``maxnreg``; None: the compiler's choice, or with ``fit_registers`` the lowest of
+    :data:`REGISTER_CAPS` whose build on this GPU spills nothing and holds more programs an SM,
+    chosen at the build's first launch: :func:`_fitted_cap`). A cap that spills loses: on an
+    H200 the one-warp KV4 g32 tile ran at 0.80× its uncapped speed at 168 registers (104 bytes
+    spilled) and 0.68-0.70× at 128."""
 
     splits: int
     block_tokens: int = 32
     num_warps: int = 4
     num_stages: int | None = 2
     max_registers: int | None = None
+    fit_registers: bool = False
 
     def __post_init__(self) -> None:
         bt, regs = self.block_tokens, self.max_registers
@@ -211,11 +215,21 @@ def plan_decode(batch: AttentionBatch, *, sms: int | None = None) -> DecodePlan:
     else unpipelined); else 32 tokens on 4 warps, 2 stages."""
     tile = _one_warp_tile(batch) or _multi_warp_tile(batch)
     tile["block_tokens"] = page_tile(batch, tile["block_tokens"])
+    tile["max_registers"] = _FITTED.get(_build_key(batch, **tile))  # None until launched
     per_sm = _PROGRAMS_AN_SM.get(_build_key(batch, **tile), GUESSED_PROGRAMS_AN_SM)
     splits = choose_splits(batch.batch_size, batch.kv_heads, batch.span, batch.q.device,
                            sms=sms, num_warps=tile["num_warps"],
                            programs_an_sm=per_sm)  # fmt: skip
-    return DecodePlan(splits, **tile)
+    return DecodePlan(splits, **tile, fit_registers=True)
+
+
+# caps a build may take to hold more programs an SM (ptxas' maxnreg), lowest first: 16 and 14
+# one-warp programs at Hopper's 65,536 registers. Which spill is the compiler's to say: at
+# one-warp KV4 g32 the sm_90a build spills nothing at 128 under Triton 3.6 (157 registers, 13
+# programs uncapped) and 16 bytes under 3.9, whose build fits 144 (162 uncapped, 12 programs)
+REGISTER_CAPS = (128, 144)
+# the cap each build (its key uncapped) launches at, fitted at its first launch: :func:`_fitted_cap`
+_FITTED: dict[tuple, int | None] = {}
 
 
 # programs an SM of each decode build launched on this process's GPUs (from its registers and
@@ -251,13 +265,54 @@ def _remember(batch: AttentionBatch, plan: DecodePlan, kernel) -> None:
     shared = getattr(getattr(kernel, "metadata", None), "shared", None)
     if key in _PROGRAMS_AN_SM or registers is None or shared is None:
         return
-    props = torch.cuda.get_device_properties(batch.q.device)
-    _PROGRAMS_AN_SM[key] = programs_an_sm(
-        registers, shared, plan.num_warps,
-        sm_registers=getattr(props, "regs_per_multiprocessor", 65536),
-        sm_shared=getattr(props, "shared_memory_per_multiprocessor", 233472),
-        sm_warps=getattr(props, "max_threads_per_multi_processor", 2048) // 32,
-    )  # fmt: skip
+    _PROGRAMS_AN_SM[key] = _programs(kernel, plan.num_warps, batch.q.device)
+
+
+def _programs(kernel, num_warps: int, device: torch.device) -> int:
+    """Programs an SM of Triton's compiled ``kernel`` (loaded: its registers known) on
+    ``device``: its own limits on a GPU, Hopper's off one (a build for sm_90a on a CPU)."""
+    limits = {}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        limits = dict(sm_registers=getattr(props, "regs_per_multiprocessor", 65536),
+                      sm_shared=getattr(props, "shared_memory_per_multiprocessor", 233472),
+                      sm_warps=props.max_threads_per_multi_processor // 32)  # fmt: skip
+    return programs_an_sm(kernel.n_regs, kernel.metadata.shared, num_warps, **limits)
+
+
+def _fitted_cap(batch: AttentionBatch, plan: DecodePlan, build) -> int | None:
+    """The cap of :data:`REGISTER_CAPS` a build launches at (None: none), chosen once a build
+    key: the lowest whose build (``build(cap)``: Triton's compiled kernel, loaded) spills
+    nothing and holds more programs an SM than the uncapped one (sm_90a, Triton 3.6: one-warp
+    KV4 g32 945 loop instructions a tile at 157 registers, 956 at 128, 16 programs an SM
+    against 13; under 3.9 at 144, 852 against 864, 14 against 12). Unmeasured on a GPU."""
+    key = _build_key(batch, plan.block_tokens, plan.num_warps, plan.num_stages)
+    if key not in _FITTED:
+        _FITTED[key] = _lowest_cap(build, plan.num_warps, batch.q.device)
+    return _FITTED[key]
+
+
+def _maxnreg(cap: int | None) -> dict:
+    return {"maxnreg": cap} if cap else {}
+
+
+def _loaded(kernel):
+    """Triton's compiled ``kernel`` with its registers and local bytes read (``n_regs``,
+    ``n_spills``), as Triton's fused-softmax tutorial reads them after a warmup."""
+    kernel._init_handles()
+    return kernel
+
+
+def _lowest_cap(build, num_warps: int, device: torch.device) -> int | None:
+    uncapped = build(None)
+    most = _programs(uncapped, num_warps, device)
+    for cap in REGISTER_CAPS:
+        if cap >= uncapped.n_regs:
+            return None
+        kernel = build(cap)
+        if kernel.n_spills == 0 and _programs(kernel, num_warps, device) > most:
+            return cap
+    return None
 
 
 def _one_warp_tile(batch: AttentionBatch) -> dict | None:
@@ -339,7 +394,7 @@ def launch_decode(
         raise ValueError("launch_decode: this batch is for the general kernel (see serves())")
     plan = _within_pages(batch, plan)  # a caller's block_tokens too
     bsz, hq, dim, hkv = batch.batch_size, q.shape[-2], batch.head_dim, batch.kv_heads
-    paged, group = batch.slot_table is not None, hq // batch.kv_heads
+    paged = batch.slot_table is not None
     chunk, splits = split_chunk(batch, plan.splits, plan.block_tokens)
     tail_len = 0 if k_tail is None else k_tail.shape[2]
     parts = splits + (1 if tail_len or kivi_keys(batch) else 0)  # the tail or the filling page
@@ -352,27 +407,44 @@ def launch_decode(
     table = batch.slot_table if paged else batch.lengths  # unused pointers: any int tensor
     rows = table_rows(batch) if paged else batch.lengths
     starts = batch.starts if batch.starts is not None else batch.lengths
-    k, v = batch.k_spec, batch.v_spec
-    tuning = {"num_stages": plan.num_stages} if plan.num_stages else {}
-    if plan.max_registers:
-        tuning["maxnreg"] = plan.max_registers
-    freq, k_pos0, rope_half = kernel_rope(batch)
+    freq, k_pos0, _ = kernel_rope(batch)  # R/2: the constexpr ROPE_HALF
     stage = batch.k_stage if batch.k_stage is not None else empty  # [rows, G, Hkv, D]
     stage_rows = batch.k_stage_rows if batch.k_stage is not None else batch.lengths
-    kernel = _decode_kernel[(bsz, hkv, parts)](
+    args = (
         q, k_args[0], k_args[1], v_args[0], v_args[1], k_tail, v_tail, table, rows,
         batch.lengths, starts, partial, lse, freq, k_pos0, stage, stage_rows, q.stride(0),
         q.stride(2), *k_args[2:], *v_args[2:], *k_tail.stride()[:3], *v_tail.stride()[:3],
         *stage.stride()[:3], table.stride(0) if paged else 0, tail_len, chunk, splits,
-        **softmax_args(batch), D=dim, GROUP=group, QP=_query_rows(group, plan),
+    )  # fmt: skip
+    meta = _constexprs(batch, q, plan, has_tail=parts > splits)
+    _launch((bsz, hkv, parts), args, meta, batch, plan)
+    return merge_splits(partial, lse, batch.sinks, out_dtype).view(bsz, 1, hq, dim)
+
+
+def _constexprs(batch: AttentionBatch, q: torch.Tensor, plan: DecodePlan, has_tail: bool) -> dict:
+    """The decode kernel's constexprs and Triton's launch options for ``plan`` (its cap aside)."""
+    k, v, group = batch.k_spec, batch.v_spec, q.shape[-2] // batch.kv_heads
+    return dict(
+        **softmax_args(batch), D=batch.head_dim, GROUP=group, QP=_query_rows(group, plan),
         BT=plan.block_tokens, K_BITS=k.bits,
         K_G=k.group_size, K_SYM=k.symmetric and k.is_quantized, K_VEC=batch.k_vec, V_BITS=v.bits,
-        V_G=v.group_size, V_SYM=v.symmetric and v.is_quantized, V_VEC=batch.v_vec, PAGED=paged,
-        HAS_START=batch.starts is not None, DOT_IEEE=q.dtype == torch.float32,
-        HAS_TAIL=parts > splits, ROPE_HALF=rope_half, K_CHANNEL=kivi_keys(batch),
-        ONE_WARP=plan.num_warps == 1, K_PLANES=batch.in_planes("k"),
-        V_PLANES=batch.in_planes("v"), num_warps=plan.num_warps, **tuning,
+        V_G=v.group_size, V_SYM=v.symmetric and v.is_quantized, V_VEC=batch.v_vec,
+        PAGED=batch.slot_table is not None, HAS_START=batch.starts is not None,
+        DOT_IEEE=q.dtype == torch.float32, HAS_TAIL=has_tail,
+        ROPE_HALF=0 if batch.rope_freq is None else batch.rope_freq.shape[0],
+        K_CHANNEL=kivi_keys(batch), ONE_WARP=plan.num_warps == 1, K_PLANES=batch.in_planes("k"),
+        V_PLANES=batch.in_planes("v"), num_warps=plan.num_warps,
+        **({"num_stages": plan.num_stages} if plan.num_stages else {}),
     )  # fmt: skip
-    if q.is_cuda:
+
+
+def _launch(grid: tuple, args: tuple, meta: dict, batch: AttentionBatch, plan: DecodePlan):
+    """The decode kernel at ``plan``'s cap on registers, fitted at a build's first launch
+    where the plan asks (:func:`_fitted_cap`); a GPU's build's programs an SM remembered."""
+    if plan.fit_registers and plan.max_registers is None and not interpreted():
+        cap = _fitted_cap(batch, plan, lambda cap: _loaded(
+            _decode_kernel.warmup(*args, grid=grid, **meta, **_maxnreg(cap))))  # fmt: skip
+        plan = dataclasses.replace(plan, max_registers=cap)
+    kernel = _decode_kernel[grid](*args, **meta, **_maxnreg(plan.max_registers))
+    if batch.q.is_cuda:
         _remember(batch, plan, kernel)
-    return merge_splits(partial, lse, batch.sinks, out_dtype).view(bsz, 1, hq, dim)

@@ -169,22 +169,26 @@ def test_one_warp_splits_follow_the_programs_an_sm_measured_at_the_first_launch(
     q = torch.randn(16, 1, 32, D, device="cuda", dtype=torch.bfloat16)
     batch = AttentionBatch(q=q, k_rows=k_rows, v_rows=v_rows, k_spec=spec, v_spec=spec,
                            lengths=lengths, slot_table=table)  # fmt: skip
-    plan = plan_decode(batch)
     attend(batch)
+    plan = plan_decode(batch)  # at the cap on registers fitted at that launch
     measured = decode_kernel._PROGRAMS_AN_SM[
-        decode_kernel._build_key(batch, plan.block_tokens, plan.num_warps, plan.num_stages)
+        decode_kernel._build_key(
+            batch, plan.block_tokens, plan.num_warps, plan.num_stages, plan.max_registers
+        )  # fmt: skip
     ]
     assert plan.num_warps == 1 and 8 <= measured <= 16, measured
+    assert plan.max_registers in (None, *decode_kernel.REGISTER_CAPS), plan
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     want = choose_splits(16, 8, 2048, q.device, sms=sms, num_warps=1, programs_an_sm=measured)
-    assert plan_decode(batch).splits == want
+    assert plan.splits == want
 
 
 def test_a_cuda_graph_captures_decode_after_one_eager_call():
     """The first launch of a build measures its programs an SM, and the plan after it may split
     otherwise: that plan is compiled in the same eager call, so a capture compiles nothing
-    (it cannot load a module)."""
+    (it cannot load a module); so is the build at the cap on registers fitted at that launch."""
     decode_kernel._PROGRAMS_AN_SM.clear()
+    decode_kernel._FITTED.clear()
     spec = QuantSpec(4)
     k_rows, v_rows = (quantize(torch.randn(4 * 2048, 8, D, device="cuda"), spec) for _ in "kv")
     table = torch.arange(4 * 2048, device="cuda", dtype=torch.int32).view(4, 2048)

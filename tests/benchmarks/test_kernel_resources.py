@@ -43,15 +43,21 @@ def decode_rows(tmp_path_factory) -> list[dict]:
         pytest.skip(f"{TOOL} (the shared sm90_report tool) is not beside this checkout")
     out = tmp_path_factory.mktemp("resources") / "decode.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compile, not run
-    cmd = [sys.executable, str(BENCH / "kernel_resources.py"), "--only", "decode", "extend", "pack"]
+    groups = ["decode", "fitted", "extend", "pack"]
+    cmd = [sys.executable, str(BENCH / "kernel_resources.py"), "--only", *groups]
     res = subprocess.run([*cmd, "--output", str(out)], capture_output=True, text=True, env=env,
                          timeout=900, cwd=BENCH)  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
     return json.loads(out.read_text())["rows"]
 
 
+def launched(row: dict) -> bool:
+    """Not a cap on registers the decode launcher tried and left (``fitted`` rows)."""
+    return row.get("maxnreg") is None or row.get("fitted_cap") == row["maxnreg"]
+
+
 def test_decode_and_extend_kernels_fit_the_registers_without_spill_or_byte_loads(decode_rows):
-    decode = [r for r in decode_rows if r["kernel"] == "_decode_kernel"]
+    decode = [r for r in decode_rows if r["kernel"] == "_decode_kernel" and launched(r)]
     extend = [r for r in decode_rows if r["kernel"] == "_extend_kernel"]
     assert len(decode) >= 9 and len(extend) >= 2  # every spec, the window, the HF path
     for row in decode + extend:
@@ -167,6 +173,31 @@ def test_value_tiles_pair_tokens_and_keys_read_whole_words_on_one_warp(decode_ro
     for label, limit in limits.items():
         assert 0 < decode[label]["token_sass"] <= limit, (label, decode[label]["token_sass"])
     assert decode["decode KV4 g32"]["loop_shared_bytes"] <= 560
+
+
+def test_the_launcher_caps_registers_where_the_build_then_spills_nothing(decode_rows):
+    """On a GPU the decode plan's cap on registers is fitted at a build's first launch: the
+    lowest of 128 and 144 whose build spills nothing and holds more programs an SM than the
+    uncapped build, else none (one-warp KV4 g32, sm_90a: 162 registers and 12 programs
+    uncapped, 16 bytes spilled at 128, none at 144 and 14 programs, under Triton 3.9; under
+    3.6 none spilled at 128: 16 programs against 13)."""
+    fitted: dict[str, list[dict]] = {}
+    for row in decode_rows:
+        if row["label"].endswith(" fitted") and row["kernel"] == "_decode_kernel":
+            fitted.setdefault(row["label"], []).append(row)
+    assert len(fitted) == 5, sorted(fitted)
+    uncapped = {r["label"]: r for r in decode_rows if r["kernel"] == "_decode_kernel"}
+    for label, rows in fitted.items():
+        base = uncapped[label.removesuffix(" fitted")]
+        cap = rows[0]["fitted_cap"]
+        for row in rows:
+            if row["maxnreg"] is not None and (cap is None or row["maxnreg"] < cap):
+                assert row["spill_bytes"] or row["programs_per_sm"] <= base["programs_per_sm"]
+        if cap is not None:
+            (took,) = (r for r in rows if r["maxnreg"] == cap)
+            assert took["spill_bytes"] == 0, (label, took)
+            assert took["programs_per_sm"] > base["programs_per_sm"], (label, took, base)
+    assert fitted["decode KV4 g32 fitted"][0]["fitted_cap"] in (128, 144)
 
 
 def test_the_general_kernel_is_still_the_slow_one_it_replaces(decode_rows):
