@@ -274,9 +274,11 @@ def _programs(kernel, num_warps: int, device: torch.device) -> int:
     limits = {}
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        limits = dict(sm_registers=getattr(props, "regs_per_multiprocessor", 65536),
-                      sm_shared=getattr(props, "shared_memory_per_multiprocessor", 233472),
-                      sm_warps=props.max_threads_per_multi_processor // 32)  # fmt: skip
+        limits = dict(
+            sm_registers=getattr(props, "regs_per_multiprocessor", 65536),
+            sm_shared=getattr(props, "shared_memory_per_multiprocessor", 233472),
+            sm_warps=getattr(props, "max_threads_per_multi_processor", 2048) // 32,
+        )
     return programs_an_sm(kernel.n_regs, kernel.metadata.shared, num_warps, **limits)
 
 
