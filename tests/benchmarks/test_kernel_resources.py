@@ -9,8 +9,9 @@ unpack 48, and few instructions a row. The extend kernel's tiles are MMA tiles o
 query rows: 232-246 registers and 1-2 programs an SM ran 3-4× faster on an H200 than 16 rows
 at 128 (docs/results/gpu.md), so extend is held to no spill in its loop only (KIVI's extend
 tile, at 128 registers and 4 programs an SM, keeps one value across the loop in local memory:
-a store before it and a load after). A regression fails here, in CI,
-before any GPU is lent.
+a store before it and a load after). The decode launcher's register cap, fitted at a build's
+first launch, is run here as a GPU runs it (the builds it tried and the one it took). A
+regression fails here, in CI, before any GPU is lent.
 
 Needs the shared ``sm90_report.py`` beside the checkout (``../shared/tools``), as CI has it."""
 
