@@ -307,6 +307,8 @@ def _loaded(kernel):
 
 def _lowest_cap(build, num_warps: int, device: torch.device) -> int | None:
     uncapped = build(None)
+    if not getattr(uncapped, "n_regs", None):  # a driver that reports no registers: no cap
+        return None
     most = _programs(uncapped, num_warps, device)
     for cap in REGISTER_CAPS:
         if cap >= uncapped.n_regs:
