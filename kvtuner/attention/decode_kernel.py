@@ -215,12 +215,13 @@ def plan_decode(batch: AttentionBatch, *, sms: int | None = None) -> DecodePlan:
     else unpipelined); else 32 tokens on 4 warps, 2 stages."""
     tile = _one_warp_tile(batch) or _multi_warp_tile(batch)
     tile["block_tokens"] = page_tile(batch, tile["block_tokens"])
-    tile["max_registers"] = _FITTED.get(_build_key(batch, **tile))  # None until launched
+    uncapped = _build_key(batch, **tile)
+    tile["max_registers"] = _FITTED.get(uncapped)  # None until launched
     per_sm = _PROGRAMS_AN_SM.get(_build_key(batch, **tile), GUESSED_PROGRAMS_AN_SM)
     splits = choose_splits(batch.batch_size, batch.kv_heads, batch.span, batch.q.device,
                            sms=sms, num_warps=tile["num_warps"],
                            programs_an_sm=per_sm)  # fmt: skip
-    return DecodePlan(splits, **tile, fit_registers=True)
+    return DecodePlan(splits, **tile, fit_registers=uncapped not in _FITTED)  # fitted once
 
 
 # caps a build may take to hold more programs an SM (ptxas' maxnreg), lowest first: 16 and 14
@@ -411,7 +412,7 @@ def launch_decode(
     table = batch.slot_table if paged else batch.lengths  # unused pointers: any int tensor
     rows = table_rows(batch) if paged else batch.lengths
     starts = batch.starts if batch.starts is not None else batch.lengths
-    freq, k_pos0, _ = kernel_rope(batch)  # R/2: the constexpr ROPE_HALF
+    freq, k_pos0, rope_half = kernel_rope(batch)
     stage = batch.k_stage if batch.k_stage is not None else empty  # [rows, G, Hkv, D]
     stage_rows = batch.k_stage_rows if batch.k_stage is not None else batch.lengths
     args = (
@@ -420,13 +421,15 @@ def launch_decode(
         q.stride(2), *k_args[2:], *v_args[2:], *k_tail.stride()[:3], *v_tail.stride()[:3],
         *stage.stride()[:3], table.stride(0) if paged else 0, tail_len, chunk, splits,
     )  # fmt: skip
-    meta = _constexprs(batch, q, plan, has_tail=parts > splits)
+    meta = _constexprs(batch, q, plan, has_tail=parts > splits, rope_half=rope_half)
     _launch((bsz, hkv, parts), args, meta, batch, plan)
     return merge_splits(partial, lse, batch.sinks, out_dtype).view(bsz, 1, hq, dim)
 
 
-def _constexprs(batch: AttentionBatch, q: torch.Tensor, plan: DecodePlan, has_tail: bool) -> dict:
-    """The decode kernel's constexprs and Triton's launch options for ``plan`` (its cap aside)."""
+def _constexprs(batch: AttentionBatch, q: torch.Tensor, plan: DecodePlan, has_tail: bool,
+                rope_half: int) -> dict:  # fmt: skip
+    """The decode kernel's constexprs and Triton's launch options for ``plan`` (its cap aside);
+    ``rope_half``: R/2 of pre-RoPE keys, 0 without (:func:`.rope.kernel_rope`)."""
     k, v, group = batch.k_spec, batch.v_spec, q.shape[-2] // batch.kv_heads
     return dict(
         **softmax_args(batch), D=batch.head_dim, GROUP=group, QP=_query_rows(group, plan),
@@ -434,8 +437,7 @@ def _constexprs(batch: AttentionBatch, q: torch.Tensor, plan: DecodePlan, has_ta
         K_G=k.group_size, K_SYM=k.symmetric and k.is_quantized, K_VEC=batch.k_vec, V_BITS=v.bits,
         V_G=v.group_size, V_SYM=v.symmetric and v.is_quantized, V_VEC=batch.v_vec,
         PAGED=batch.slot_table is not None, HAS_START=batch.starts is not None,
-        DOT_IEEE=q.dtype == torch.float32, HAS_TAIL=has_tail,
-        ROPE_HALF=0 if batch.rope_freq is None else batch.rope_freq.shape[0],
+        DOT_IEEE=q.dtype == torch.float32, HAS_TAIL=has_tail, ROPE_HALF=rope_half,
         K_CHANNEL=kivi_keys(batch), ONE_WARP=plan.num_warps == 1, K_PLANES=batch.in_planes("k"),
         V_PLANES=batch.in_planes("v"), num_warps=plan.num_warps,
         **({"num_stages": plan.num_stages} if plan.num_stages else {}),
