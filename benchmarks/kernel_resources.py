@@ -7,7 +7,8 @@ registers, spills, shared memory and SASS mix; nothing runs. One row per (case, 
 
 - ``kernel``, ``label`` (phase and spec, e.g. ``decode KV4 g32``), ``reg`` (registers a thread),
   ``spill_bytes``, ``shared`` (bytes a program), ``programs_per_sm`` (register and shared-memory
-  limit), ``warps_per_sm`` (those programs' warps: what hides memory latency in the pool kernels,
+  limit, as the driver gives them out: 256 registers to a warp),
+  ``warps_per_sm`` (those programs' warps: what hides memory latency in the pool kernels,
   which wait on memory; on the H200 unpack ran twice as fast at 52-64 as at 13, issuing a quarter
   more instructions a row), ``ldg_widths`` (global loads by width: ``U8`` is a byte a load,
   ``128`` sixteen), ``ldgsts_widths`` (the same for async copies into shared memory, what Triton's
@@ -577,6 +578,7 @@ def collect(tool, groups: list[str]) -> list[dict]:
                 found = launch()  # a dict: what a case learnt of its launch (a fitted cap)
                 for i, row in enumerate(kernels.rows[seen:], seen):
                     row.update(found if isinstance(found, dict) else {})
+                    row.update(held_by_an_sm(row))
                     sass = Path(sass_dir, f"{i:02d}_{row['kernel']}.sass").read_text()
                     widths = {"ldgsts_widths": async_copy_widths(sass),
                               "stg_widths": store_widths(sass)}  # fmt: skip
@@ -588,6 +590,17 @@ def collect(tool, groups: list[str]) -> list[dict]:
                                  "row_sass": row_instructions(row),
                                  "token_sass": token_instructions(row, loop)})  # fmt: skip
     return rows
+
+
+def held_by_an_sm(row: dict) -> dict:
+    """Programs an SM and occupancy as the driver gives them out (registers 256 to a warp, 1 KiB
+    of shared memory a program more: :func:`kvtuner.attention.layout.programs_an_sm`, what the
+    decode launcher fits its cap and splits by); the tool divides the SM's registers by the
+    build's, so a build of 157 registers a thread held 13 one-warp programs there, 12 here."""
+    from kvtuner.attention.layout import programs_an_sm
+
+    programs = programs_an_sm(row["reg"], row["shared"], row["num_warps"])
+    return {"programs_per_sm": programs, "occupancy": programs * row["num_warps"] / 64}
 
 
 @contextlib.contextmanager

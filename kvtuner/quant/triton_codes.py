@@ -17,6 +17,8 @@ __all__ = [
     "hadamard_tile",
     "high_shifts",
     "load_code_ints",
+    "load_chunk_codes",
+    "load_chunk_meta",
     "load_codes",
     "load_fp16",
     "load_group_meta",
@@ -327,6 +329,55 @@ def _load_stream(src, row_ok, NB: tl.constexpr, NW_PAD: tl.constexpr, BITS: tl.c
     b = tl.load(src[:, None] + j[None, :], mask=_code_bytes_ok(row_ok, j, NB), other=0)
     q = (b.to(tl.int32)[:, :, None] >> (tl.arange(0, P) * BITS)[None, None, :]) & ((1 << BITS) - 1)
     return tl.reshape(q, [BLOCK, NW_PAD, 8])
+
+
+@triton.constexpr_function
+def chunk_type(bits: int):
+    """The integer type of a chunk of 8 codes of ``bits`` (2/4/8) bits: ``bits`` bytes."""
+    return {2: tl.int16, 4: tl.int32, 8: tl.int64}[bits]
+
+
+@triton.jit
+def load_chunk_codes(src, row_ok, NW: tl.constexpr, NW_PAD: tl.constexpr, BITS: tl.constexpr):
+    """2/4/8-bit codes of the rows at ``src`` [BLOCK] (``BITS``-byte aligned) -> int32 [BLOCK,
+    NW_PAD, 8], a chunk of 8 codes (one ``BITS``-byte integer) a thread, so that the tile needs
+    no layout change to be stored as 16-byte runs of 8 bf16 a thread. Loaded as one vector a
+    row, Triton gives a thread 16 bytes (32 codes) and changes layout through shared memory
+    before such a store (sm_90a unpack KV4 g32: 5 shared loads, 3 stores, 3 barriers a program:
+    the H200's MIO stalls). The hint keeps Triton from joining chunks into wider vectors; the
+    chunk's [.., .., 1] axis, shared with :func:`load_chunk_meta`, gives both one layout (with
+    a chunk of halves in its own axis, the rows' slots were loaded once a layout)."""
+    w = tl.arange(0, NW_PAD)
+    at = w[None, :, None] + tl.arange(0, 1)[None, None, :]  # [1, NW_PAD, 1]
+    chunks = tl.max_contiguous(src.to(tl.pointer_type(chunk_type(BITS)))[:, None, None] + at,
+                               [1, 1, 1])  # fmt: skip
+    c = tl.load(chunks, mask=row_ok[:, None, None] & (at < NW), other=0)  # [BLOCK, NW_PAD, 1]
+    if BITS == 8:
+        lo = c.to(tl.int32)
+        hi = (c >> 32).to(tl.int32)
+        k = tl.arange(0, 8)[None, None, :]
+        return (tl.where(k < 4, lo, hi) >> ((k % 4) * 8)) & 255
+    return ((c >> (tl.arange(0, 8) * BITS)[None, None, :]) & ((1 << BITS) - 1)).to(tl.int32)
+
+
+@triton.jit
+def load_chunk_meta(meta_src, row_ok, NW_PAD: tl.constexpr, G: tl.constexpr, NG: tl.constexpr,
+                    SYMMETRIC: tl.constexpr):  # fmt: skip
+    """The fp16 scale and zero (zero = scale when symmetric) of each chunk's group, a row's
+    at ``meta_src`` [BLOCK] (2-byte aligned) -> fp32 [BLOCK, NW_PAD, 1] each, in the layout of
+    :func:`load_chunk_codes`: a thread loads its chunk's (a group's threads read the same
+    halves)."""
+    g = (tl.arange(0, NW_PAD) * 8 // G)[None, :, None] + tl.arange(0, 1)[None, None, :]
+    halves = meta_src.to(tl.pointer_type(tl.int16))[:, None, None] + g
+    halves = tl.max_contiguous(halves, [1, 1, 1])  # [BLOCK, NW_PAD, 1]
+    ok = row_ok[:, None, None] & (g < NG)
+    scale = tl.load(halves, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+    if SYMMETRIC:
+        zero = scale
+    else:
+        zero = tl.load(halves + NG, mask=ok, other=0).to(tl.float16, bitcast=True)
+        zero = zero.to(tl.float32)
+    return scale, zero
 
 
 @triton.jit

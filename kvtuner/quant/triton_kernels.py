@@ -38,6 +38,8 @@ from .triton_codes import (
     NAN_FP16,
     grid_codes,
     hadamard_tile,
+    load_chunk_codes,
+    load_chunk_meta,
     load_codes,
     load_fp16,
     load_group_meta,
@@ -255,7 +257,10 @@ def _gather_block(blk, buf_ptr, loc_ptr, out_ptr, n_tokens, stride_slot, stride_
         buf_ptr, loc_ptr, n_tokens, stride_slot, stride_head, blk, BLOCK, ALIGN
     )
     META4: tl.constexpr = ALIGN % 4 + (0 if PLANES else D * BITS // 8 % 4) == 0  # 4-aligned
-    out = _dequantized_rows(src, src + md, row_ok, D, G, BITS, SYMMETRIC, NW_PAD, META4)
+    # a chunk of 8 codes a thread, as the store takes them: where a row is stored over threads
+    CHUNKS: tl.constexpr = (not (ROTATE or WHOLE) and 8 % BITS == 0 and ALIGN % BITS == 0
+                            and G % 8 == 0)  # fmt: skip
+    out = _dequantized_rows(src, src + md, row_ok, D, G, BITS, SYMMETRIC, NW_PAD, META4, CHUNKS)
     w = tl.arange(0, NW_PAD)
     if ROTATE or WHOLE:  # a whole row a thread: stored as [D/8, BLOCK, 8], the chunk axis
         # outermost, so each thread holds a row's chunks
@@ -275,14 +280,19 @@ def _gather_block(blk, buf_ptr, loc_ptr, out_ptr, n_tokens, stride_slot, stride_
 @triton.jit
 def _dequantized_rows(src, meta_src, row_ok, D: tl.constexpr, G: tl.constexpr,
                       BITS: tl.constexpr, SYMMETRIC: tl.constexpr, NW_PAD: tl.constexpr,
-                      META4: tl.constexpr):  # fmt: skip
+                      META4: tl.constexpr, CHUNKS: tl.constexpr):  # fmt: skip
     """The rows whose codes are at ``src`` [BLOCK], scales and zeros at ``meta_src`` (4-byte
-    aligned: ``META4``), dequantized: fp32 [BLOCK, NW_PAD, 8]."""
+    aligned: ``META4``), dequantized: fp32 [BLOCK, NW_PAD, 8]; ``CHUNKS``: a chunk of 8 a
+    thread (:func:`~.triton_codes.load_chunk_codes`)."""
     BLOCK: tl.constexpr = row_ok.shape[0]
     NB: tl.constexpr = D // 8 * BITS
     NG: tl.constexpr = D // G
     NG_PAD: tl.constexpr = NW_PAD * 8 // G
     HALF: tl.constexpr = (1 << (BITS - 1)) - 1
+    if CHUNKS:
+        q = load_chunk_codes(src, row_ok, D // 8, NW_PAD, BITS).to(tl.float32)
+        scale, zero = load_chunk_meta(meta_src, row_ok, NW_PAD, G, NG, SYMMETRIC)
+        return _dequantized(q, scale, zero, HALF, SYMMETRIC)
     q = load_codes(src, row_ok, NB, NW_PAD, BITS)  # [BLOCK, NW_PAD, 8]
     q = tl.reshape(q, [BLOCK, NG_PAD, G])
     if NG == NG_PAD:  # the row's scales and zeros in one vector load
@@ -293,12 +303,18 @@ def _dequantized_rows(src, meta_src, row_ok, D: tl.constexpr, G: tl.constexpr,
         meta_ok = row_ok[:, None] & (g < NG)[None, :]
         scale = load_fp16(meta, meta_ok)
         zero = scale if SYMMETRIC else load_fp16(meta + 2 * NG, meta_ok)
-    scale = scale[:, :, None]
+    out = _dequantized(q, scale[:, :, None], zero[:, :, None], HALF, SYMMETRIC)
+    return tl.reshape(out, [BLOCK, NW_PAD, 8])
+
+
+@triton.jit
+def _dequantized(q, scale, zero, HALF: tl.constexpr, SYMMETRIC: tl.constexpr):
+    """fp32 codes ``q`` with their scales and zeros (broadcast to q) -> values."""
     if SYMMETRIC:  # noqa: SIM108 (constexpr branch: only one side is compiled)
         out = tl.math.div_rn((q - HALF) * scale, HALF * 1.0)
     else:
-        out = zero[:, :, None] + q * scale
-    return tl.reshape(out, [BLOCK, NW_PAD, 8])
+        out = zero + q * scale
+    return out
 
 
 @triton.jit
