@@ -12,6 +12,7 @@ import triton.language as tl
 
 __all__ = [
     "NAN_FP16",
+    "chunks_readable",
     "fp16_directed",
     "grid_codes",
     "hadamard_tile",
@@ -241,13 +242,18 @@ def high_shifts(K: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr):
     channel order) sit (:func:`kvtuner.quant.packing.high_order`): ``16·h + low·j + high·e``
     for r = P·e + (P/2)·h + j in the words the row fills, ``high·r`` in the last one it does
     not (K: the tile's words, past the row's too)."""
+    HIGH: tl.constexpr = BITS - low_bits(BITS)
+    return _high_shift(tl.arange(0, K)[:, None], tl.arange(0, 32 // HIGH)[None, :], D, BITS)
+
+
+@triton.jit
+def _high_shift(k, r, D: tl.constexpr, BITS: tl.constexpr):
+    """:func:`high_shifts` of words k and codes r (int32 tensors that broadcast together)."""
     LOW: tl.constexpr = low_bits(BITS)
     HIGH: tl.constexpr = BITS - LOW
     P: tl.constexpr = 32 // LOW  # codes a low-plane word
-    r = tl.arange(0, 32 // HIGH)
     paired = 16 * ((r % P) // (P // 2)) + LOW * (r % (P // 2)) + HIGH * (r // P)
-    whole = (tl.arange(0, K) < D // (32 // HIGH))[:, None]
-    return tl.where(whole, paired[None, :], (HIGH * r)[None, :])
+    return tl.where(k < D // (32 // HIGH), paired, HIGH * r)
 
 
 @triton.jit
@@ -332,15 +338,31 @@ def _load_stream(src, row_ok, NB: tl.constexpr, NW_PAD: tl.constexpr, BITS: tl.c
 
 
 @triton.constexpr_function
+def chunks_readable(bits: int, group: int, head_dim: int, align: int) -> bool:
+    """Whether :func:`load_chunk_codes` reads rows of ``bits``-bit codes in groups of
+    ``group`` at ``head_dim`` whose offsets are multiples of ``align`` bytes: whole groups of
+    chunks, each chunk (3/5/6 bits: its low plane's, and the high plane's words) aligned to
+    its size."""
+    if group % 8 or bits >= 16:
+        return False
+    if 8 % bits == 0:
+        return align % bits == 0
+    low = low_bits(bits)
+    return head_dim >= 32 // (bits - low) and align % 4 == 0 and head_dim * low // 8 % 4 == 0
+
+
+@triton.constexpr_function
 def chunk_type(bits: int):
-    """The integer type of a chunk of 8 codes of ``bits`` (2/4/8) bits: ``bits`` bytes."""
+    """The integer type of a chunk of 8 codes of ``bits`` (2/4/8) bits: ``bits`` bytes (3/5/6:
+    their low plane's, ``low_bits``)."""
     return {2: tl.int16, 4: tl.int32, 8: tl.int64}[bits]
 
 
 @triton.jit
 def load_chunk_codes(src, row_ok, NW: tl.constexpr, NW_PAD: tl.constexpr, BITS: tl.constexpr):
-    """2/4/8-bit codes of the rows at ``src`` [BLOCK] (``BITS``-byte aligned) -> int32 [BLOCK,
-    NW_PAD, 8], a chunk of 8 codes (one ``BITS``-byte integer) a thread, so that the tile needs
+    """Codes of the rows at ``src`` [BLOCK] (:func:`chunks_readable`) -> int32 [BLOCK, NW_PAD,
+    8], a chunk of 8 codes (one ``BITS``-byte integer; 3/5/6 bits: the low plane's, and the
+    word of the high plane that holds its high bits) a thread, so that the tile needs
     no layout change to be stored as 16-byte runs of 8 bf16 a thread. Loaded as one vector a
     row, Triton gives a thread 16 bytes (32 codes) and changes layout through shared memory
     before such a store (sm_90a unpack KV4 g32: 5 shared loads, 3 stores, 3 barriers a program:
@@ -349,9 +371,26 @@ def load_chunk_codes(src, row_ok, NW: tl.constexpr, NW_PAD: tl.constexpr, BITS: 
     a chunk of halves in its own axis, the rows' slots were loaded once a layout)."""
     w = tl.arange(0, NW_PAD)
     at = w[None, :, None] + tl.arange(0, 1)[None, None, :]  # [1, NW_PAD, 1]
-    chunks = tl.max_contiguous(src.to(tl.pointer_type(chunk_type(BITS)))[:, None, None] + at,
-                               [1, 1, 1])  # fmt: skip
+    chunk = src.to(tl.pointer_type(chunk_type(low_bits(BITS))))
+    chunks = tl.max_contiguous(chunk[:, None, None] + at, [1, 1, 1])
     c = tl.load(chunks, mask=row_ok[:, None, None] & (at < NW), other=0)  # [BLOCK, NW_PAD, 1]
+    if 8 % BITS:  # 3/5/6 bits: c is the low plane's chunk; the high plane's word follows
+        LOW: tl.constexpr = low_bits(BITS)
+        HIGH: tl.constexpr = BITS - LOW
+        W: tl.constexpr = 32 // HIGH  # codes a high word
+        words = (src + NW * LOW).to(tl.pointer_type(tl.int32))[:, None, None] + at * HIGH // 4
+        word = tl.load(tl.max_contiguous(words, [1, 1, 1]), mask=row_ok[:, None, None] & (at < NW),
+                       other=0)  # fmt: skip
+        # code 8c + i's high bits sit at the chunk's shift plus code i's: one shift by a
+        # register a chunk, then constant ones
+        i = tl.arange(0, 8)[None, None, :]
+        step = _high_shift(0, i, NW * 8, BITS)
+        if (NW * 8) % W:  # a last word the row does not fill: its codes in channel order
+            step = tl.where(at * 8 // W < NW * 8 // W, step, HIGH * i)
+        word = word >> _high_shift(at * 8 // W, at * 8 % W, NW * 8, BITS)
+        high = (word >> step) & ((1 << HIGH) - 1)
+        low = (c.to(tl.int32) >> (tl.arange(0, 8) * LOW)[None, None, :]) & ((1 << LOW) - 1)
+        return low | (high << LOW)
     if BITS == 8:
         lo = c.to(tl.int32)
         hi = (c >> 32).to(tl.int32)

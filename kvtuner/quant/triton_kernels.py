@@ -36,6 +36,7 @@ from .planes import plannable
 from .spec import QuantSpec
 from .triton_codes import (
     NAN_FP16,
+    chunks_readable,
     grid_codes,
     hadamard_tile,
     load_chunk_codes,
@@ -258,8 +259,7 @@ def _gather_block(blk, buf_ptr, loc_ptr, out_ptr, n_tokens, stride_slot, stride_
     )
     META4: tl.constexpr = ALIGN % 4 + (0 if PLANES else D * BITS // 8 % 4) == 0  # 4-aligned
     # a chunk of 8 codes a thread, as the store takes them: where a row is stored over threads
-    CHUNKS: tl.constexpr = (not (ROTATE or WHOLE) and 8 % BITS == 0 and ALIGN % BITS == 0
-                            and G % 8 == 0)  # fmt: skip
+    CHUNKS: tl.constexpr = not (ROTATE or WHOLE) and chunks_readable(BITS, G, D, ALIGN)
     out = _dequantized_rows(src, src + md, row_ok, D, G, BITS, SYMMETRIC, NW_PAD, META4, CHUNKS)
     w = tl.arange(0, NW_PAD)
     if ROTATE or WHOLE:  # a whole row a thread: stored as [D/8, BLOCK, 8], the chunk axis

@@ -413,6 +413,22 @@ def test_non_contiguous_buffer_slots(tk):
     assert not pool[0].any() and not pool[1, [0, 1, 3, 5]].any()
 
 
+@pytest.mark.parametrize("bits", [3, 5, 6])
+def test_rows_padded_to_16_bytes_read_part_filled_high_words_a_chunk_a_thread(tk, bits):
+    """3/5/6-bit rows of D = 80 whose offsets are multiples of 16 bytes (rows padded as a pool
+    may pad them): unpack reads them a chunk of 8 codes a thread (contiguous, their 50-80
+    byte rows are only 2-byte aligned, and take the general read); at 3 and 5 bits the high
+    plane's last word part-filled, its codes in channel order."""
+    spec = QuantSpec(bits, 16)
+    rows = spec.row_bytes(80)
+    buf = torch.randint(0, 256, (SLOTS, HEADS, -(-rows // 16) * 16), dtype=torch.uint8)
+    buf = buf[..., :rows]
+    x = _inputs(80, torch.float32)
+    tk.triton_scatter_quantized(buf, LOC, x, spec)
+    out = tk.triton_gather_dequantized(buf, LOC, spec, 80, torch.float32)
+    assert _same_values(out, dequantize(quantize(x, spec), spec, 80, torch.float32))
+
+
 def _at_byte_offset(offset: int, *shape: int) -> torch.Tensor:
     """A uint8 buffer of ``shape`` whose data starts ``offset`` bytes into its storage."""
     return torch.zeros(offset + math.prod(shape), dtype=torch.uint8)[offset:].view(shape)
