@@ -88,11 +88,12 @@ case "$stage" in
     # plan), the decode plans against bf16 SDPA, the same decode from the tree in .ab/
     # (another commit, where carried) interleaved with this one, rows padded and as planes,
     # pack and unpack as planes, HF generate at batch 1 x 16k with the static packed cache,
-    # Nsight Compute on KV4 g128's decode, then the GPU-only tests (step limits: 599 s)
+    # Nsight Compute on KV4 g32's unpack, then the GPU-only tests (step limits: 599 s; pytest
+    # -m cuda took 147-175 s on the H200 with 219 tests, 228 now)
     nvidia-smi -L >>"$log" 2>&1
-    step 85 python3 benchmarks/quant_throughput.py --device cuda --plans \
+    step 70 python3 benchmarks/quant_throughput.py --device cuda --plans \
       --output "$out/quant_throughput_plans.json"
-    step 75 python3 benchmarks/attention_decode.py --device cuda --batch 16 64 \
+    step 65 python3 benchmarks/attention_decode.py --device cuda --batch 16 64 \
       --context 8192 32768 --specs "KV4 g32" "KV8 g64" "K8V4 (mixed)" "KV4 g128" "KV3 g32" \
       "KV4 g32 sym" "KV4 g32 pre-RoPE" "KV8 g64 pre-RoPE" --variants decode-kernel \
       --output "$out/attention_decode_plans.json"
@@ -103,7 +104,7 @@ case "$stage" in
     # the build spills nothing and holds more programs an SM; sm_90a, Triton 3.6: KV4 g32
     # and its symmetric rows 128, 16 programs against 13-14; KV4 g64 and K8V4 144) against
     # none (255, ptxas' own limit); KV8 g64 fits none (both caps spill): the control
-    step 20 python3 benchmarks/attention_decode.py --device cuda --batch 64 --context 32768 \
+    step 18 python3 benchmarks/attention_decode.py --device cuda --batch 64 --context 32768 \
       --specs "KV4 g32" "KV4 g32 sym" "KV4 g64" "K8V4 (mixed)" "KV8 g64" \
       --variants decode-kernel --max-registers none 255 \
       --output "$out/attention_decode_fitted_cap.json"
@@ -117,19 +118,23 @@ case "$stage" in
       # then one scale a token-head's keys in the MMA's lane order, codes at the top of the
       # mantissa: KV4 g128 975 -> 854 loop instructions, padded 848 -> 746 (the layouts step);
       # 2026-11-28, against e1f448a: a row's two groups of 64 dotted apart, 8-bit codes read
-      # as 1024 + c: KV8 g64 1138 -> 850, Triton 3.6 1264 -> 1058)
+      # as 1024 + c: KV8 g64 1138 -> 850, Triton 3.6 1264 -> 1058; since c384bca, unpack a
+      # chunk of 8 codes a thread, nothing through shared memory: the unpack A/B is the
+      # .ab tree's pack and unpack against this tree's, the layouts step below)
       cat .ab/REV >>"$log" 2>/dev/null
       for tree in .ab .; do
         name=$([ "$tree" = . ] && echo this || echo ab)
-        step 35 env PYTHONPATH="/tmp/site:$PWD/$tree" python3 "$tree/benchmarks/attention_decode.py" \
+        step 25 env PYTHONPATH="/tmp/site:$PWD/$tree" python3 "$tree/benchmarks/attention_decode.py" \
           --device cuda --batch 64 --context 32768 --specs "KV4 g32" "KV8 g64" "KV4 g128" \
           "KV3 g32" --variants decode-kernel --output "$out/ab_${name}.json"
       done
+      step 12 env PYTHONPATH="/tmp/site:$PWD/.ab" python3 .ab/benchmarks/quant_throughput.py \
+        --device cuda --rounds 2 --shape 262144 8 128 --output "$out/ab_quant_throughput.json"
     fi
     # copy width or bytes? rows that are no multiple of 16 bytes (KV4 g128 68, KV8 g64 136,
     # KV4 g32 sym 72) as rows, padded to 16 and as planes (16-byte code copies in the sm_90a
     # build for both, planes at the rows' bytes)
-    step 40 python3 benchmarks/attention_decode.py --device cuda --batch 64 --context 32768 \
+    step 30 python3 benchmarks/attention_decode.py --device cuda --batch 64 --context 32768 \
       --specs "KV4 g128" "KV8 g64" "KV4 g32 sym" --variants decode-kernel \
       --layouts rows padded planes --output "$out/attention_decode_layouts.json"
     # pack and unpack at the launchers' plans, KV4 g128 and KV8 g64 also as planes
@@ -141,17 +146,15 @@ case "$stage" in
     step 100 python3 benchmarks/hf_decode.py --device cuda --batch 1 --context 16384 \
       --new-tokens 64 --caches "KV4 g32 static" static dynamic "KV4 g32" \
       --output "$out/hf_decode_static.json"
-    # why rows read in 4-byte copies ran at half speed (KV4 g128; KV4 g32's profile is in the
-    # third lease's results): sectors a request, stall reasons, one decode launch at 64 x 8k
-    for spec in "KV4 g128"; do
-      step 25 ncu --target-processes all -k regex:_decode_kernel --launch-skip 3 --launch-count 1 \
-        --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
-        --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
-        --log-file "$out/ncu_decode_${spec// /_}.txt" python3 benchmarks/attention_decode.py \
-        --device cuda --batch 64 --context 8192 --specs "$spec" --variants decode-kernel \
-        --output /tmp/ncu_unused.json
-    done
-    step 150 python3 -m pytest -m cuda -q -n 16 -p no:cacheprovider -rf $cuda_tests
+    # unpack KV4 g32 a chunk a thread: the third lease's profile of the same launch (a warp
+    # waited on the MIO queue 28.3 of every 87.5 cycles, its layout changes through shared
+    # memory; h200-2026-11-26-lease3/ncu_unpack_KV4g32.txt), again
+    step 20 ncu --target-processes all -k regex:_gather_kernel --launch-skip 2 --launch-count 1 \
+      --section SpeedOfLight --section Occupancy --section WarpStateStats \
+      --section MemoryWorkloadAnalysis --log-file "$out/ncu_unpack_KV4g32.txt" \
+      python3 benchmarks/quant_throughput.py --device cuda --rounds 1 --min-run-time 0.01 \
+      --shape 65536 8 128 --output /tmp/ncu_unused.json
+    step 200 python3 -m pytest -m cuda -q -n 16 -p no:cacheprovider -rf $cuda_tests
     ;;
   tune)  # what the plans still take from the sm_90a build alone, timed: decode tiles of
     # 3-bit, symmetric and 5-bit/3-bit rows (since 2c966f7 a chunk at a time, 32 tokens on 4
