@@ -120,14 +120,17 @@ KERNEL_SPECS = (  # the issue's table, then one scale a token-head; (spec, as pl
 KERNEL_SHAPES = ((262144, 8, 128), (65536, 8, 128), (64, 8, 128))
 PLAN_SPECS = (QuantSpec(4, 32), QuantSpec(8, 64), QuantSpec(4, 32, rotation="hadamard"))
 # label: PoolPlan fields (block_rows, num_warps, whole_rows, blocks, stages), for pack and unpack;
-# 32x1 / 32x4 / 16x4: the plans timed (pack, unpack, Hadamard pack before the loop)
+# 32x1 / 32x4 / 16x4: the plans timed (pack, unpack, Hadamard pack before the loop); 16x1:
+# pack at 21 programs an SM, not 12 (sm_90a, Triton 3.6, KV4 g32: 96 registers against 164,
+# 60.8 instructions a row against 53.8; it took the place of 32x4 in a loop, whose KV8 g64
+# pack spilled)
 POOL_PLANS = {
     "32x1": (32, 1, False, 1, 1),
     "32x4": (32, 4, False, 1, 1),
     "16x4": (16, 4, False, 1, 1),
+    "16x1": (16, 1, False, 1, 1),
     "32x1 whole": (32, 1, True, 1, 1),
     "32x1 loop 8x3": (32, 1, False, 8, 3),
-    "32x4 loop 8x3": (32, 4, False, 8, 3),
     "32x1 whole loop 8x3": (32, 1, True, 8, 3),
 }
 

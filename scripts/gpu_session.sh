@@ -91,7 +91,7 @@ case "$stage" in
     # Nsight Compute on KV4 g32's unpack, then the GPU-only tests (step limits: 599 s; pytest
     # -m cuda took 147-175 s on the H200 with 219 tests, 228 now)
     nvidia-smi -L >>"$log" 2>&1
-    step 70 python3 benchmarks/quant_throughput.py --device cuda --plans \
+    step 85 python3 benchmarks/quant_throughput.py --device cuda --plans \
       --output "$out/quant_throughput_plans.json"
     step 65 python3 benchmarks/attention_decode.py --device cuda --batch 16 64 \
       --context 8192 32768 --specs "KV4 g32" "KV8 g64" "K8V4 (mixed)" "KV4 g128" "KV3 g32" \
@@ -134,7 +134,7 @@ case "$stage" in
     # copy width or bytes? rows that are no multiple of 16 bytes (KV4 g128 68, KV8 g64 136,
     # KV4 g32 sym 72) as rows, padded to 16 and as planes (16-byte code copies in the sm_90a
     # build for both, planes at the rows' bytes)
-    step 30 python3 benchmarks/attention_decode.py --device cuda --batch 64 --context 32768 \
+    step 25 python3 benchmarks/attention_decode.py --device cuda --batch 64 --context 32768 \
       --specs "KV4 g128" "KV8 g64" "KV4 g32 sym" --variants decode-kernel \
       --layouts rows padded planes --output "$out/attention_decode_layouts.json"
     # pack and unpack at the launchers' plans, KV4 g128 and KV8 g64 also as planes
@@ -143,7 +143,7 @@ case "$stage" in
     # HF generate at batch 1 x 16k: the static packed cache (decode compiled into CUDA graphs,
     # as StaticCache's) against StaticCache, DynamicCache and the eager packed cache (rows print
     # as they land: the two compiled caches first)
-    step 100 python3 benchmarks/hf_decode.py --device cuda --batch 1 --context 16384 \
+    step 90 python3 benchmarks/hf_decode.py --device cuda --batch 1 --context 16384 \
       --new-tokens 64 --caches "KV4 g32 static" static dynamic "KV4 g32" \
       --output "$out/hf_decode_static.json"
     # unpack KV4 g32 a chunk a thread: the third lease's profile of the same launch (a warp
