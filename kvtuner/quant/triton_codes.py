@@ -362,41 +362,46 @@ def chunk_type(bits: int):
 def load_chunk_codes(src, row_ok, NW: tl.constexpr, NW_PAD: tl.constexpr, BITS: tl.constexpr):
     """Codes of the rows at ``src`` [BLOCK] (:func:`chunks_readable`) -> int32 [BLOCK, NW_PAD,
     8], a chunk of 8 codes (one ``BITS``-byte integer; 3/5/6 bits: the low plane's, and the
-    word of the high plane that holds its high bits) a thread, so that the tile needs
-    no layout change to be stored as 16-byte runs of 8 bf16 a thread. Loaded as one vector a
-    row, Triton gives a thread 16 bytes (32 codes) and changes layout through shared memory
-    before such a store (sm_90a unpack KV4 g32: 5 shared loads, 3 stores, 3 barriers a program:
-    the H200's MIO stalls). The hint keeps Triton from joining chunks into wider vectors; the
-    chunk's [.., .., 1] axis, shared with :func:`load_chunk_meta`, gives both one layout (with
-    a chunk of halves in its own axis, the rows' slots were loaded once a layout)."""
+    high plane's word that holds their high bits) a thread, so that the tile needs no layout
+    change to be stored as 16-byte runs of 8 bf16 a thread. Loaded as one vector a row,
+    Triton gives a thread 16 bytes (32 codes) and changes layout through shared memory before
+    such a store (sm_90a unpack KV4 g32: 5 shared loads, 3 stores, 3 barriers a program: the
+    H200's MIO stalls). The hint keeps Triton from joining chunks into wider vectors; the
+    chunk's [.., .., 1] axis, shared with :func:`load_chunk_meta`, gives both loads one layout
+    (a chunk's halves in an axis of their own took another, and the rows' slots were loaded
+    once for each)."""
     w = tl.arange(0, NW_PAD)
     at = w[None, :, None] + tl.arange(0, 1)[None, None, :]  # [1, NW_PAD, 1]
+    ok = row_ok[:, None, None] & (at < NW)
     chunk = src.to(tl.pointer_type(chunk_type(low_bits(BITS))))
-    chunks = tl.max_contiguous(chunk[:, None, None] + at, [1, 1, 1])
-    c = tl.load(chunks, mask=row_ok[:, None, None] & (at < NW), other=0)  # [BLOCK, NW_PAD, 1]
-    if 8 % BITS:  # 3/5/6 bits: c is the low plane's chunk; the high plane's word follows
+    c = tl.load(tl.max_contiguous(chunk[:, None, None] + at, [1, 1, 1]), mask=ok, other=0)
+    i = tl.arange(0, 8)[None, None, :]  # a code's place in its chunk
+    if 8 % BITS:  # 3/5/6 bits: c is the low plane's chunk
         LOW: tl.constexpr = low_bits(BITS)
-        HIGH: tl.constexpr = BITS - LOW
-        W: tl.constexpr = 32 // HIGH  # codes a high word
-        words = (src + NW * LOW).to(tl.pointer_type(tl.int32))[:, None, None] + at * HIGH // 4
-        word = tl.load(tl.max_contiguous(words, [1, 1, 1]), mask=row_ok[:, None, None] & (at < NW),
-                       other=0)  # fmt: skip
-        # code 8c + i's high bits sit at the chunk's shift plus code i's: one shift by a
-        # register a chunk, then constant ones
-        i = tl.arange(0, 8)[None, None, :]
-        step = _high_shift(0, i, NW * 8, BITS)
-        if (NW * 8) % W:  # a last word the row does not fill: its codes in channel order
-            step = tl.where(at * 8 // W < NW * 8 // W, step, HIGH * i)
-        word = word >> _high_shift(at * 8 // W, at * 8 % W, NW * 8, BITS)
-        high = (word >> step) & ((1 << HIGH) - 1)
-        low = (c.to(tl.int32) >> (tl.arange(0, 8) * LOW)[None, None, :]) & ((1 << LOW) - 1)
-        return low | (high << LOW)
-    if BITS == 8:
-        lo = c.to(tl.int32)
-        hi = (c >> 32).to(tl.int32)
-        k = tl.arange(0, 8)[None, None, :]
-        return (tl.where(k < 4, lo, hi) >> ((k % 4) * 8)) & 255
-    return ((c >> (tl.arange(0, 8) * BITS)[None, None, :]) & ((1 << BITS) - 1)).to(tl.int32)
+        low = (c.to(tl.int32) >> (i * LOW)) & ((1 << LOW) - 1)
+        return low | (_high_codes(src + NW * LOW, ok, at, NW * 8, BITS) << LOW)
+    if BITS == 8:  # the int64's two words, each shifted in 32 bits
+        lo, hi = c.to(tl.int32), (c >> 32).to(tl.int32)
+        return (tl.where(i < 4, lo, hi) >> ((i % 4) * 8)) & 255
+    return ((c >> (i * BITS)) & ((1 << BITS) - 1)).to(tl.int32)
+
+
+@triton.jit
+def _high_codes(high_src, ok, at, D: tl.constexpr, BITS: tl.constexpr):
+    """The high bits [BLOCK, NW_PAD, 8] of chunks ``at`` [1, NW_PAD, 1] of 3/5/6-bit rows
+    whose high plane starts at ``high_src`` [BLOCK] (4-byte aligned): each chunk's word of the
+    plane, shifted by the chunk's place in it (a register), then by each code's (constants:
+    code 8c + i sits at the shift of code 8c plus that of code i)."""
+    HIGH: tl.constexpr = BITS - low_bits(BITS)
+    W: tl.constexpr = 32 // HIGH  # codes a high word
+    words = high_src.to(tl.pointer_type(tl.int32))[:, None, None] + at * HIGH // 4
+    word = tl.load(tl.max_contiguous(words, [1, 1, 1]), mask=ok, other=0)
+    i = tl.arange(0, 8)[None, None, :]
+    step = _high_shift(0, i, D, BITS)
+    if D % W:  # a last word the row does not fill: its codes in channel order
+        step = tl.where(at * 8 // W < D // W, step, HIGH * i)
+    word = word >> _high_shift(at * 8 // W, at * 8 % W, D, BITS)
+    return (word >> step) & ((1 << HIGH) - 1)
 
 
 @triton.jit
