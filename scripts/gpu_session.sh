@@ -102,7 +102,7 @@ case "$stage" in
       --output "$out/attention_decode_graphs.json"  # 16 x 8k without the host's eager work
     # the register cap fitted at a build's first launch (since 2026-11-28: 128 or 144 where
     # the build spills nothing and holds more programs an SM; sm_90a, Triton 3.6: KV4 g32
-    # and its symmetric rows 128, 16 programs against 13-14; KV4 g64 and K8V4 144) against
+    # and its symmetric rows 128, 16 programs against 12-14; KV4 g64 and K8V4 144) against
     # none (255, ptxas' own limit); KV8 g64 fits none (both caps spill): the control
     step 18 python3 benchmarks/attention_decode.py --device cuda --batch 64 --context 32768 \
       --specs "KV4 g32" "KV4 g32 sym" "KV4 g64" "K8V4 (mixed)" "KV8 g64" \

@@ -210,13 +210,12 @@ def test_the_general_kernel_is_still_the_slow_one_it_replaces(decode_rows):
 
 
 def test_unpack_reads_a_chunk_a_thread_and_changes_no_layout(decode_rows):
-    """Unpack of 2-8-bit rows, rows or planes, stores 8 values a thread 16 bytes at a time,
-    two whole rows a warp's store; each thread reads its own chunk of 8 codes (3-bit codes:
-    its low plane's, and the high plane's word) and its group's scale and zero, so nothing
-    goes through shared memory. Reading a row's codes 16 bytes a
-    thread, the KV4 g32 build changed layout there twice (5 shared loads, 3 stores, 3
-    barriers a program), and on the H200 a warp waited 28 of every 88 cycles on that queue
-    (Nsight Compute, docs/results/gpu.md)."""
+    """Unpack of 2-8-bit rows, rows or planes, stores 8 values a thread 16 bytes at a time, two
+    whole rows a warp's store; each thread reads its own chunk of 8 codes (3-bit codes: its low
+    plane's, and the high plane's word) and its group's scale and zero, so nothing goes through
+    shared memory. Reading a row's codes 16 bytes a thread, the KV4 g32 build changed layout
+    there twice (5 shared loads, 3 stores, 3 barriers a program), and on the H200 a warp waited
+    28 of every 88 cycles on that queue (Nsight Compute, docs/results/gpu.md)."""
     by_label = {r["label"]: r for r in decode_rows}
     for label in ("KV4 g32", "KV8 g64", "KV4 g128", "KV3 g32", "KV8 g64 planes",
                   "KV4 g128 planes"):  # fmt: skip
@@ -227,18 +226,17 @@ def test_unpack_reads_a_chunk_a_thread_and_changes_no_layout(decode_rows):
 
 
 def test_pack_and_unpack_move_rows_in_words_at_every_row_length(decode_rows):
-    """80-byte KV4 g32, 136-byte KV8 g64 (offsets multiples of 8 bytes), 3-bit codes
-    in two planes and 16-bit rows: no byte-wide load or store, no spill, and at least 8 warps
-    an SM (KV4 g32 pack took 140 registers at 64 rows a program; KV8 g64 255 and 1064 B
-    spilled, with 68 byte stores). Unpack of plain rows waits on memory: at least 40 warps an
-    SM (on the H200, 52-64 ran at 0.42-0.48× clone(), 13 on one warp at 0.20-0.31×, though
-    they issued a quarter fewer instructions a row; 3-bit rows read a chunk a thread take 48
-    registers under Triton 3.9, 40 warps, and 32 under the GPU machines' 3.6, 64).
-    Instructions a row: pack did 107 (KV4 g32) and 112 (KV8 g64) on 4 warps, a group reduced
-    across four threads, 53 on one warp; Hadamard unpack, a whole row a thread, 61 (172 with
-    a row over eight threads); Hadamard pack, a whole row a thread with its rows copied ahead
-    16 bytes at a time, 89 (606 with a
-    row over eight threads, its butterflies through shuffles and shared memory)."""
+    """80-byte KV4 g32, 136-byte KV8 g64 (offsets multiples of 8 bytes), 3-bit codes in two
+    planes and 16-bit rows: no byte-wide load or store, no spill, and at least 8 warps an SM
+    (KV4 g32 pack took 140 registers at 64 rows a program; KV8 g64 255 and 1064 B spilled, with
+    68 byte stores). Unpack of plain rows waits on memory: at least 40 warps an SM (on the H200,
+    52-64 ran at 0.42-0.48× clone(), 13 on one warp at 0.20-0.31×, though they issued a quarter
+    fewer instructions a row; 3-bit rows read a chunk a thread take 48 registers under Triton
+    3.9, 40 warps, and 32 under the GPU machines' 3.6, 64). Instructions a row: pack did 107
+    (KV4 g32) and 112 (KV8 g64) on 4 warps, a group reduced across four threads, 53 on one warp;
+    Hadamard unpack, a whole row a thread, 61 (172 with a row over eight threads); Hadamard
+    pack, a whole row a thread with its rows copied ahead 16 bytes at a time, 89 (606 with a row
+    over eight threads, its butterflies through shuffles and shared memory)."""
     rows = [r for r in decode_rows if r["label"].startswith(("pack ", "unpack "))]
     assert {r["label"] for r in rows} >= {"pack KV8 g64", "unpack KV3 g32", "pack K16"}
     for row in rows:
