@@ -14,6 +14,7 @@ __all__ = [
     "NAN_FP16",
     "chunks_readable",
     "fp16_directed",
+    "fp16_value",
     "grid_codes",
     "hadamard_tile",
     "high_shifts",
@@ -33,6 +34,12 @@ NAN_FP16 = tl.constexpr(0x7E00)  # the format's NaN: what torch stores for float
 
 
 @triton.jit
+def fp16_value(bits):
+    """fp16 bits (int16, or an int32's low 16) -> fp32."""
+    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
 def fp16_directed(v, UP: tl.constexpr):
     """fp32 [..] -> fp32 holding the smallest fp16 >= v (UP) or largest fp16 <= v; zero is +0."""
     r = v.to(tl.float16)
@@ -47,7 +54,7 @@ def fp16_directed(v, UP: tl.constexpr):
         step = tl.where(bits >= 0, -1, 1)
         nxt = tl.where(is_zero, -32767, bits + step)  # -32767 = 0x8001, -smallest subnormal
     bits = tl.where(wrong, nxt, bits)
-    out = bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    out = fp16_value(bits)
     return tl.where(out == 0.0, 0.0, out)
 
 
@@ -145,7 +152,7 @@ def load_fp16(ptr, mask):
     lo = tl.load(ptr, mask=mask, other=0).to(tl.int32)
     hi = tl.load(ptr + 1, mask=mask, other=0).to(tl.int32)
     bits = (hi << 8) | lo
-    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return fp16_value(bits)
 
 
 @triton.jit
@@ -187,7 +194,7 @@ def load_group_meta(src, row_ok, NB: tl.constexpr, NG: tl.constexpr, SYMMETRIC: 
         b = tl.load(at, mask=ok, other=0).to(tl.int32)
         lo, hi = tl.split(tl.reshape(b, [BLOCK, SIDES * NG, 2]))
         bits = (hi << 8) | lo
-    v = bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    v = fp16_value(bits)
     if SYMMETRIC:  # (an early return here failed to compile for sm_80)
         scale, zero = v, v
     else:
@@ -415,12 +422,8 @@ def load_chunk_meta(meta_src, row_ok, NW_PAD: tl.constexpr, G: tl.constexpr, NG:
     halves = meta_src.to(tl.pointer_type(tl.int16))[:, None, None] + g
     halves = tl.max_contiguous(halves, [1, 1, 1])  # [BLOCK, NW_PAD, 1]
     ok = row_ok[:, None, None] & (g < NG)
-    scale = tl.load(halves, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
-    if SYMMETRIC:
-        zero = scale
-    else:
-        zero = tl.load(halves + NG, mask=ok, other=0).to(tl.float16, bitcast=True)
-        zero = zero.to(tl.float32)
+    scale = fp16_value(tl.load(halves, mask=ok, other=0))
+    zero = scale if SYMMETRIC else fp16_value(tl.load(halves + NG, mask=ok, other=0))
     return scale, zero
 
 
