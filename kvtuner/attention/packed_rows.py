@@ -68,7 +68,7 @@ def dot_operand(x, DT: tl.constexpr):
 @triton.jit
 def row_codes(words_ptr, at, C0: tl.constexpr, W: tl.constexpr, D: tl.constexpr,
               BITS: tl.constexpr, DT: tl.constexpr, READ: tl.constexpr = EXACT,
-              TOKEN_PAIRS: tl.constexpr = False):  # fmt: skip
+              TOKEN_PAIRS: tl.constexpr = False, PAIRED_FMA: tl.constexpr = False):  # fmt: skip
     """Codes of channels [C0, C0 + W) of the rows of D codes at int32 word ``at`` [BT] ->
     ``DT`` [BT, W] in *pair order*.
 
@@ -88,7 +88,13 @@ def row_codes(words_ptr, at, C0: tl.constexpr, W: tl.constexpr, D: tl.constexpr,
     exponent trick's subtraction of 1024 goes (one fp16 operation a pair of codes);
     ``BIASED``, 1024 + code, for a fold after the dot where no shift is saved by the top.
     ``TOKEN_PAIRS`` (4-bit codes read ``TOP``; value tiles, :func:`value_lanes`): each register
-    built from two rows, as the MMA pairs a value tile (:func:`_token_paired`)."""
+    built from two rows, as the MMA pairs a value tile (:func:`_token_paired`).
+    ``PAIRED_FMA`` (fp16 codes bound for :func:`register_pairs_fma`): a word's mask and
+    exponent one PTX ``lop3`` (:func:`and_or`), its 1024 one ``sub.f16x2`` (:func:`_fp16_pairs`).
+    One-warp decode, sm_90a, loop instructions a tile: KV4 g32 852 -> 805 (Triton 3.6: 945 ->
+    886), K8V4 871 -> 826, KV4 g32 sym 894 -> 845; KV8 g32 976 -> 879 at 176 registers against
+    158 (11 programs an SM against 12). Elsewhere it cost more than it saved: 4-warp d 256
+    tiles 152 -> 186 registers (3 programs an SM -> 2), KIVI pages spilled 104 bytes (3.9)."""
     BT: tl.constexpr = at.shape[0]
     LOW: tl.constexpr = low_bits(BITS)
     P: tl.constexpr = 32 // LOW
@@ -97,7 +103,8 @@ def row_codes(words_ptr, at, C0: tl.constexpr, W: tl.constexpr, D: tl.constexpr,
     EXPONENT: tl.constexpr = exponent_bits(READ, DT)
     if TOKEN_PAIRS and BITS == 4 and READ == TOP:
         return pair_order(_token_paired(words, AT, EXPONENT), BITS)
-    pairs = _pairs(words, tl.arange(0, P // 2) * LOW, LOW, AT, EXPONENT, READ == BIASED)
+    LOP3: tl.constexpr = PAIRED_FMA or READ == BIASED
+    pairs = _pairs(words, tl.arange(0, P // 2) * LOW, LOW, AT, EXPONENT, LOP3)
     if LOW < BITS:  # the high plane's word k holds the high bits of low words E·k .. E·k+E-1
         HIGH: tl.constexpr = BITS - LOW
         E: tl.constexpr = LOW // HIGH
@@ -107,11 +114,7 @@ def row_codes(words_ptr, at, C0: tl.constexpr, W: tl.constexpr, D: tl.constexpr,
         high = _pairs(tl.reshape(high, [BT, W // (P * E), 1]), at_e, HIGH, AT + LOW)
         pairs = pairs | tl.reshape(high, [BT, W // P, P // 2])
     if DT == tl.float16:  # noqa: SIM300 (a constexpr dtype, not a constant on the left)
-        lo = pairs.to(tl.int16).to(tl.float16, bitcast=True)
-        hi = (pairs >> 16).to(tl.int16).to(tl.float16, bitcast=True)
-        codes = tl.join(lo, hi)  # [BT, W/P, P/2, 2]
-        if READ == EXACT:
-            codes = codes - 1024.0
+        codes = _fp16_pairs(pairs, READ == EXACT, PAIRED_FMA)  # [BT, W/P, P/2, 2]
     else:
         codes = tl.join(pairs & 0xFFFF, pairs >> 16).to(DT)
     return tl.reshape(codes, [BT, W])
@@ -124,8 +127,8 @@ def _pairs(words, start, BITS: tl.constexpr, AT: tl.constexpr, EXPONENT: tl.cons
     at bits ``start`` and ``start + 16`` of each word, moved to bits AT and AT + 16, the rest
     ``EXPONENT``'s bits; ``LOP3``: the mask and the exponent in one PTX :func:`and_or` (byte
     codes dotted as 1024 + c, :func:`after_dot_read`: one-warp KV8 g64 decode, sm_90a, 850
-    -> 766 loop instructions a tile, Triton 3.6 1058 -> 930; element-wise codes built worse
-    so: KV8 g32 976 -> 1014, and KV4 g32's keys spilled 32 bytes under 3.9)."""
+    -> 766 loop instructions a tile, Triton 3.6 1058 -> 930; codes for
+    :func:`register_pairs_fma`, with :func:`_fp16_pairs`' subtraction in PTX too)."""
     MASK2: tl.constexpr = ((1 << BITS) - 1) * 0x10001 << AT  # a code in each 16-bit half
     up = tl.maximum(AT - start, 0).to(tl.uint32)
     down = tl.maximum(start - AT, 0).to(tl.uint32)
@@ -133,6 +136,29 @@ def _pairs(words, start, BITS: tl.constexpr, AT: tl.constexpr, EXPONENT: tl.cons
     if LOP3:
         return and_or(pairs, MASK2, EXPONENT)
     return (pairs.to(tl.int32, bitcast=True) & MASK2) | EXPONENT
+
+
+@triton.jit
+def _fp16_pairs(pairs, LESS_1024: tl.constexpr, IN_WORD: tl.constexpr = False):
+    """int32 ``pairs`` (two fp16 a word) -> fp16 [*pairs.shape, 2] (low half, high half), each
+    less 1024 where ``LESS_1024`` (the exponent trick's 1024 + c -> c, exact). ``IN_WORD``
+    (codes masked by :func:`and_or`, bound for :func:`register_pairs_fma`): the GPU's build
+    takes the 1024 off the word as it is, one ``sub.f16x2`` in PTX, as LLVM no longer paired
+    the halves' fp16 subtraction after the PTX mask (Triton 3.9, one-warp KV4 g32 decode:
+    64 ``HADD2`` and 64 ``PRMT`` more a tile, 32 bytes spilled). The interpreter subtracts
+    after the split, the same result."""
+    SUB_IN_PTX: tl.constexpr = LESS_1024 and IN_WORD and PTX
+    if SUB_IN_PTX:
+        pairs = tl.inline_asm_elementwise(
+            "{.reg .b32 t; mov.b32 t, 0x64006400; sub.rn.f16x2 $0, $1, t;}", "=r,r", [pairs],
+            dtype=tl.int32, is_pure=True, pack=1,
+        )  # fmt: skip
+    lo = pairs.to(tl.int16).to(tl.float16, bitcast=True)
+    hi = (pairs >> 16).to(tl.int16).to(tl.float16, bitcast=True)
+    codes = tl.join(lo, hi)
+    if LESS_1024 and not SUB_IN_PTX:
+        codes = codes - 1024.0
+    return codes
 
 
 @triton.constexpr_function
@@ -364,14 +390,15 @@ def dequantized(words_ptr, half_ptr, at, meta, C0: tl.constexpr, W: tl.constexpr
     else:
         NG: tl.constexpr = (W + G - 1) // G
         READ: tl.constexpr = element_read(BITS, DT, LANES)
-        codes = row_codes(words_ptr, at, C0, W, D, BITS, DT, READ, LANES)
+        PAIRED: tl.constexpr = (LANES or KEY_LANES) and DT == tl.float16  # noqa: SIM300
+        codes = row_codes(words_ptr, at, C0, W, D, BITS, DT, READ, LANES, PAIRED)
         codes = tl.reshape(codes, [BT, NG, W // NG])
         scale, zero = row_meta(words_ptr, half_ptr, meta, C0, W, D, BITS, G, SYM, DT, JOINT,
                                LANES)  # fmt: skip
         if READ != EXACT:  # fp16: z - s'·o is one rounding, half an ulp of |z| + s' at most
             scale = scale * code_unit(READ, BITS)
             zero = zero - scale * code_origin(READ)
-        if (LANES or KEY_LANES) and DT == tl.float16:  # noqa: SIM300 (a constexpr dtype)
+        if PAIRED:
             x = register_pairs_fma(codes, scale[:, :, None], zero[:, :, None])
         else:
             x = tl.fma(codes, scale[:, :, None], zero[:, :, None])
@@ -554,10 +581,8 @@ def _token_paired(words, AT: tl.constexpr, EXPONENT: tl.constexpr):
     x = tl.join(tl.join(up << AT, up << (AT - 4)), tl.join(up >> (8 - AT), up >> (12 - AT)))
     x = tl.reshape(tl.permute(x, (0, 1, 2, 4, 3)), [BT // 2, W // 8, 2, 4])  # code j: j%2, j//2
     x = and_or(x, 0xF * 0x10001 << AT, EXPONENT)  # code j at bit AT (KV4 g32: 899 -> 852)
-    pairs = x.to(tl.int32, bitcast=True)
-    tok0 = pairs.to(tl.int16).to(tl.float16, bitcast=True)
-    tok1 = (pairs >> 16).to(tl.int16).to(tl.float16, bitcast=True)
-    codes = tl.permute(tl.join(tok0, tok1), (0, 4, 1, 2, 3))  # [BT/2, 2, W/8, 2, 4]
+    tokens = _fp16_pairs(x.to(tl.int32, bitcast=True), False)  # [BT/2, W/8, 2, 4, 2]
+    codes = tl.permute(tokens, (0, 4, 1, 2, 3))  # [BT/2, 2, W/8, 2, 4]
     return tl.reshape(codes, [BT, W])
 
 
