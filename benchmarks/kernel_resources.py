@@ -351,6 +351,10 @@ def pack_cases() -> dict:
         for verb, pack in (("pack", True), ("unpack", False)):
             plan = tk.plan_pool(spec, pack=pack)
             cases[f"{verb} {label} planes"] = pool_launch(spec, plan, pack=pack, planes=True)
+    for label in ("KV4 g32", "KV8 g64"):  # decode sizes: the launcher's plan for 16 tokens
+        spec = QuantSpec(**PACK_SPECS[label])
+        plan = tk.plan_pool(spec, pack=True).filling(16, HKV, SMS)
+        cases[f"pack {label} at decode (16 tokens)"] = pool_launch(spec, plan, pack=True)
     cases["pack KIVI K4 g32 pages"] = kivi_pages(QuantSpec(4, axis="channel"))
     cases["pack KIVI K3 g32 pages"] = kivi_pages(QuantSpec(3, axis="channel"))
     return cases

@@ -25,7 +25,7 @@ that to run them on CPU tensors (tests).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -453,6 +453,24 @@ class PoolPlan:
         if not isinstance(self.whole_rows, bool) or self.blocks < 1 or self.stages < 1:
             raise ValueError(f"need a bool whole_rows, blocks >= 1 and stages >= 1: {self}")
 
+    def filling(self, tokens: int, heads: int, sms: int | None) -> PoolPlan:
+        """This plan for a launch of ``tokens`` × ``heads`` rows on ``sms`` SMs: row blocks
+        halved, down to :data:`FEWEST_ROWS`, while the launch holds fewer programs than SMs. At
+        decode sizes a pack takes one program's time, and a program's warp quantizes its
+        block's groups in turn (sm_90a, Triton 3.6, one warp: KV4 g32 1722 instructions a
+        program at 32 rows, 558 at 8 and 56 registers against 164; KV8 g64 1680 -> 651; KV4
+        g128 1520 -> 643). Unchanged with a whole row a thread (each thread's work is a row
+        at any block) or without ``sms`` (CPU)."""
+        block = min(self.block_rows, next_power_of_2(max(tokens, 1)))
+        if self.whole_rows or sms is None:
+            return self
+        while block > FEWEST_ROWS and cdiv(tokens, block) * heads < sms:
+            block //= 2
+        return self if block >= self.block_rows else replace(self, block_rows=block)
+
+
+FEWEST_ROWS = 8  # rows a program :meth:`PoolPlan.filling` goes down to: a group of KV4 g32 a lane
+
 
 def plan_pool(spec: QuantSpec, *, pack: bool) -> PoolPlan:
     """The plan of :func:`triton_scatter_quantized` (``pack``) or
@@ -461,7 +479,8 @@ def plan_pool(spec: QuantSpec, *, pack: bool) -> PoolPlan:
     Hadamard pack, build-predicted.
 
     - pack: 32 rows on one warp, whole groups a thread (0.42-0.71× ``clone()``; 4 warps took
-      0.34-0.68×);
+      0.34-0.68×); the launcher cuts it to as few as 8 rows at decode sizes
+      (:meth:`PoolPlan.filling`, build-predicted);
     - unpack: 32 rows on 4 warps, 32-40 registers, up to 16 programs an SM (0.42-0.48×; one
       warp, 156 registers and 13 warps an SM, took 0.20-0.31×);
     - Hadamard unpack: a whole row a thread on one warp (0.65×; 4 warps 0.56×);
@@ -535,6 +554,13 @@ def _row_align(buffer: torch.Tensor, head_stride: int) -> int:
     return 1
 
 
+def _sms(device: torch.device) -> int | None:
+    """The SMs of a CUDA ``device``; None elsewhere."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def _rotates(spec: QuantSpec) -> bool:
     return spec.is_quantized and spec.rotation == "hadamard"
 
@@ -564,7 +590,8 @@ def triton_scatter_quantized(
         return
     if x.stride(2) != 1:
         x = x.contiguous()
-    plan = plan or plan_pool(spec, pack=True)
+    if plan is None:
+        plan = plan_pool(spec, pack=True).filling(loc.shape[0], buffer.shape[1], _sms(x.device))
     grid, args = _launch_args(buffer, loc, spec, x.shape[2], plan, planes)
     kernel = _scatter_kernel if spec.is_quantized else _scatter_fp16_kernel
     kernel[grid](x, loc, buffer, stride_xt=x.stride(0), stride_xh=x.stride(1), **args)

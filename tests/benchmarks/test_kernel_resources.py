@@ -227,6 +227,20 @@ def test_unpack_reads_a_chunk_a_thread_and_changes_no_layout(decode_rows):
         assert set(row["stg_widths"]) == {"128"}, (label, row["stg_widths"])
 
 
+def test_a_decode_sized_pack_runs_shorter_programs(decode_rows):
+    """At decode sizes a pack takes one program's time: the launcher's plan for 16 tokens
+    (:meth:`PoolPlan.filling`, 8 rows a program) issues under half the instructions a program
+    of 32 rows does (Triton 3.9, one warp: KV4 g32 and KV8 g64 about 3x fewer)."""
+    by_label = {r["label"]: r for r in decode_rows}
+    for label in ("KV4 g32", "KV8 g64"):
+        full, decode = by_label[f"pack {label}"], by_label[f"pack {label} at decode (16 tokens)"]
+        program = {}
+        for name, row in (("full", full), ("decode", decode)):
+            program[name] = sum(row["sass"].values()) * row["num_warps"]
+        assert decode["constexprs"]["BLOCK"] == 8, decode["constexprs"]
+        assert 0 < 2 * program["decode"] < program["full"], (label, program)
+
+
 def test_pack_and_unpack_move_rows_in_words_at_every_row_length(decode_rows):
     """80-byte KV4 g32, 136-byte KV8 g64 (offsets multiples of 8 bytes), 3-bit codes in two
     planes and 16-bit rows: no byte-wide load or store, no spill, and at least 8 warps an SM

@@ -323,6 +323,7 @@ def test_many_rows_span_several_programs(tk):
 
 BUF_16 = torch.zeros(SLOTS, HEADS, 128, dtype=torch.uint8)  # 16-bit rows of head_dim 64
 PLANS = [
+    dict(block_rows=8, num_warps=1),  # a pack at decode sizes (PoolPlan.filling)
     dict(block_rows=16, num_warps=4),
     dict(block_rows=8, num_warps=2, whole_rows=True),
     dict(block_rows=8, num_warps=1, blocks=3, stages=3),
@@ -370,6 +371,20 @@ def test_plans_check_their_fields_and_the_default_plans(tk):
     hadamard = QuantSpec(4, 32, rotation="hadamard")
     assert tk.plan_pool(hadamard, pack=False) == tk.PoolPlan(32, 1, whole_rows=True)
     assert tk.plan_pool(hadamard, pack=True).stages > 1  # its copies ahead of the butterflies
+
+
+def test_decode_sized_packs_fill_the_sms_with_smaller_row_blocks(tk):
+    """At decode sizes a pack takes one program's time: its row blocks halve, down to 8 rows,
+    until the launch holds a program an SM (8 KV heads, 132 SMs); large launches, a whole row
+    a thread and the CPU (no SM count) keep the plan."""
+    plan = tk.PoolPlan(32, 1)
+    assert plan.filling(16, 8, 132) == tk.PoolPlan(8, 1)  # batch 16: 16 programs, not 8
+    assert plan.filling(256, 8, 132) == tk.PoolPlan(8, 1)  # 256 programs, not 64
+    assert plan.filling(512, 8, 132) == tk.PoolPlan(16, 1)  # 256 programs, not 128
+    assert plan.filling(1024, 8, 132) is plan
+    assert plan.filling(16, 8, None) is plan
+    whole = tk.PoolPlan(32, 1, whole_rows=True, blocks=8, stages=3)
+    assert whole.filling(16, 8, 132) is whole
 
 
 def _odd_nans(dtype: torch.dtype) -> torch.Tensor:
