@@ -33,6 +33,7 @@ pack/unpack 65536 tokens.
     python benchmarks/kernel_resources.py [--only decode] [--output FILE]
     python benchmarks/kernel_resources.py --only tiles --output /tmp/tiles.json  # plan sweep
     python benchmarks/kernel_resources.py --only pool-plans --output /tmp/pool.json  # pack/unpack
+    python benchmarks/kernel_resources.py --only mixed --output /tmp/mixed.json  # profiles' rows
 
 The build is the running Python's Triton's (the JSON names it). The GPU machines run Triton
 3.6 (torch 2.11), whose builds differ from 3.9's (torch 2.13, CI): a venv with torch 2.13 and
@@ -105,15 +106,16 @@ def specs(label: str, table: dict | None = None):
 
 
 def paged_batch(label: str, heads: tuple[int, int, int] = (HQ, HKV, D), layout: str = "rows",
-                **fields):  # fmt: skip
+                table: dict | None = None, **fields):  # fmt: skip
     """A decode batch over a paged pool at the benchmark shape (uninitialised: compile only);
     ``heads``: query heads, KV heads, head_dim; ``layout`` ``"padded"``: rows
-    :func:`attention_decode.row_stride` bytes apart (a view of the padded rows)."""
+    :func:`attention_decode.row_stride` bytes apart (a view of the padded rows); ``label`` a
+    key of ``table`` (default :data:`SPECS`)."""
     import torch
 
     from kvtuner.attention import AttentionBatch
 
-    k_spec, v_spec = specs(label)
+    k_spec, v_spec = specs(label, table)
     hq, hkv, dim = heads
     slots = BATCH * CONTEXT
     widths = [s.row_bytes(dim) for s in (k_spec, v_spec)]
@@ -207,11 +209,12 @@ def general_cases() -> dict:
 FITTED = ["KV4 g32", "KV4 g32 sym", "KV4 g64", "KV8 g64", "K8V4 g64/g32"]
 
 
-def fitted_cases() -> dict:
+def fitted_cases(labels=tuple(FITTED), table: dict | None = None) -> dict:
     """The decode kernel as a GPU launches it: its plan's cap on registers fitted at the first
     launch (:func:`kvtuner.attention.decode_kernel._fitted_cap`: the lowest cap that spills
     nothing and holds more programs an SM). Rows: each cap tried (``maxnreg``), the uncapped
-    build where the decode group has not built it yet; ``fitted_cap`` the one launched."""
+    build where the decode group has not built it yet; ``fitted_cap`` the one launched.
+    ``labels`` keys of ``table`` (default :data:`SPECS`)."""
     from kvtuner.attention.decode_kernel import launch_decode, plan_decode
 
     def fit(batch):
@@ -221,7 +224,23 @@ def fitted_cases() -> dict:
 
         return launch
 
-    return {f"decode {label} fitted": fit(paged_batch(label)) for label in FITTED}
+    return {f"decode {label} fitted": fit(paged_batch(label, table=table)) for label in labels}
+
+
+# the shipped profiles' common mixed rows (exported_configs/: K3 g32 and 2-bit values lead)
+MIXED = {
+    "K4 g32 / V2 g32": (dict(bits=4), dict(bits=2)),
+    "K3 g32 / V2 g32": (dict(bits=3), dict(bits=2)),
+    "K3 g32 / V3 g32": (dict(bits=3), dict(bits=3)),
+    "K4 g32 / V4 g64": (dict(bits=4), dict(bits=4, group_size=64)),
+    "K5 g64 / V4 g64": (dict(bits=5, group_size=64), dict(bits=4, group_size=64)),
+}
+
+
+def mixed_cases() -> dict:
+    """One-warp decode of :data:`MIXED`, uncapped and at each cap the launcher tries, as
+    :func:`fitted_cases` (``--only mixed``; not in the default run)."""
+    return fitted_cases(tuple(MIXED), MIXED)
 
 
 def kivi_batch(bits: int = 4):
@@ -461,7 +480,8 @@ def extend_tile_cases() -> dict:
 
 GROUPS = {"decode": decode_cases, "fitted": fitted_cases, "extend": extend_cases,
           "pack": pack_cases, "general": general_cases, "tiles": tile_cases,
-          "extend-tiles": extend_tile_cases, "pool-plans": pool_plan_cases}  # fmt: skip
+          "extend-tiles": extend_tile_cases, "pool-plans": pool_plan_cases,
+          "mixed": mixed_cases}  # fmt: skip
 DEFAULT_GROUPS = ["decode", "fitted", "extend", "pack", "general"]
 
 
