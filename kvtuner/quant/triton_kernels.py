@@ -464,7 +464,7 @@ class PoolPlan:
         block = min(self.block_rows, next_power_of_2(max(tokens, 1)))
         if self.whole_rows or sms is None:
             return self
-        while block > FEWEST_ROWS and cdiv(tokens, block) * heads < sms:
+        while block > FEWEST_ROWS and cdiv(cdiv(tokens, block), self.blocks) * heads < sms:
             block //= 2
         return self if block >= self.block_rows else replace(self, block_rows=block)
 
