@@ -120,7 +120,9 @@ case "$stage" in
       # 2026-11-28, against e1f448a: a row's two groups of 64 dotted apart, 8-bit codes read
       # as 1024 + c: KV8 g64 1138 -> 850, Triton 3.6 1264 -> 1058; since c384bca, unpack a
       # chunk of 8 codes a thread, nothing through shared memory: the unpack A/B is the
-      # .ab tree's pack and unpack against this tree's, the layouts step below)
+      # .ab tree's pack and unpack against this tree's, the layouts step below; since b9b4890,
+      # element-wise codes masked and offset in two PTX instructions a word: Triton 3.6 KV4
+      # g32 945 -> 886 loop instructions, KV3 g32 1359 -> 1300)
       cat .ab/REV >>"$log" 2>/dev/null
       for tree in .ab .; do
         name=$([ "$tree" = . ] && echo this || echo ab)
