@@ -153,9 +153,7 @@ def _fp16_pairs(pairs, LESS_1024: tl.constexpr, IN_WORD: tl.constexpr = False):
             "{.reg .b32 t; mov.b32 t, 0x64006400; sub.rn.f16x2 $0, $1, t;}", "=r,r", [pairs],
             dtype=tl.int32, is_pure=True, pack=1,
         )  # fmt: skip
-    lo = pairs.to(tl.int16).to(tl.float16, bitcast=True)
-    hi = (pairs >> 16).to(tl.int16).to(tl.float16, bitcast=True)
-    codes = tl.join(lo, hi)
+    codes = tl.join(_fp16_half(pairs, 0), _fp16_half(pairs, 1))
     if LESS_1024 and not SUB_IN_PTX:
         codes = codes - 1024.0
     return codes

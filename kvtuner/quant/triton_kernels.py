@@ -461,9 +461,9 @@ class PoolPlan:
         program at 32 rows, 558 at 8 and 56 registers against 164; KV8 g64 1680 -> 651; KV4
         g128 1520 -> 643). Unchanged with a whole row a thread (each thread's work is a row
         at any block) or without ``sms`` (CPU)."""
-        block = min(self.block_rows, next_power_of_2(max(tokens, 1)))
         if self.whole_rows or sms is None:
             return self
+        block = min(self.block_rows, next_power_of_2(max(tokens, 1)))
         while block > FEWEST_ROWS and cdiv(cdiv(tokens, block), self.blocks) * heads < sms:
             block //= 2
         return self if block >= self.block_rows else replace(self, block_rows=block)
