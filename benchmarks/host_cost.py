@@ -15,7 +15,9 @@ the kernel build a GPU runs):
 - ``HF decode <spec>``: :meth:`KVTunerLayer.attend` of one layer of the HF cache, batch 1,
   2048 packed tokens and a 64-token unpacked tail, the call ``generate()`` makes a layer a step;
 - ``SGLang extend <spec>``: ``extend_attention`` over a paged pool, 4 requests × 2048 stored
-  tokens, the last 128 new and in hand.
+  tokens, the last 128 new and in hand;
+- ``write K+V <spec>``: a decode step's write of one layer (1 token, batch 1), K and V in one
+  launch (what the pool and the static HF cache call) or a launch a side (as before).
 
     python benchmarks/host_cost.py [--calls 300] [--output FILE]
 
@@ -57,9 +59,11 @@ def built_once(tool):
     from triton.runtime.jit import JITFunction
 
     import kvtuner.attention.decode as entry
+    import kvtuner.quant.triton_kernels as packs
 
     spent = {"launches": 0, "seconds": 0.0}
     run, guard, merges = JITFunction.run, entry.interpreted, entry._merges_in_q_dtype
+    pack_guard = packs.interpreted
 
     def timed_run(self, *args, **kwargs):
         start = time.perf_counter()
@@ -79,12 +83,12 @@ def built_once(tool):
 
         tc.CompiledKernel._init_handles = load_once
         JITFunction.run, entry.interpreted = timed_run, lambda: True
-        entry._merges_in_q_dtype = lambda q: True
+        entry._merges_in_q_dtype, packs.interpreted = (lambda q: True), (lambda: True)
         try:
             yield spent
         finally:
             JITFunction.run, entry.interpreted, entry._merges_in_q_dtype = run, guard, merges
-            tc.CompiledKernel._init_handles = build
+            tc.CompiledKernel._init_handles, packs.interpreted = build, pack_guard
 
 
 def hf_case(label: str):
@@ -127,6 +131,28 @@ def extend_case(label: str, requests: int = 4, new: int = 128):
     return lambda: extend_attention(q, rows[0], rows[1], k_spec, v_spec, **fields)
 
 
+def write_case(label: str, *, one_launch: bool, tokens: int = 1):
+    """A decode step's write of one layer (``tokens`` new rows, batch 1 by default): K and V
+    packed in one launch (``triton_scatter_kv``, what the pool and the static HF cache call), or
+    a launch a side (``triton_scatter_quantized`` twice, as they did before)."""
+    import torch
+
+    from kvtuner.quant import triton_kernels as tk
+
+    k_spec, v_spec = specs(label, SPECS)
+    rows = [torch.empty(PACKED, HKV, s.row_bytes(D), dtype=torch.uint8) for s in (k_spec, v_spec)]
+    k, v = torch.randn(2, tokens, HKV, D, dtype=torch.float16)
+    loc = torch.arange(tokens, dtype=torch.int64)
+    if one_launch:
+        return lambda: tk.triton_scatter_kv(*rows, loc, k, v, k_spec, v_spec)
+
+    def each_side():
+        tk.triton_scatter_quantized(rows[0], loc, k, k_spec)
+        tk.triton_scatter_quantized(rows[1], loc, v, v_spec)
+
+    return each_side
+
+
 def measure(call, spent: dict, calls: int, rounds: int = 5) -> dict:
     """Best of ``rounds`` rounds of ``calls`` calls: µs a call, and Triton's share of it."""
     call()  # builds the kernels
@@ -147,6 +173,9 @@ def measure(call, spent: dict, calls: int, rounds: int = 5) -> dict:
 def cases() -> dict:
     out = {f"HF decode {label}": (lambda label=label: hf_case(label)) for label in SPECS}
     out["SGLang extend KV4 g32"] = lambda: extend_case("KV4 g32")
+    for label in ("KV4 g32", "K8V4 g64/g32"):
+        out[f"write K+V {label}, one launch"] = lambda x=label: write_case(x, one_launch=True)
+        out[f"write K+V {label}, a launch a side"] = lambda x=label: write_case(x, one_launch=False)
     return out
 
 

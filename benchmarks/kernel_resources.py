@@ -353,6 +353,9 @@ PACK_SPECS = {  # label: QuantSpec kwargs; every row length a pool holds at head
 }
 
 
+KV_PACKS = {"KV4 g32": ("KV4 g32", "KV4 g32"), "K8V4 g64/g32": ("KV8 g64", "KV4 g32")}
+
+
 def pack_cases() -> dict:
     """Pack (scatter quantized into a slot pool) and unpack (gather dequantized to bf16), each
     with its launcher's grid and arguments (the launchers refuse CPU tensors outside the
@@ -374,6 +377,10 @@ def pack_cases() -> dict:
         spec = QuantSpec(**PACK_SPECS[label])
         plan = tk.plan_pool(spec, pack=True).filling(16, HKV, SMS)
         cases[f"pack {label} at decode (16 tokens)"] = pool_launch(spec, plan, pack=True)
+    for label, (k, v) in KV_PACKS.items():  # a decode step's K and V in one launch
+        cases[f"pack K+V {label} at decode (16 tokens)"] = kv_launch(
+            QuantSpec(**PACK_SPECS[k]), QuantSpec(**PACK_SPECS[v]), tokens=16
+        )
     cases["pack KIVI K4 g32 pages"] = kivi_pages(QuantSpec(4, axis="channel"))
     cases["pack KIVI K3 g32 pages"] = kivi_pages(QuantSpec(3, axis="channel"))
     return cases
@@ -397,6 +404,21 @@ def pool_launch(spec, plan, *, pack: bool, planes: bool = False):
                                     **args)  # fmt: skip
     kernel = tk._gather_kernel if spec.is_quantized else tk._gather_fp16_kernel
     return lambda: kernel[grid](buf, loc, x, OUT_BF16=False, **args)  # a GPU's bf16 cast
+
+
+def kv_launch(k_spec, v_spec, *, tokens: int):
+    """Pack of a write's K and V (``tokens`` rows each) in one launch, as
+    :func:`~kvtuner.quant.triton_kernels.triton_scatter_kv` launches it on SMS SMs."""
+    import torch
+
+    from kvtuner.quant import triton_kernels as tk
+
+    bufs = [torch.empty(tokens, HKV, s.row_bytes(D), dtype=torch.uint8) for s in (k_spec, v_spec)]
+    xs = [torch.empty(tokens, HKV, D, dtype=torch.bfloat16) for _ in range(2)]
+    loc = torch.arange(tokens, dtype=torch.int64)
+    specs, planes = (k_spec, v_spec), (False, False)
+    grid, args = tk._kv_launch_args(*bufs, loc, xs, specs, planes, SMS)
+    return lambda: tk._scatter_kv_kernel[grid](*xs, loc, *bufs, **args)
 
 
 def pool_plan_cases() -> dict:

@@ -14,9 +14,10 @@ Kernel mode (``--device cuda``, or ``--kernels`` on the CPU under Triton's inter
 Triton pool kernels, pack = ``triton_scatter_quantized`` into a slot pool, unpack =
 ``triton_gather_dequantized`` to bf16, each beside ``clone()`` of the same bf16 tensor
 (ratio = clone time / kernel time; CUDA times from ``triton.testing.do_bench``, median), at
-[262144, 8, 128], [65536, 8, 128] and the decode size [64, 8, 128] (µs per call); rows of one
-scale a token-head (68 bytes) and of 8-bit g64 (136) also as planes (``kvtuner.quant.planes``:
-their codes stored and loaded 16 bytes at a time):
+[262144, 8, 128], [65536, 8, 128] and the decode size [64, 8, 128] (µs per call; at decode
+sizes also a write's K and V, ``triton_scatter_kv``'s one launch against a launch a side);
+rows of one scale a token-head (68 bytes) and of 8-bit g64 (136) also as planes
+(``kvtuner.quant.planes``: their codes stored and loaded 16 bytes at a time):
 
     python benchmarks/quant_throughput.py --device cuda
     python benchmarks/quant_throughput.py --kernels --shape 64 8 128   (CPU: proves it runs)
@@ -118,6 +119,7 @@ KERNEL_SPECS = (  # the issue's table, then one scale a token-head; (spec, as pl
     (QuantSpec(8, 64), True),
 )
 KERNEL_SHAPES = ((262144, 8, 128), (65536, 8, 128), (64, 8, 128))
+KV_TOKENS = 4096  # up to this many tokens a row also times a write's K and V (decode sizes)
 PLAN_SPECS = (QuantSpec(4, 32), QuantSpec(8, 64), QuantSpec(4, 32, rotation="hadamard"))
 # label: PoolPlan fields (block_rows, num_warps, whole_rows, blocks, stages), for pack and unpack;
 # 32x1 / 32x4 / 16x4: the plans timed (pack, unpack, Hadamard pack before the loop); 16x1:
@@ -155,6 +157,7 @@ def measure_kernels(
     from kvtuner.quant.triton_kernels import (
         PoolPlan,
         triton_gather_dequantized,
+        triton_scatter_kv,
         triton_scatter_quantized,
     )
 
@@ -170,8 +173,18 @@ def measure_kernels(
             buf, loc, spec, d, torch.bfloat16, plan=pool_plan, planes=planes
         ),
     }
+    if plan is None and n <= KV_TOKENS:  # a write's K and V: one launch, or a launch a side
+        v, v_buf = torch.randn_like(x), torch.empty_like(buf)
+        stmts["pack_sides"] = lambda: (stmts["pack"](), triton_scatter_quantized(
+            v_buf, loc, v, spec, planes=planes))  # fmt: skip
+        stmts["pack_kv"] = lambda: triton_scatter_kv(
+            buf, v_buf, loc, x, v, spec, spec, planes=(planes, planes)
+        )
     stmts["pack"]()
     t = {name: kernel_seconds(fn, device) for name, fn in stmts.items()}
+    kv = {}
+    if "pack_kv" in t:
+        kv = {"pack_kv_us": 1e6 * t["pack_kv"], "pack_sides_us": 1e6 * t["pack_sides"]}
     return {
         "shape": list(shape),
         "spec": spec.short() + (" planes" if planes else ""),
@@ -182,21 +195,23 @@ def measure_kernels(
         "clone_gbps": 2 * x.numel() * x.element_size() / t["clone"] / 1e9,  # read + write
         "pack_ratio": t["clone"] / t["pack"],
         "unpack_ratio": t["clone"] / t["unpack"],
+        **kv,
     }
 
 
 def kernel_table(results: list[dict]) -> str:
     lines = [
         "| shape | spec | plan | pack ratio | unpack ratio | pack µs | unpack µs | clone µs "
-        "| clone GB/s |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+        "| clone GB/s | K+V µs: one launch / a launch a side |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
+        kv = f"{r['pack_kv_us']:.1f} / {r['pack_sides_us']:.1f}" if "pack_kv_us" in r else "-"
         lines.append(
             f"| {r['shape']} | {r['spec']} | {r['plan']} | {r['pack_ratio']:.2f} | "
             f"{r['unpack_ratio']:.2f} | "
             f"{r['pack_us']:.1f} | {r['unpack_us']:.1f} | {r['clone_us']:.1f} | "
-            f"{r['clone_gbps']:.0f} |"
+            f"{r['clone_gbps']:.0f} | {kv} |"
         )
     return "\n".join(lines)
 

@@ -4,7 +4,7 @@
 of its new tokens and its fused attention without a break, and a CUDA graph captures the
 Triton launches inside them (CUDA graphs then replay them with no host work). Specs travel as
 JSON text (an op's arguments are tensors and plain values). Registered on import; bodies call
-:func:`kvtuner.quant.slot_ops.scatter_quantized` and the fused decode kernel, or its torch
+:func:`kvtuner.quant.slot_ops.scatter_kv` and the fused decode kernel, or its torch
 reference where ``kernel`` is off (CPU without Triton's interpreter).
 """
 
@@ -15,10 +15,10 @@ import json
 
 import torch
 
-from ..quant.slot_ops import scatter_quantized
+from ..quant.slot_ops import scatter_kv
 from ..quant.spec import QuantSpec
 
-__all__ = ["decode_slots", "pack_slots", "spec_text"]
+__all__ = ["decode_slots", "pack_kv_slots", "spec_text"]
 
 
 def spec_text(spec: QuantSpec) -> str:
@@ -31,15 +31,18 @@ def _spec(text: str) -> QuantSpec:
     return QuantSpec.from_dict(json.loads(text))
 
 
-@torch.library.custom_op("kvtuner::pack_slots", mutates_args=("buffer",))
-def pack_slots(buffer: torch.Tensor, loc: torch.Tensor, x: torch.Tensor, spec: str,
-               planes: bool) -> None:  # fmt: skip
-    """``buffer[loc] = quantize(x)`` for x [N, Hkv, D] (:func:`scatter_quantized`)."""
-    scatter_quantized(buffer, loc, x, _spec(spec), planes=planes)
+@torch.library.custom_op("kvtuner::pack_kv_slots", mutates_args=("k_rows", "v_rows"))
+def pack_kv_slots(k_rows: torch.Tensor, v_rows: torch.Tensor, loc: torch.Tensor, k: torch.Tensor,
+                  v: torch.Tensor, k_spec: str, v_spec: str, k_planes: bool,
+                  v_planes: bool) -> None:  # fmt: skip
+    """``k_rows[loc] = quantize(k)``, ``v_rows[loc] = quantize(v)`` for k, v [N, Hkv, D]
+    (:func:`scatter_kv`: one launch on CUDA)."""
+    specs, planes = (_spec(k_spec), _spec(v_spec)), (k_planes, v_planes)
+    scatter_kv(k_rows, v_rows, loc, k, v, *specs, planes=planes)
 
 
-@pack_slots.register_fake
-def _(buffer, loc, x, spec, planes) -> None:
+@pack_kv_slots.register_fake
+def _(k_rows, v_rows, loc, k, v, k_spec, v_spec, k_planes, v_planes) -> None:
     return None
 
 

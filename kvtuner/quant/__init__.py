@@ -5,7 +5,7 @@ TurboQuant caches (``vllm_*``) and the per-layer engine recipes built from them
 (:mod:`.engine_recipe`)."""
 
 from .reference import dequantize, fake_quantize, hadamard, quantize
-from .slot_ops import gather_dequantized, quantize_rows, scatter_quantized
+from .slot_ops import gather_dequantized, quantize_rows, scatter_kv, scatter_quantized
 from .smoothing import KeySmoothing
 from .spec import QUANTIZED_BITS, SUPPORTED_BITS, V1_BITS, QuantSpec
 
@@ -21,5 +21,6 @@ __all__ = [
     "hadamard",
     "quantize",
     "quantize_rows",
+    "scatter_kv",
     "scatter_quantized",
 ]

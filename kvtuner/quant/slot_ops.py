@@ -61,6 +61,30 @@ def scatter_quantized(
     buffer[loc.long()] = to_planes(rows, spec, x.shape[-1]) if planes else rows
 
 
+def scatter_kv(
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    loc: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_spec: QuantSpec,
+    v_spec: QuantSpec,
+    *,
+    planes: tuple[bool, bool] = (False, False),
+) -> None:
+    """:func:`scatter_quantized` of K into ``k_buffer`` and of V into ``v_buffer`` at the same
+    slots; CUDA: one Triton launch for both where both are quantized (a decode step's write)."""
+    if not _use_triton(k_buffer):
+        scatter_quantized(k_buffer, loc, k, k_spec, planes=planes[0])
+        scatter_quantized(v_buffer, loc, v, v_spec, planes=planes[1])
+        return
+    for buffer, x, spec in ((k_buffer, k, k_spec), (v_buffer, v, v_spec)):
+        _check_pool_args(buffer, loc, spec, x.shape[-1])
+    from .triton_kernels import triton_scatter_kv
+
+    triton_scatter_kv(k_buffer, v_buffer, loc, k, v, k_spec, v_spec, planes=planes)
+
+
 def gather_dequantized(
     buffer: torch.Tensor,
     loc: torch.Tensor,

@@ -1,8 +1,9 @@
 """Triton kernels for the packed format v3, beside their launchers.
 
-``triton_scatter_quantized``: ``buffer[loc] = quantize(x)``; ``triton_gather_dequantized``:
-``dequantize(buffer[loc])``; either with ``planes``, the pool's slots laid out as
-:mod:`.planes` (a row's metadata at :func:`~.triton_codes.meta_offset` from its codes).
+``triton_scatter_quantized``: ``buffer[loc] = quantize(x)`` (``triton_scatter_kv``: K's and V's
+in one launch); ``triton_gather_dequantized``: ``dequantize(buffer[loc])``; either with
+``planes``, the pool's slots laid out as :mod:`.planes` (a row's metadata at
+:func:`~.triton_codes.meta_offset` from its codes).
 Token axis only (what a slot pool stores), every bits value of ``SUPPORTED_BITS`` (2/3/4/5/6/8, and
 16 = fp16 bytes). Each program handles ``BLOCKS`` row blocks of ``BLOCK`` tokens of one KV head
 (:class:`PoolPlan`; several blocks run in a loop whose copies Triton pipelines); a row's codes are
@@ -55,6 +56,7 @@ __all__ = [
     "interpreted",
     "plan_pool",
     "triton_gather_dequantized",
+    "triton_scatter_kv",
     "triton_scatter_quantized",
 ]
 
@@ -150,6 +152,48 @@ def _scatter_kernel(
     WHOLE: tl.constexpr, BLOCKS: tl.constexpr, STAGES: tl.constexpr,
     PLANES: tl.constexpr,
 ):  # fmt: skip
+    _scatter_program(x_ptr, loc_ptr, buf_ptr, n_tokens, stride_slot, stride_head, stride_xt,
+        stride_xh, D, G, BITS, SYMMETRIC, NW_PAD, BLOCK, ROTATE, ALIGN, WHOLE, BLOCKS, STAGES,
+        PLANES)  # fmt: skip
+
+
+@triton.jit
+def _scatter_kv_kernel(
+    k_ptr, v_ptr, loc_ptr, k_buf_ptr, v_buf_ptr, n_tokens, k_programs, v_programs,
+    D: tl.constexpr, NW_PAD: tl.constexpr,
+    K_STRIDE_SLOT, K_STRIDE_HEAD, K_STRIDE_XT, K_STRIDE_XH, K_G: tl.constexpr,
+    K_BITS: tl.constexpr, K_SYMMETRIC: tl.constexpr, K_BLOCK: tl.constexpr,
+    K_ROTATE: tl.constexpr, K_ALIGN: tl.constexpr, K_WHOLE: tl.constexpr, K_BLOCKS: tl.constexpr,
+    K_STAGES: tl.constexpr, K_PLANES: tl.constexpr,
+    V_STRIDE_SLOT, V_STRIDE_HEAD, V_STRIDE_XT, V_STRIDE_XH, V_G: tl.constexpr,
+    V_BITS: tl.constexpr, V_SYMMETRIC: tl.constexpr, V_BLOCK: tl.constexpr,
+    V_ROTATE: tl.constexpr, V_ALIGN: tl.constexpr, V_WHOLE: tl.constexpr, V_BLOCKS: tl.constexpr,
+    V_STAGES: tl.constexpr, V_PLANES: tl.constexpr,
+):  # fmt: skip
+    """K and V of one write in one launch (grid: programs × heads × 2, axis 2 the side): each
+    side's program is :func:`_scatter_kernel`'s, specialised by its own constants, so K8V4
+    packs each side as its own launch would; programs past a side's own count do nothing."""
+    if tl.program_id(2) == 0:
+        if tl.program_id(0) < k_programs:
+            _scatter_program(k_ptr, loc_ptr, k_buf_ptr, n_tokens, K_STRIDE_SLOT, K_STRIDE_HEAD,
+                K_STRIDE_XT, K_STRIDE_XH, D, K_G, K_BITS, K_SYMMETRIC, NW_PAD, K_BLOCK,
+                K_ROTATE, K_ALIGN, K_WHOLE, K_BLOCKS, K_STAGES, K_PLANES)  # fmt: skip
+    else:
+        if tl.program_id(0) < v_programs:
+            _scatter_program(v_ptr, loc_ptr, v_buf_ptr, n_tokens, V_STRIDE_SLOT, V_STRIDE_HEAD,
+                V_STRIDE_XT, V_STRIDE_XH, D, V_G, V_BITS, V_SYMMETRIC, NW_PAD, V_BLOCK,
+                V_ROTATE, V_ALIGN, V_WHOLE, V_BLOCKS, V_STAGES, V_PLANES)  # fmt: skip
+
+
+@triton.jit
+def _scatter_program(
+    x_ptr, loc_ptr, buf_ptr, n_tokens, stride_slot, stride_head, stride_xt,
+    stride_xh, D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr, SYMMETRIC: tl.constexpr,
+    NW_PAD: tl.constexpr, BLOCK: tl.constexpr, ROTATE: tl.constexpr, ALIGN: tl.constexpr,
+    WHOLE: tl.constexpr, BLOCKS: tl.constexpr, STAGES: tl.constexpr,
+    PLANES: tl.constexpr,
+):  # fmt: skip
+    """One program of a pack: its ``BLOCKS`` row blocks of KV head ``program_id(1)``."""
     # a row's scales and zeros this many bytes after its codes (rows, or planes: .planes)
     md = meta_offset(tl.program_id(1).to(tl.int64), D, BITS, G, SYMMETRIC, PLANES, 1)
     if BLOCKS == 1:  # no loop: one that runs once builds otherwise (sm_90a Hadamard pack at
@@ -578,6 +622,74 @@ def triton_scatter_quantized(
     (``planes``: laid out as :mod:`.planes`). One kernel launch: the Hadamard rotation runs
     inside it; x is read through its strides (a copy only when its last dim is strided).
     ``plan`` None: :func:`plan_pool`'s."""
+    x = _pack_input(buffer, loc, x, spec, planes)
+    if loc.shape[0] == 0:
+        return
+    plan = plan or _pack_plan(spec, loc.shape[0], buffer.shape[1], _sms(x.device))
+    grid, args = _launch_args(buffer, loc, spec, x.shape[2], plan, planes)
+    kernel = _scatter_kernel if spec.is_quantized else _scatter_fp16_kernel
+    kernel[grid](x, loc, buffer, stride_xt=x.stride(0), stride_xh=x.stride(1), **args)
+
+
+def triton_scatter_kv(
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    loc: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_spec: QuantSpec,
+    v_spec: QuantSpec,
+    *,
+    planes: tuple[bool, bool] = (False, False),
+) -> None:
+    """:func:`triton_scatter_quantized` of K and of V into the same slots, in one launch
+    where both sides are quantized (else a launch a side): a decode step's write is then one
+    kernel a layer, not two. Each side packs the bytes its own launch would, on the plan its
+    own launch would take for a launch of both sides' programs."""
+    k = _pack_input(k_buffer, loc, k, k_spec, planes[0])
+    v = _pack_input(v_buffer, loc, v, v_spec, planes[1])
+    if k.shape[1:] != v.shape[1:]:
+        raise ValueError(f"K and V differ in heads or head_dim: {k.shape} and {v.shape}")
+    if not (k_spec.is_quantized and v_spec.is_quantized):
+        triton_scatter_quantized(k_buffer, loc, k, k_spec, planes=planes[0])
+        triton_scatter_quantized(v_buffer, loc, v, v_spec, planes=planes[1])
+        return
+    if loc.shape[0] == 0:
+        return
+    grid, args = _kv_launch_args(k_buffer, v_buffer, loc, (k, v), (k_spec, v_spec), planes,
+                                 _sms(k.device))  # fmt: skip
+    _scatter_kv_kernel[grid](k, v, loc, k_buffer, v_buffer, **args)
+
+
+def _kv_launch_args(k_buffer, v_buffer, loc, xs, specs, planes, sms: int | None):
+    """Grid and arguments of :func:`_scatter_kv_kernel` (checked inputs ``xs``: K and V): each
+    side's :func:`_launch_args` on the plan it takes for a launch of both sides' programs (twice
+    the heads), its own ones renamed ``K_*``/``V_*``."""
+    n, heads, dim = loc.shape[0], k_buffer.shape[1], xs[0].shape[2]
+    sides = [
+        _launch_args(buffer, loc, spec, dim, _pack_plan(spec, n, 2 * heads, sms), side)
+        for buffer, spec, side in zip((k_buffer, v_buffer), specs, planes, strict=True)
+    ]
+    args = {name: sides[0][1][name] for name in ("n_tokens", "D", "NW_PAD", "enable_fp_fusion")}
+    args["num_warps"] = max(common["num_warps"] for _, common in sides)  # a layout, not a result
+    for side, (grid, common), x in zip("KV", sides, xs, strict=True):
+        args[f"{side.lower()}_programs"] = grid[0]
+        args.update({renamed: common[name] for name, renamed in _SIDE_ARGS[side]})
+        args[f"{side}_STRIDE_XT"], args[f"{side}_STRIDE_XH"] = x.stride(0), x.stride(1)
+    return (max(sides[0][0][0], sides[1][0][0]), heads, 2), args  # programs × heads × K/V
+
+
+# a pack launch's arguments that differ between K and V, and their names in the kv kernel
+_SIDE_NAMES = ("stride_slot", "stride_head", "G", "BITS", "SYMMETRIC", "BLOCK", "ROTATE")
+_SIDE_NAMES += ("ALIGN", "WHOLE", "BLOCKS", "STAGES", "PLANES")
+_SIDE_ARGS = {side: [(name, f"{side}_{name.upper()}") for name in _SIDE_NAMES] for side in "KV"}
+
+
+def _pack_input(
+    buffer: torch.Tensor, loc: torch.Tensor, x: torch.Tensor, spec: QuantSpec, planes: bool
+) -> torch.Tensor:
+    """``x`` checked against the pack into ``buffer``; contiguous along D (copied only where
+    its last dim is strided)."""
     if x.dim() != 3 or x.dtype not in _FLOATS:
         raise ValueError(f"x must be fp16/bf16/fp32 [N, heads, D], got {x.dtype} {tuple(x.shape)}")
     _check(buffer, loc, spec, x.shape[2], planes)
@@ -586,15 +698,12 @@ def triton_scatter_quantized(
             f"x must be [len(loc)={loc.shape[0]}, heads={buffer.shape[1]}, D] on {buffer.device}, "
             f"got {tuple(x.shape)} on {x.device}"
         )
-    if loc.shape[0] == 0:
-        return
-    if x.stride(2) != 1:
-        x = x.contiguous()
-    if plan is None:
-        plan = plan_pool(spec, pack=True).filling(loc.shape[0], buffer.shape[1], _sms(x.device))
-    grid, args = _launch_args(buffer, loc, spec, x.shape[2], plan, planes)
-    kernel = _scatter_kernel if spec.is_quantized else _scatter_fp16_kernel
-    kernel[grid](x, loc, buffer, stride_xt=x.stride(0), stride_xh=x.stride(1), **args)
+    return x if x.stride(2) == 1 else x.contiguous()
+
+
+def _pack_plan(spec: QuantSpec, tokens: int, heads: int, sms: int | None) -> PoolPlan:
+    """:func:`plan_pool`'s pack plan for a launch of ``tokens`` × ``heads`` rows on ``sms``."""
+    return plan_pool(spec, pack=True).filling(tokens, heads, sms)
 
 
 def triton_gather_dequantized(

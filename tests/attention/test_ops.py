@@ -1,4 +1,4 @@
-"""torch.ops.kvtuner: the slot pack and decode ops pass torch's own op checks (schema, fake
+"""torch.ops.kvtuner: the slots' K+V pack and decode ops pass torch's own op checks (schema, fake
 tensors, mutation declared) and give the functions they wrap."""
 
 from __future__ import annotations
@@ -19,10 +19,12 @@ def pool(spec: QuantSpec) -> torch.Tensor:
     return torch.zeros(SLOTS, HEADS, spec.row_bytes(DIM), dtype=torch.uint8)
 
 
-def pack_args(spec: QuantSpec, planes: bool = False):
+def pack_args(planes: bool = False):
     loc = torch.tensor([3, 7, 11], dtype=torch.int32)
-    x = torch.randn(3, HEADS, DIM, generator=torch.Generator().manual_seed(0))
-    return pool(spec), loc, x, spec_text(spec), planes
+    gen = torch.Generator().manual_seed(0)
+    k, v = torch.randn(3, HEADS, DIM, generator=gen), torch.randn(3, HEADS, DIM, generator=gen)
+    texts = (spec_text(SPECS[0]), spec_text(SPECS[1]))
+    return pool(SPECS[0]), pool(SPECS[1]), loc, k, v, *texts, planes, planes
 
 
 def decode_args(kernel: bool, starts: bool = False):
@@ -40,13 +42,15 @@ def decode_args(kernel: bool, starts: bool = False):
 
 
 @pytest.mark.parametrize("planes", [False, True])
-def test_pack_op_is_scatter_quantized(planes):
-    args = pack_args(SPECS[0], planes)
-    torch.library.opcheck(torch.ops.kvtuner.pack_slots.default, args)
-    got, want = args[0].clone(), args[0].clone()
-    torch.ops.kvtuner.pack_slots(got, *args[1:])
-    scatter_quantized(want, args[1], args[2], SPECS[0], planes=planes)
-    assert torch.equal(got, want) and got.any()
+def test_pack_op_is_scatter_quantized_of_each_side(planes):
+    args = pack_args(planes)
+    torch.library.opcheck(torch.ops.kvtuner.pack_kv_slots.default, args)
+    got = [args[0].clone(), args[1].clone()]
+    torch.ops.kvtuner.pack_kv_slots(*got, *args[2:])
+    for rows, side, x, spec in zip(got, args[:2], args[3:5], SPECS, strict=True):
+        want = side.clone()
+        scatter_quantized(want, args[2], x, spec, planes=planes)
+        assert torch.equal(rows, want) and rows.any()
 
 
 @pytest.mark.parametrize("kernel", [False, True])

@@ -1,7 +1,8 @@
 """``benchmarks/host_cost.py``: an eager step's host time of a fused attention call, measured
 with the kernels built for sm_90a and never run. Holds what it can prove on any machine: every
-call is timed, and a decode or extend call makes two Triton launches (the kernel and its merge),
-no more. Needs the shared ``sm90_report.py`` beside the checkout, as CI has it."""
+call is timed, a decode or extend call makes two Triton launches (the kernel and its merge), no
+more, and a layer's K+V write one. Needs the shared ``sm90_report.py`` beside the checkout, as
+CI has it."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ BENCH = Path(__file__).parents[2] / "benchmarks"
 TOOL = Path(__file__).resolve().parents[3] / "shared" / "tools" / "sm90_report.py"
 
 
-def test_each_eager_call_is_timed_and_launches_the_kernel_and_its_merge_only(tmp_path):
+def test_each_eager_call_is_timed_and_launches_the_kernels_it_needs_only(tmp_path):
     if not TOOL.is_file():
         pytest.skip(f"{TOOL} (the shared sm90_report tool) is not beside this checkout")
     out = tmp_path / "host.json"
@@ -26,9 +27,10 @@ def test_each_eager_call_is_timed_and_launches_the_kernel_and_its_merge_only(tmp
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, cwd=BENCH)
     assert res.returncode == 0, res.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
-    assert {r["label"] for r in rows} >= {"HF decode KV4 g32", "SGLang extend KV4 g32"}
+    labels = {"HF decode KV4 g32", "SGLang extend KV4 g32", "write K+V KV4 g32, one launch"}
+    assert {r["label"] for r in rows} >= labels
     for r in rows:
-        assert r["launches_per_call"] == 2, r
+        assert r["launches_per_call"] == (1 if r["label"].endswith("one launch") else 2), r
         assert 0 < r["triton_us_per_call"] < r["us_per_call"], r
 
 

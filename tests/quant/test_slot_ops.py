@@ -11,6 +11,7 @@ from kvtuner.quant import (
     gather_dequantized,
     quantize,
     quantize_rows,
+    scatter_kv,
     scatter_quantized,
 )
 
@@ -37,6 +38,19 @@ def test_scatter_touches_only_given_slots(spec):
     assert torch.equal(buf[untouched], before[untouched])
     out = gather_dequantized(buf, loc, spec, 64, torch.bfloat16)
     assert torch.equal(out, dequantize(quantize(x, spec), spec, 64, torch.bfloat16))
+
+
+def test_scatter_kv_writes_each_side_as_scatter_quantized():
+    """K and V of one write, each side its spec (8-bit g64 keys, 4-bit values), same slots."""
+    k_spec, v_spec = QuantSpec(8, 64), QuantSpec(4, 32)
+    loc = torch.tensor([5, 0, 8], dtype=torch.int32)
+    k, v = torch.randn(2, 3, 2, 64, dtype=torch.bfloat16)
+    got = [torch.zeros(9, 2, s.row_bytes(64), dtype=torch.uint8) for s in (k_spec, v_spec)]
+    want = [rows.clone() for rows in got]
+    scatter_kv(*got, loc, k, v, k_spec, v_spec)
+    scatter_quantized(want[0], loc, k, k_spec)
+    scatter_quantized(want[1], loc, v, v_spec)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and got[1].any()
 
 
 def test_planes_on_the_reference_path_hold_the_rows_bytes_moved():

@@ -321,6 +321,52 @@ def test_many_rows_span_several_programs(tk):
     )
 
 
+KV_PAIRS = [  # (K spec, V spec, planes)
+    (QuantSpec(4, 32), QuantSpec(4, 32), (False, False)),
+    (QuantSpec(8, 64), QuantSpec(4, 32), (False, False)),  # K8V4: each side its constants
+    (QuantSpec(4, 32, rotation="hadamard"), QuantSpec(2, 32), (False, False)),  # 1 vs 3 programs
+    (QuantSpec(3, 32), QuantSpec(4, 16, True), (False, False)),
+    (QuantSpec(8, 32), QuantSpec(4, 64), (True, True)),
+    (QuantSpec(16), QuantSpec(4, 32), (False, False)),  # a 16-bit side: a launch a side
+]
+
+
+@pytest.mark.parametrize("tokens", [5, 70])
+@pytest.mark.parametrize(
+    ("k_spec", "v_spec", "planes"), KV_PAIRS, ids=lambda v: getattr(v, "short", lambda: "")()
+)
+def test_kv_in_one_launch_writes_what_each_side_alone_writes(tk, k_spec, v_spec, planes, tokens):
+    """K and V packed by one launch (grid axis 2 the side, each side's own plan, block count
+    and constants): each buffer holds the reference's bytes at ``loc``, other slots untouched."""
+    g = torch.Generator().manual_seed(tokens)
+    loc = torch.randperm(400, generator=g)[:tokens]
+    k, v = (torch.randn(tokens, 2, 64, generator=g, dtype=torch.bfloat16) for _ in "kv")
+    bufs, expected = [], []
+    for x, spec, side_planes in zip((k, v), (k_spec, v_spec), planes, strict=True):
+        buf = torch.randint(0, 256, (400, 2, spec.row_bytes(64)), dtype=torch.uint8, generator=g)
+        want, rows = buf.clone(), quantize(x, spec)
+        want[loc] = to_planes(rows, spec, 64) if side_planes else rows
+        bufs.append(buf)
+        expected.append(want)
+    tk.triton_scatter_kv(*bufs, loc, k, v, k_spec, v_spec, planes=planes)
+    assert torch.equal(bufs[0], expected[0]) and torch.equal(bufs[1], expected[1])
+
+
+def test_kv_in_one_launch_checks_both_sides(tk):
+    spec, loc = QuantSpec(4, 32), LOC
+    buf = torch.zeros(SLOTS, HEADS, spec.row_bytes(64), dtype=torch.uint8)
+    k = torch.zeros(5, HEADS, 64)
+    with pytest.raises(ValueError, match="heads or head_dim"):
+        narrow = torch.zeros(SLOTS, HEADS, spec.row_bytes(32), dtype=torch.uint8)
+        tk.triton_scatter_kv(buf, narrow, loc, k, torch.zeros(5, HEADS, 32), spec, spec)
+    with pytest.raises(ValueError, match="x must be"):
+        tk.triton_scatter_kv(buf, buf.clone(), loc, k, torch.zeros(4, HEADS, 64), spec, spec)
+    empty = torch.zeros(0, dtype=torch.long)
+    before = buf.clone()
+    tk.triton_scatter_kv(buf, buf, empty, k[:0], k[:0], spec, spec)
+    assert torch.equal(buf, before)
+
+
 BUF_16 = torch.zeros(SLOTS, HEADS, 128, dtype=torch.uint8)  # 16-bit rows of head_dim 64
 PLANS = [
     dict(block_rows=8, num_warps=1),  # a pack at decode sizes (PoolPlan.filling)

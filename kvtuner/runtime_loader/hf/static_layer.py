@@ -111,10 +111,10 @@ class KVTunerStaticLayer(CacheLayerMixin):
         positions = self.cumulative_length + torch.arange(t, device=self.device)  # [T]
         positions = positions.clamp(max=self.max_cache_len - 1)  # compiled: never another's slot
         loc = (self.slot_table[:, :1] + positions).flatten()  # [B·T] slots, request-major
-        keys = smooth(key_states, self.k_smooth, -3)
-        for rows, x, spec in ((self.k_rows, keys, 0), (self.v_rows, value_states, 1)):
-            flat = x.transpose(1, 2).reshape(-1, x.shape[1], x.shape[-1])  # [B·T, Hkv, D]
-            torch.ops.kvtuner.pack_slots(rows, loc, flat, self.spec_texts[spec], self.planes[spec])
+        k, v = (x.transpose(1, 2).reshape(-1, x.shape[1], x.shape[-1])  # [B·T, Hkv, D]
+                for x in (smooth(key_states, self.k_smooth, -3), value_states))  # fmt: skip
+        torch.ops.kvtuner.pack_kv_slots(self.k_rows, self.v_rows, loc, k, v, *self.spec_texts,
+                                        *self.planes)  # fmt: skip
         self.cumulative_length.add_(t)
         if self.dispatch.fuses(key_states):
             return self.tagged_slots, self.v_rows

@@ -140,6 +140,7 @@ def test_a_pool_of_planes_attends_as_torch_native_does(mode):
 
     class TritonPool(KVTunerMHATokenToKVPool):
         scatter = staticmethod(triton_kernels.triton_scatter_quantized)
+        scatter_kv = staticmethod(triton_kernels.triton_scatter_kv)
         gather = staticmethod(triton_kernels.triton_gather_dequantized)
 
     profile = tiny_profile([(QuantSpec(8), QuantSpec(4, 64))], heads=HEADS, head_dim=D)

@@ -89,10 +89,10 @@ def test_planes_where_they_align_codes_and_the_kernels_write():
         LayerSpec(3, QuantSpec(16), QuantSpec(4, 128)),  # 16-bit keys stay rows
     )
     layers, big = PoolLayers(specs, 0, 8), geometry(heads=8, head_dim=128)
-    kernels = PoolOps(None, None, None, torch_cpu=False)
+    kernels = PoolOps(None, None, None, None, torch_cpu=False)
     assert pool_planes(layers, big, kernels) == [(True, True), (True, True), (False, False),
                                                  (False, True)]  # fmt: skip
-    torch_cpu = PoolOps(None, None, None, torch_cpu=True)
+    torch_cpu = PoolOps(None, None, None, None, torch_cpu=True)
     assert pool_planes(layers, big, torch_cpu) == [(False, False)] * 4
 
 

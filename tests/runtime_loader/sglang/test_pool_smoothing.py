@@ -82,6 +82,7 @@ def test_triton_pool_writes_the_reference_bytes(kernels):  # noqa: F811
 
     class TritonPool(KVTunerMHATokenToKVPool):
         scatter = staticmethod(kernels.triton_scatter_quantized)
+        scatter_kv = staticmethod(kernels.triton_scatter_kv)
         gather = staticmethod(kernels.triton_gather_dequantized)
 
     profile = smoothed_profile()

@@ -57,6 +57,7 @@ def test_triton_pool_equals_torch_pool(kernels):
 
     class TritonPool(KVTunerMHATokenToKVPool):
         scatter = staticmethod(kernels.triton_scatter_quantized)
+        scatter_kv = staticmethod(kernels.triton_scatter_kv)
         gather = staticmethod(kernels.triton_gather_dequantized)
 
     profile = tiny_profile(SPECS, heads=HEADS, head_dim=D)

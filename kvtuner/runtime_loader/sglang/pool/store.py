@@ -28,7 +28,7 @@ from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, unwrap_write_loc
 
 from ....errors import KVTunerError
 from ....profile import Profile
-from ....quant import gather_dequantized, scatter_quantized
+from ....quant import gather_dequantized, scatter_kv, scatter_quantized
 from ....quant.slot_ops import pack_channel_pages
 from .cell_size import READ_MODES, allocation_line
 from .channels import buffer_descs
@@ -75,6 +75,7 @@ class KVTunerMHATokenToKVPool(MHATokenToKVPool):
     bound_rope_freq: torch.Tensor | None = None
     # the quantizer ops (Triton on CUDA, torch on CPU); tests swap in the interpreted kernels
     scatter = staticmethod(scatter_quantized)
+    scatter_kv = staticmethod(scatter_kv)  # a token-axis layer's K and V
     gather = staticmethod(gather_dequantized)
     pack_pages = staticmethod(pack_channel_pages)  # full channel-axis (KIVI) pages
 
@@ -173,7 +174,7 @@ class KVTunerMHATokenToKVPool(MHATokenToKVPool):
         """The class's quantizer ops; ``torch_cpu`` when they are the torch reference on CPU."""
         torch_path = self.scatter is scatter_quantized and self.gather is gather_dequantized
         cpu = torch_path and torch.device(self.device).type == "cpu"
-        return PoolOps(self.scatter, self.gather, self.pack_pages, torch_cpu=cpu)
+        return PoolOps(self.scatter, self.scatter_kv, self.gather, self.pack_pages, torch_cpu=cpu)
 
     def _read_plan(self) -> ReadPlan:
         views = self._views() if self.read_mode == "lazy" else {}

@@ -8,7 +8,7 @@ new K/V rows through it.
   costs a few dozen numpy calls per layer.
 - CPU otherwise (prefill, 16-bit layers, tests that swap in other quantizer ops): the torch
   reference, K and V in one call when they share a grid (:mod:`.cpu_writes.kv_pair`).
-- CUDA/ROCm: the Triton scatter kernels, K and V separately.
+- CUDA/ROCm: the Triton scatter kernel, K and V in one launch (``ops.scatter_kv``).
 - Layers with a channel-axis side: that side goes to its :class:`ChannelPages` (staged, packed
   a page at a time with the torch reference), the other side through the path above for one
   tensor; the decode cache forgets the slots of every page packed by the write.
@@ -47,9 +47,9 @@ def shared_grids(specs: Sequence[LayerSpec], torch_cpu: bool) -> list[QuantSpec 
 
 class PoolWriter:
     """Writes into the ``stored`` layers' packed buffers (the pool's lists, per local layer).
-    ``ops.torch_cpu``: the CPU torch path (numpy writer and reference; else ``ops.scatter`` per
-    side); ``reads``: told which rows change (the decode cache gets the values written; a
-    channel-axis layer's through the plan's ``read_kv``, the pool's read)."""
+    ``ops.torch_cpu``: the CPU torch path (numpy writer and reference; else ``ops.scatter_kv``,
+    or ``ops.scatter`` a side); ``reads``: told which rows change (the decode cache gets the
+    values written; a channel-axis layer's through the plan's ``read_kv``, the pool's read)."""
 
     def __init__(
         self, stored: StoredLayers, geometry: PoolGeometry, ops: PoolOps, reads: ReadState
@@ -57,7 +57,7 @@ class PoolWriter:
         self._stored = stored  # the packed buffers, specs, grids, pages and λ the reads share
         self._reads = reads
         self._read_kv = reads.plan.read_kv
-        self._scatter = ops.scatter
+        self._scatter, self._scatter_kv = ops.scatter, ops.scatter_kv
         self._torch_cpu = ops.torch_cpu
         self._page = geometry.page
         self._shape = (geometry.heads, geometry.head_dim)
@@ -89,9 +89,8 @@ class PoolWriter:
         if not self._torch_cpu:
             cache.on_write(layer_id, loc)  # a tensor: read back only if entries exist
             spec = self._stored.specs[local]
-            k_planes, v_planes = self._stored.planes[local]
-            self._scatter(self._stored.k_buffer[local], loc, k, spec.k, planes=k_planes)
-            self._scatter(self._stored.v_buffer[local], loc, v, spec.v, planes=v_planes)
+            buffers = (self._stored.k_buffer[local], self._stored.v_buffer[local])
+            self._scatter_kv(*buffers, loc, k, v, spec.k, spec.v, planes=self._stored.planes[local])
             return
         slots = loc.tolist()  # Python ints: numpy row indices, the decode cache's bookkeeping
         cache.on_write(layer_id, slots)
