@@ -11,7 +11,14 @@ import pytest
 import torch
 from conftest import cuda_kernel_launches
 
-from kvtuner.quant import QuantSpec, dequantize, gather_dequantized, quantize, scatter_quantized
+from kvtuner.quant import (
+    QuantSpec,
+    dequantize,
+    gather_dequantized,
+    quantize,
+    scatter_kv,
+    scatter_quantized,
+)
 
 pytestmark = pytest.mark.cuda
 HEADS = 8
@@ -78,6 +85,27 @@ def test_decode_sized_write_and_read_are_one_launch(spec):
     assert cuda_kernel_launches(lambda: scatter_quantized(buf, loc, k, spec)) == 1
     read = lambda: gather_dequantized(buf, loc, spec, 128, torch.bfloat16)  # noqa: E731
     assert cuda_kernel_launches(read) == 1
+
+
+@pytest.mark.parametrize(
+    ("k_spec", "v_spec"),
+    [(QuantSpec(4, 32), QuantSpec(4, 32)), (QuantSpec(8, 64), QuantSpec(4, 32)),
+     (QuantSpec(4, 32, rotation="hadamard"), QuantSpec(3, 32))],
+    ids=lambda s: s.short(),
+)  # fmt: skip
+def test_a_decode_steps_k_and_v_are_one_launch_of_each_sides_bytes(k_spec, v_spec):
+    """K and V of a decode step of 64 (sliced from a fused QKV output) packed by one kernel,
+    each side's bytes those of its own launch."""
+    qkv = torch.randn(64, 3 * HEADS, 128, device="cuda", dtype=torch.bfloat16)
+    k, v = qkv[:, HEADS : 2 * HEADS], qkv[:, 2 * HEADS :]
+    bufs = [torch.zeros(4096, HEADS, s.row_bytes(128), dtype=torch.uint8, device="cuda")
+            for s in (k_spec, v_spec)]  # fmt: skip
+    loc = torch.randperm(4096, device="cuda")[:64]
+    assert cuda_kernel_launches(lambda: scatter_kv(*bufs, loc, k, v, k_spec, v_spec)) == 1
+    for buf, x, spec in zip(bufs, (k, v), (k_spec, v_spec), strict=True):
+        alone = torch.zeros_like(buf)
+        scatter_quantized(alone, loc, x, spec)
+        assert torch.equal(buf, alone)
 
 
 @pytest.mark.parametrize("bits", [2, 3, 4, 8])
