@@ -122,7 +122,10 @@ case "$stage" in
       # chunk of 8 codes a thread, nothing through shared memory: the unpack A/B is the
       # .ab tree's pack and unpack against this tree's, the layouts step below; since b9b4890,
       # element-wise codes masked and offset in two PTX instructions a word: Triton 3.6 KV4
-      # g32 945 -> 886 loop instructions, KV3 g32 1359 -> 1300)
+      # g32 945 -> 886 loop instructions, KV3 g32 1359 -> 1300; since 2026-11-28 (session 26)
+      # pack and unpack launch heads first, a token block's heads side by side, so the sectors
+      # two heads' rows share are filled in L2: the quant_throughput A/B is that, at random
+      # slots; and a decode write's K and V are one launch: quant_throughput's K+V column)
       cat .ab/REV >>"$log" 2>/dev/null
       for tree in .ab .; do
         name=$([ "$tree" = . ] && echo this || echo ab)

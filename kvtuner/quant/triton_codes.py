@@ -131,16 +131,16 @@ def store_fp16(ptr, value, ok, mask, HALVES: tl.constexpr = False):
 
 
 @triton.jit
-def meta_offset(h, D: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr, SYM: tl.constexpr,
-                PLANES: tl.constexpr, UNIT: tl.constexpr):  # fmt: skip
+def meta_offset(h, heads, D: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr,
+                SYM: tl.constexpr, PLANES: tl.constexpr, UNIT: tl.constexpr):  # fmt: skip
     """From KV head h's codes to its scales and zeros, in ``UNIT``-byte units (1: bytes, 4:
     int32 words): a row's code bytes; in a pool of planes (:mod:`.planes`) the slot's codes of
-    every head (``tl.num_programs(1)``: every pool and attention kernel has one program a KV
-    head on grid axis 1), then head h's metadata."""
+    every head (``heads`` of them: the kernels' grid axis of one program a KV head), then head
+    h's metadata."""
     C: tl.constexpr = D * BITS // 8
     if PLANES:
         M: tl.constexpr = D // G * (2 if SYM else 4)
-        off = tl.num_programs(1).to(tl.int64) * (C // UNIT) + h * ((M - C) // UNIT)
+        off = heads.to(tl.int64) * (C // UNIT) + h * ((M - C) // UNIT)
     else:
         off = C // UNIT
     return off

@@ -20,6 +20,12 @@ one-ulp step on its int16 bits (rotated rows: see :func:`.triton_codes.hadamard_
 Hadamard rotation is fused: fp32 butterflies on the tile, after the load (scatter) or before the
 store (gather); a call is one launch.
 
+The grid is heads × programs: the GPU hands out a token block's heads one after another, so they
+run side by side. A slot holds its heads' rows back to back (KV4 g32 at d 128: 80 bytes each),
+so two heads share the 32-byte sectors at their rows' ends; run together, their writes fill each
+sector in L2 (a partly written sector is read back before it goes to DRAM), and their reads of
+it are one. A token at a time, x and a gather's output are read and written contiguously too.
+
 Importing this module imports triton and builds the kernels: set ``TRITON_INTERPRET=1`` before
 that to run them on CPU tensors (tests).
 """
@@ -81,13 +87,13 @@ def _store_out(ptr, v, mask, OUT_BF16: tl.constexpr):
 def _x_offsets(tokens, stride_xt, stride_xh):
     """Offsets [BLOCK] of this program's rows in x [N, heads, D] (any token/head strides: e.g.
     K sliced out of a fused QKV projection, read without a copy)."""
-    return tokens * stride_xt + tl.program_id(1).to(tl.int64) * stride_xh
+    return tokens * stride_xt + tl.program_id(0).to(tl.int64) * stride_xh
 
 
 @triton.jit
 def _out_rows(tokens):
     """Rows [BLOCK] of this program in the [N * heads] rows of a gather's output."""
-    return tokens * tl.num_programs(1) + tl.program_id(1)
+    return tokens * tl.num_programs(0) + tl.program_id(0)
 
 
 @triton.jit
@@ -95,15 +101,15 @@ def _row_bases(
     buf_ptr, loc_ptr, n_tokens, stride_slot, stride_head, blk, BLOCK: tl.constexpr,
     ALIGN: tl.constexpr,
 ):  # fmt: skip
-    """Row block ``blk``: BLOCK tokens of this program's KV head (grid: token blocks × heads, so
-    no row index is divided by the head count) -> tokens [BLOCK], their mask and buffer row
+    """Row block ``blk``: BLOCK tokens of this program's KV head (grid: heads × token blocks,
+    so no row index is divided by the head count) -> tokens [BLOCK], their mask and buffer row
     pointers.
     Strides come in ``ALIGN``-byte units: a row offset is then a known multiple of ALIGN, so a
     row's bytes move 8 or 16 at a time where the rows allow (136-byte KV8 g64 rows: 8)."""
     tokens = blk * BLOCK + tl.arange(0, BLOCK)
     row_ok = tokens < n_tokens
     slot = tl.load(loc_ptr + tokens, mask=row_ok, other=0).to(tl.int64)
-    unit = slot * stride_slot + tl.program_id(1).to(tl.int64) * stride_head
+    unit = slot * stride_slot + tl.program_id(0).to(tl.int64) * stride_head
     return tokens.to(tl.int64), row_ok, buf_ptr + unit * ALIGN
 
 
@@ -111,7 +117,7 @@ def _row_bases(
 def _row_blocks(n_tokens, BLOCK: tl.constexpr, BLOCKS: tl.constexpr):
     """This program's row blocks [first, last): ``BLOCKS`` consecutive ones (grid: the token
     blocks / BLOCKS, rounded up)."""
-    first = tl.program_id(0) * BLOCKS
+    first = tl.program_id(1) * BLOCKS
     return first, tl.minimum(first + BLOCKS, tl.cdiv(n_tokens, BLOCK))
 
 
@@ -170,16 +176,16 @@ def _scatter_kv_kernel(
     V_ROTATE: tl.constexpr, V_ALIGN: tl.constexpr, V_WHOLE: tl.constexpr, V_BLOCKS: tl.constexpr,
     V_STAGES: tl.constexpr, V_PLANES: tl.constexpr,
 ):  # fmt: skip
-    """K and V of one write in one launch (grid: programs × heads × 2, axis 2 the side): each
+    """K and V of one write in one launch (grid: heads × programs × 2, axis 2 the side): each
     side's program is :func:`_scatter_kernel`'s, specialised by its own constants, so K8V4
     packs each side as its own launch would; programs past a side's own count do nothing."""
     if tl.program_id(2) == 0:
-        if tl.program_id(0) < k_programs:
+        if tl.program_id(1) < k_programs:
             _scatter_program(k_ptr, loc_ptr, k_buf_ptr, n_tokens, K_STRIDE_SLOT, K_STRIDE_HEAD,
                 K_STRIDE_XT, K_STRIDE_XH, D, K_G, K_BITS, K_SYMMETRIC, NW_PAD, K_BLOCK,
                 K_ROTATE, K_ALIGN, K_WHOLE, K_BLOCKS, K_STAGES, K_PLANES)  # fmt: skip
     else:
-        if tl.program_id(0) < v_programs:
+        if tl.program_id(1) < v_programs:
             _scatter_program(v_ptr, loc_ptr, v_buf_ptr, n_tokens, V_STRIDE_SLOT, V_STRIDE_HEAD,
                 V_STRIDE_XT, V_STRIDE_XH, D, V_G, V_BITS, V_SYMMETRIC, NW_PAD, V_BLOCK,
                 V_ROTATE, V_ALIGN, V_WHOLE, V_BLOCKS, V_STAGES, V_PLANES)  # fmt: skip
@@ -193,12 +199,14 @@ def _scatter_program(
     WHOLE: tl.constexpr, BLOCKS: tl.constexpr, STAGES: tl.constexpr,
     PLANES: tl.constexpr,
 ):  # fmt: skip
-    """One program of a pack: its ``BLOCKS`` row blocks of KV head ``program_id(1)``."""
+    """One program of a pack: its ``BLOCKS`` row blocks of KV head ``program_id(0)``."""
     # a row's scales and zeros this many bytes after its codes (rows, or planes: .planes)
-    md = meta_offset(tl.program_id(1).to(tl.int64), D, BITS, G, SYMMETRIC, PLANES, 1)
+    md = meta_offset(
+        tl.program_id(0).to(tl.int64), tl.num_programs(0), D, BITS, G, SYMMETRIC, PLANES, 1
+    )
     if BLOCKS == 1:  # no loop: one that runs once builds otherwise (sm_90a Hadamard pack at
         # 16 rows x 4 warps: 121 registers, not 95)
-        _scatter_block(tl.program_id(0), x_ptr, loc_ptr, buf_ptr, n_tokens, stride_slot,
+        _scatter_block(tl.program_id(1), x_ptr, loc_ptr, buf_ptr, n_tokens, stride_slot,
             stride_head, stride_xt, stride_xh, md, D, G, BITS, SYMMETRIC, NW_PAD, BLOCK,
             ROTATE, ALIGN, WHOLE, PLANES)  # fmt: skip
     else:
@@ -280,9 +288,11 @@ def _gather_kernel(
     WHOLE: tl.constexpr, BLOCKS: tl.constexpr, STAGES: tl.constexpr,
     PLANES: tl.constexpr,
 ):  # fmt: skip
-    md = meta_offset(tl.program_id(1).to(tl.int64), D, BITS, G, SYMMETRIC, PLANES, 1)
+    md = meta_offset(
+        tl.program_id(0).to(tl.int64), tl.num_programs(0), D, BITS, G, SYMMETRIC, PLANES, 1
+    )
     if BLOCKS == 1:  # no loop (see _scatter_kernel)
-        _gather_block(tl.program_id(0), buf_ptr, loc_ptr, out_ptr, n_tokens, stride_slot,
+        _gather_block(tl.program_id(1), buf_ptr, loc_ptr, out_ptr, n_tokens, stride_slot,
             stride_head, md, D, G, BITS, SYMMETRIC, NW_PAD, BLOCK, OUT_BF16, ROTATE, ALIGN,
             WHOLE, PLANES)  # fmt: skip
     else:
@@ -378,7 +388,7 @@ def _scatter_fp16_kernel(
     BLOCKS: tl.constexpr, STAGES: tl.constexpr,
 ):  # fmt: skip
     if BLOCKS == 1:  # no loop (see _scatter_kernel)
-        _scatter_fp16_block(tl.program_id(0), x_ptr, loc_ptr, buf_ptr, n_tokens, stride_slot,
+        _scatter_fp16_block(tl.program_id(1), x_ptr, loc_ptr, buf_ptr, n_tokens, stride_slot,
             stride_head, stride_xt, stride_xh, D, D_PAD, BLOCK, ALIGN)  # fmt: skip
     else:
         first, last = _row_blocks(n_tokens, BLOCK, BLOCKS)
@@ -410,7 +420,7 @@ def _gather_fp16_kernel(
     BLOCKS: tl.constexpr, STAGES: tl.constexpr,
 ):  # fmt: skip
     if BLOCKS == 1:  # no loop (see _scatter_kernel)
-        _gather_fp16_block(tl.program_id(0), buf_ptr, loc_ptr, out_ptr, n_tokens, stride_slot,
+        _gather_fp16_block(tl.program_id(1), buf_ptr, loc_ptr, out_ptr, n_tokens, stride_slot,
             stride_head, D, D_PAD, BLOCK, OUT_BF16, ALIGN)  # fmt: skip
     else:
         first, last = _row_blocks(n_tokens, BLOCK, BLOCKS)
@@ -514,6 +524,7 @@ class PoolPlan:
 
 
 FEWEST_ROWS = 8  # rows a program :meth:`PoolPlan.filling` goes down to: a group of KV4 g32 a lane
+MOST_PROGRAMS = 65535  # a CUDA grid's second axis
 
 
 def plan_pool(spec: QuantSpec, *, pack: bool) -> PoolPlan:
@@ -556,8 +567,10 @@ def _launch_args(
     if not spec.is_quantized and plan.whole_rows:
         raise ValueError("16-bit rows have no groups: a plan for them takes whole_rows=False")
     block = min(plan.block_rows, next_power_of_2(max(n_tokens, 1)))
-    blocks = min(plan.blocks, cdiv(n_tokens, block))
-    grid = (cdiv(cdiv(n_tokens, block), blocks), buffer.shape[1])  # row blocks × heads
+    row_blocks = cdiv(n_tokens, block)
+    # more row blocks a program where the programs would pass a grid's second axis
+    blocks = max(min(plan.blocks, row_blocks), cdiv(row_blocks, MOST_PROGRAMS))
+    grid = (buffer.shape[1], cdiv(row_blocks, blocks))  # heads first: the module doc
     head = spec.code_bytes(head_dim) if planes else buffer.stride(1)  # head to head: codes
     align = _row_align(buffer, head)
     common = dict(
@@ -673,10 +686,10 @@ def _kv_launch_args(k_buffer, v_buffer, loc, xs, specs, planes, sms: int | None)
     args = {name: sides[0][1][name] for name in ("n_tokens", "D", "NW_PAD", "enable_fp_fusion")}
     args["num_warps"] = max(common["num_warps"] for _, common in sides)  # a layout, not a result
     for side, (grid, common), x in zip("KV", sides, xs, strict=True):
-        args[f"{side.lower()}_programs"] = grid[0]
+        args[f"{side.lower()}_programs"] = grid[1]
         args.update({renamed: common[name] for name, renamed in _SIDE_ARGS[side]})
         args[f"{side}_STRIDE_XT"], args[f"{side}_STRIDE_XH"] = x.stride(0), x.stride(1)
-    return (max(sides[0][0][0], sides[1][0][0]), heads, 2), args  # programs × heads × K/V
+    return (heads, max(sides[0][0][1], sides[1][0][1]), 2), args  # heads × programs × K/V
 
 
 # a pack launch's arguments that differ between K and V, and their names in the kv kernel

@@ -433,6 +433,18 @@ def test_decode_sized_packs_fill_the_sms_with_smaller_row_blocks(tk):
     assert whole.filling(16, 8, 132) is whole
 
 
+def test_a_launch_past_a_grids_second_axis_takes_more_row_blocks_a_program(tk):
+    """Heads are grid axis 0 (a token block's heads run side by side) and programs axis 1,
+    which CUDA caps at 65535: more row blocks then go to each program, not past the cap."""
+    spec, n = QuantSpec(4, 32), 32 * 65535 + 5
+    buf = torch.empty(1, 8, spec.row_bytes(128), dtype=torch.uint8).expand(n, 8, -1)
+    loc = torch.empty(1, dtype=torch.int64).expand(n)
+    grid, args = tk._launch_args(buf, loc, spec, 128, tk.PoolPlan(32, 1))
+    assert grid == (8, 32768) and args["BLOCKS"] == 2 and args["BLOCK"] == 32
+    grid, args = tk._launch_args(buf[:4096], loc[:4096], spec, 128, tk.PoolPlan(32, 1))
+    assert grid == (8, 128) and args["BLOCKS"] == 1
+
+
 def _odd_nans(dtype: torch.dtype) -> torch.Tensor:
     """x[2, HEADS, 64] holding NaNs of every sign and payload a GPU could turn into its own."""
     x = torch.randn(2, HEADS, 64)
