@@ -151,19 +151,6 @@ def _chunks(x_ptr, at, row_ok, D: tl.constexpr, G: tl.constexpr, NG_PAD: tl.cons
 
 
 @triton.jit
-def _scatter_kernel(
-    x_ptr, loc_ptr, buf_ptr, n_tokens, stride_slot, stride_head, stride_xt,
-    stride_xh, D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr, SYMMETRIC: tl.constexpr,
-    NW_PAD: tl.constexpr, BLOCK: tl.constexpr, ROTATE: tl.constexpr, ALIGN: tl.constexpr,
-    WHOLE: tl.constexpr, BLOCKS: tl.constexpr, STAGES: tl.constexpr,
-    PLANES: tl.constexpr,
-):  # fmt: skip
-    _scatter_program(x_ptr, loc_ptr, buf_ptr, n_tokens, stride_slot, stride_head, stride_xt,
-        stride_xh, D, G, BITS, SYMMETRIC, NW_PAD, BLOCK, ROTATE, ALIGN, WHOLE, BLOCKS, STAGES,
-        PLANES)  # fmt: skip
-
-
-@triton.jit
 def _scatter_kv_kernel(
     k_ptr, v_ptr, loc_ptr, k_buf_ptr, v_buf_ptr, n_tokens, k_programs, v_programs,
     D: tl.constexpr, NW_PAD: tl.constexpr,
@@ -177,22 +164,22 @@ def _scatter_kv_kernel(
     V_STAGES: tl.constexpr, V_PLANES: tl.constexpr,
 ):  # fmt: skip
     """K and V of one write in one launch (grid: heads × programs × 2, axis 2 the side): each
-    side's program is :func:`_scatter_kernel`'s, specialised by its own constants, so K8V4
+    side's program is :func:`_scatter_kernel`, specialised by its own constants, so K8V4
     packs each side as its own launch would; programs past a side's own count do nothing."""
     if tl.program_id(2) == 0:
         if tl.program_id(1) < k_programs:
-            _scatter_program(k_ptr, loc_ptr, k_buf_ptr, n_tokens, K_STRIDE_SLOT, K_STRIDE_HEAD,
+            _scatter_kernel(k_ptr, loc_ptr, k_buf_ptr, n_tokens, K_STRIDE_SLOT, K_STRIDE_HEAD,
                 K_STRIDE_XT, K_STRIDE_XH, D, K_G, K_BITS, K_SYMMETRIC, NW_PAD, K_BLOCK,
                 K_ROTATE, K_ALIGN, K_WHOLE, K_BLOCKS, K_STAGES, K_PLANES)  # fmt: skip
     else:
         if tl.program_id(1) < v_programs:
-            _scatter_program(v_ptr, loc_ptr, v_buf_ptr, n_tokens, V_STRIDE_SLOT, V_STRIDE_HEAD,
+            _scatter_kernel(v_ptr, loc_ptr, v_buf_ptr, n_tokens, V_STRIDE_SLOT, V_STRIDE_HEAD,
                 V_STRIDE_XT, V_STRIDE_XH, D, V_G, V_BITS, V_SYMMETRIC, NW_PAD, V_BLOCK,
                 V_ROTATE, V_ALIGN, V_WHOLE, V_BLOCKS, V_STAGES, V_PLANES)  # fmt: skip
 
 
 @triton.jit
-def _scatter_program(
+def _scatter_kernel(
     x_ptr, loc_ptr, buf_ptr, n_tokens, stride_slot, stride_head, stride_xt,
     stride_xh, D: tl.constexpr, G: tl.constexpr, BITS: tl.constexpr, SYMMETRIC: tl.constexpr,
     NW_PAD: tl.constexpr, BLOCK: tl.constexpr, ROTATE: tl.constexpr, ALIGN: tl.constexpr,
