@@ -341,6 +341,7 @@ def test_kv_in_one_launch_writes_what_each_side_alone_writes(tk, k_spec, v_spec,
     g = torch.Generator().manual_seed(tokens)
     loc = torch.randperm(400, generator=g)[:tokens]
     k, v = (torch.randn(tokens, 2, 64, generator=g, dtype=torch.bfloat16) for _ in "kv")
+    k = k.float() if tokens == 5 else k  # smoothed keys come as fp32 beside bf16 values
     bufs, expected = [], []
     for x, spec, side_planes in zip((k, v), (k_spec, v_spec), planes, strict=True):
         buf = torch.randint(0, 256, (400, 2, spec.row_bytes(64)), dtype=torch.uint8, generator=g)
