@@ -15,7 +15,8 @@ Triton pool kernels, pack = ``triton_scatter_quantized`` into a slot pool, unpac
 ``triton_gather_dequantized`` to bf16, each beside ``clone()`` of the same bf16 tensor
 (ratio = clone time / kernel time; CUDA times from ``triton.testing.do_bench``, median), at
 [262144, 8, 128], [65536, 8, 128] and the decode size [64, 8, 128] (µs per call; at decode
-sizes also a write's K and V, ``triton_scatter_kv``'s one launch against a launch a side);
+sizes also a write's K and V, ``triton_scatter_kv``'s one launch against a launch a side,
+each replayed in a CUDA graph);
 rows of one scale a token-head (68 bytes) and of 8-bit g64 (136) also as planes
 (``kvtuner.quant.planes``: their codes stored and loaded 16 bytes at a time):
 
@@ -120,6 +121,8 @@ KERNEL_SPECS = (  # the issue's table, then one scale a token-head; (spec, as pl
 )
 KERNEL_SHAPES = ((262144, 8, 128), (65536, 8, 128), (64, 8, 128))
 KV_TOKENS = 4096  # up to this many tokens a row also times a write's K and V (decode sizes)
+KV_STMTS = ("pack_kv", "pack_sides")  # timed in CUDA graphs: at decode sizes an eager launch's
+# host time is the call's (the H200's 64-token unpacks: 5-25 µs)
 PLAN_SPECS = (QuantSpec(4, 32), QuantSpec(8, 64), QuantSpec(4, 32, rotation="hadamard"))
 # label: PoolPlan fields (block_rows, num_warps, whole_rows, blocks, stages), for pack and unpack;
 # 32x1 / 32x4 / 16x4: the plans timed (pack, unpack, Hadamard pack before the loop); 16x1:
@@ -137,10 +140,14 @@ POOL_PLANS = {
 }
 
 
-def kernel_seconds(fn, device: torch.device) -> float:
+def kernel_seconds(fn, device: torch.device, graph: bool = False) -> float:
+    """Seconds a call of ``fn``: CUDA, median of ``do_bench`` (``graph``: of calls replayed in
+    a CUDA graph, no host launch in the time, as a decode step replays its writes)."""
     if device.type == "cuda":
-        from triton.testing import do_bench
+        from triton.testing import do_bench, do_bench_cudagraph
 
+        if graph:
+            return do_bench_cudagraph(fn, rep=100, return_mode="median") / 1e3
         return do_bench(fn, warmup=25, rep=200, return_mode="median") / 1e3
     return seconds(fn, 0.2)
 
@@ -181,7 +188,7 @@ def measure_kernels(
             buf, v_buf, loc, x, v, spec, spec, planes=(planes, planes)
         )
     stmts["pack"]()
-    t = {name: kernel_seconds(fn, device) for name, fn in stmts.items()}
+    t = {name: kernel_seconds(fn, device, graph=name in KV_STMTS) for name, fn in stmts.items()}
     kv = {}
     if "pack_kv" in t:
         kv = {"pack_kv_us": 1e6 * t["pack_kv"], "pack_sides_us": 1e6 * t["pack_sides"]}
@@ -202,7 +209,7 @@ def measure_kernels(
 def kernel_table(results: list[dict]) -> str:
     lines = [
         "| shape | spec | plan | pack ratio | unpack ratio | pack µs | unpack µs | clone µs "
-        "| clone GB/s | K+V µs: one launch / a launch a side |",
+        "| clone GB/s | K+V µs in a CUDA graph: one launch / a launch a side |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
