@@ -15,8 +15,9 @@ Triton pool kernels, pack = ``triton_scatter_quantized`` into a slot pool, unpac
 ``triton_gather_dequantized`` to bf16, each beside ``clone()`` of the same bf16 tensor
 (ratio = clone time / kernel time; CUDA times from ``triton.testing.do_bench``, median), at
 [262144, 8, 128], [65536, 8, 128] and the decode size [64, 8, 128] (µs per call; at decode
-sizes also a write's K and V, ``triton_scatter_kv``'s one launch against a launch a side,
-each replayed in a CUDA graph);
+sizes every call replayed in a CUDA graph, ``do_bench_cudagraph``, as a decode step replays
+its write, and also a write's K and V: ``triton_scatter_kv``'s one launch against a launch a
+side);
 rows of one scale a token-head (68 bytes) and of 8-bit g64 (136) also as planes
 (``kvtuner.quant.planes``: their codes stored and loaded 16 bytes at a time):
 
@@ -120,9 +121,10 @@ KERNEL_SPECS = (  # the issue's table, then one scale a token-head; (spec, as pl
     (QuantSpec(8, 64), True),
 )
 KERNEL_SHAPES = ((262144, 8, 128), (65536, 8, 128), (64, 8, 128))
-KV_TOKENS = 4096  # up to this many tokens a row also times a write's K and V (decode sizes)
-KV_STMTS = ("pack_kv", "pack_sides")  # timed in CUDA graphs: at decode sizes an eager launch's
-# host time is the call's (the H200's 64-token unpacks: 5-25 µs)
+# up to this many tokens (decode sizes) a row also times a write's K and V, and every call is
+# timed replayed in a CUDA graph: eagerly, the host's launch was the call's time (the H200's
+# 64-token rows, 2026-11-26: unpack 5-25 µs, pack 8-20, clone 4.3-4.8)
+KV_TOKENS = 4096
 PLAN_SPECS = (QuantSpec(4, 32), QuantSpec(8, 64), QuantSpec(4, 32, rotation="hadamard"))
 # label: PoolPlan fields (block_rows, num_warps, whole_rows, blocks, stages), for pack and unpack;
 # 32x1 / 32x4 / 16x4: the plans timed (pack, unpack, Hadamard pack before the loop); 16x1:
@@ -188,7 +190,8 @@ def measure_kernels(
             buf, v_buf, loc, x, v, spec, spec, planes=(planes, planes)
         )
     stmts["pack"]()
-    t = {name: kernel_seconds(fn, device, graph=name in KV_STMTS) for name, fn in stmts.items()}
+    graph = n <= KV_TOKENS  # decode sizes: an eager launch's host time would be the call's
+    t = {name: kernel_seconds(fn, device, graph) for name, fn in stmts.items()}
     kv = {}
     if "pack_kv" in t:
         kv = {"pack_kv_us": 1e6 * t["pack_kv"], "pack_sides_us": 1e6 * t["pack_sides"]}
@@ -199,6 +202,7 @@ def measure_kernels(
         "clone_us": 1e6 * t["clone"],
         "pack_us": 1e6 * t["pack"],
         "unpack_us": 1e6 * t["unpack"],
+        "timing": "cuda graph" if graph and device.type == "cuda" else "eager",
         "clone_gbps": 2 * x.numel() * x.element_size() / t["clone"] / 1e9,  # read + write
         "pack_ratio": t["clone"] / t["pack"],
         "unpack_ratio": t["clone"] / t["unpack"],
@@ -209,7 +213,7 @@ def measure_kernels(
 def kernel_table(results: list[dict]) -> str:
     lines = [
         "| shape | spec | plan | pack ratio | unpack ratio | pack µs | unpack µs | clone µs "
-        "| clone GB/s | K+V µs in a CUDA graph: one launch / a launch a side |",
+        "| clone GB/s | K+V µs: one launch / a launch a side |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
@@ -236,7 +240,8 @@ def run_kernels(args: argparse.Namespace) -> None:
         measure_kernels(shape, spec, device, plan, planes) for shape, spec, plan, planes in cases
     ]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
-    print(f"{name}, torch {torch.__version__}; ratio = clone() time / kernel time (bf16)")
+    print(f"{name}, torch {torch.__version__}; ratio = clone() time / kernel time (bf16); "
+          f"rows of up to {KV_TOKENS} tokens timed as CUDA-graph replays on a GPU")  # fmt: skip
     print(kernel_table(results))
     write_json_atomic(
         args.output,
