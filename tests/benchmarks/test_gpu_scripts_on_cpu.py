@@ -67,6 +67,19 @@ def test_pool_plan_sweep_times_every_plan_of_every_spec(tmp_path, monkeypatch):
     assert all(r["pack_us"] > 0 and r["unpack_us"] > 0 for r in rows)
 
 
+def test_decode_sized_rows_time_a_writes_k_and_v_both_ways(tmp_path):
+    """``quant_throughput.py --kernels`` at a decode size: each row also times a write's K and
+    V in one launch and a launch a side (on CPU eagerly; a GPU replays them in CUDA graphs)."""
+    out = tmp_path / "kernels.json"
+    cmd = [sys.executable, str(BENCH / "quant_throughput.py"), "--kernels", "--shape", "8", "1",
+           "128", "--output", str(out)]  # fmt: skip (head_dim 128: the specs include g128)
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=BENCH)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = json.loads(out.read_text())["results"]
+    assert rows and all(r["pack_kv_us"] > 0 and r["pack_sides_us"] > 0 for r in rows)
+    assert {r["timing"] for r in rows} == {"eager"}
+
+
 def test_pool_layouts_are_timed_in_one_run_and_checked(tmp_path):
     """``--layouts rows padded planes``: each spec's pool as rows, padded to 16 bytes and as
     planes, in one run, each against the reference (KV4 g128 at head_dim 32: 20-byte rows, 32
