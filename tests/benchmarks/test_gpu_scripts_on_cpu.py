@@ -70,9 +70,9 @@ def test_pool_plan_sweep_times_every_plan_of_every_spec(tmp_path, monkeypatch):
 def test_decode_sized_rows_time_a_writes_k_and_v_both_ways(tmp_path):
     """``quant_throughput.py --kernels`` at a decode size: each row also times a write's K and
     V in one launch and a launch a side (on CPU eagerly; a GPU replays them in CUDA graphs)."""
-    out = tmp_path / "kernels.json"
+    out = tmp_path / "kernels.json"  # head_dim 128: the specs include g128
     cmd = [sys.executable, str(BENCH / "quant_throughput.py"), "--kernels", "--shape", "8", "1",
-           "128", "--output", str(out)]  # fmt: skip (head_dim 128: the specs include g128)
+           "128", "--output", str(out)]  # fmt: skip
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=BENCH)
     assert res.returncode == 0, res.stderr[-3000:]
     rows = json.loads(out.read_text())["results"]
