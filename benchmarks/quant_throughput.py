@@ -278,6 +278,18 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def refuse_shape(shape: list[int], specs) -> None:
+    """One line and exit 2 where ``--shape`` has an empty axis or a head_dim that a token-axis
+    spec's groups do not divide."""
+    unfit = list(
+        dict.fromkeys(s.short() for s in specs if s.axis == "token" and shape[2] % s.group_size)
+    )
+    if min(shape) < 1 or unfit:
+        why = f"groups of {', '.join(unfit)} do not divide head_dim" if unfit else "empty axis"
+        print(f"error: --shape {' '.join(map(str, shape))}: {why}", file=sys.stderr)
+        sys.exit(2)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -298,7 +310,10 @@ def main() -> None:
     )
     args = parser.parse_args()
     args.shape_given = "--shape" in sys.argv
-    if args.device != "cpu" or args.kernels:
+    kernels = args.device != "cpu" or args.kernels
+    specs = (PLAN_SPECS if args.plans else [s for s, _ in KERNEL_SPECS]) if kernels else SPECS
+    refuse_shape(args.shape, specs)
+    if kernels:
         args.output = args.output or OUT.with_name("quant_throughput_kernels.json")
         run_kernels(args)
         return

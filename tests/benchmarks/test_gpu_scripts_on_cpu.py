@@ -80,6 +80,16 @@ def test_decode_sized_rows_time_a_writes_k_and_v_both_ways(tmp_path):
     assert {r["timing"] for r in rows} == {"eager"}
 
 
+def test_a_head_dim_the_groups_do_not_divide_is_one_line(tmp_path):
+    cmd = [sys.executable, str(BENCH / "quant_throughput.py"), "--kernels", "--shape", "8", "1",
+           "64", "--output", str(tmp_path / "x.json")]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=BENCH)
+    assert res.returncode == 2 and res.stderr.strip().splitlines() == [
+        "error: --shape 8 1 64: groups of 4b/g128/asym/token do not divide head_dim"
+    ]
+    assert not (tmp_path / "x.json").exists()
+
+
 def test_pool_layouts_are_timed_in_one_run_and_checked(tmp_path):
     """``--layouts rows padded planes``: each spec's pool as rows, padded to 16 bytes and as
     planes, in one run, each against the reference (KV4 g128 at head_dim 32: 20-byte rows, 32
