@@ -100,14 +100,19 @@ case "$stage" in
     step 12 python3 benchmarks/attention_decode.py --device cuda --batch 16 --context 8192 \
       --specs "KV4 g32" "KV8 g64" --variants decode-kernel --graphs \
       --output "$out/attention_decode_graphs.json"  # 16 x 8k without the host's eager work
-    # the register cap fitted at a build's first launch (since 2026-11-28: 128 or 144 where
-    # the build spills nothing and holds more programs an SM; sm_90a, Triton 3.6: KV4 g32
-    # and its symmetric rows 128, 16 programs against 12-14; KV4 g64 and K8V4 144) against
-    # none (255, ptxas' own limit); KV8 g64 fits none (both caps spill): the control
+    # the register cap fitted at a build's first launch (since 2026-11-28: the lowest of
+    # 128, 144, 152, 168, 184 and 200 where the build spills nothing and holds more programs
+    # an SM; sm_90a, Triton 3.6: KV4 g32 and its symmetric rows 128, 16 programs against
+    # 12-14; KV4 g64 and K8V4 144) against none (255, ptxas' own limit); KV8 g64 in rows fits
+    # none (128-152 spill, 168 holds no more): the control; KV8 g64 in planes (SGLang's
+    # layout for it) fits 152, 13 programs against 12 (3.9: against 9)
     step 18 python3 benchmarks/attention_decode.py --device cuda --batch 64 --context 32768 \
       --specs "KV4 g32" "KV4 g32 sym" "KV4 g64" "K8V4 (mixed)" "KV8 g64" \
       --variants decode-kernel --max-registers none 255 \
       --output "$out/attention_decode_fitted_cap.json"
+    step 10 python3 benchmarks/attention_decode.py --device cuda --batch 64 --context 32768 \
+      --specs "KV8 g64" --variants decode-kernel --layouts planes --max-registers none 255 \
+      --output "$out/attention_decode_fitted_cap_planes.json"
     if [ -d .ab/kvtuner ]; then  # A/B at one shape, the two trees in turn, one round (two
       # rounds agreed within 0.5 % in the third lease); .ab/REV names the other commit
       # (2026-11-27: b4edb09, q's rows padded to 16 as the MMA's, against keys dotted first

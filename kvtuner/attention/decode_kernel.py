@@ -225,11 +225,13 @@ def plan_decode(batch: AttentionBatch, *, sms: int | None = None) -> DecodePlan:
     return DecodePlan(splits, **tile, fit_registers=uncapped not in _FITTED)  # fitted once
 
 
-# caps a build may take to hold more programs an SM (ptxas' maxnreg), lowest first: 16 and 14
-# one-warp programs at Hopper's 65,536 registers. Which spill is the compiler's to say: at
-# one-warp KV4 g32 the sm_90a build spills nothing at 128 under Triton 3.6 (157 registers, 12
-# programs uncapped) and 16 bytes under 3.9, whose build fits 144 (162 uncapped, 12 programs)
-REGISTER_CAPS = (128, 144)
+# caps a build may take to hold more programs an SM (ptxas' maxnreg), lowest first: 16, 14,
+# 13, 12, 11 and 10 one-warp programs at Hopper's 65,536 registers. Which spill is the
+# compiler's to say: at one-warp KV4 g32 the sm_90a build spills nothing at 128 under Triton 3.6
+# (157 registers, 12 programs uncapped) and 16 bytes under 3.9, whose build fits 144 (162
+# uncapped, 12 programs); KV8 g64 in planes spills at 128 and 144 under both and fits 152 (3.9:
+# 223 registers uncapped, 9 programs, against 13; 3.6: 167, 12 against 13)
+REGISTER_CAPS = (128, 144, 152, 168, 184, 200)
 # the cap each build (its key uncapped) launches at, fitted at its first launch: :func:`_fitted_cap`
 _FITTED: dict[tuple, int | None] = {}
 
@@ -289,7 +291,8 @@ def _fitted_cap(batch: AttentionBatch, plan: DecodePlan, build) -> int | None:
     key: the lowest whose build (``build(cap)``: Triton's compiled kernel, loaded) spills
     nothing and holds more programs an SM than the uncapped one (sm_90a, Triton 3.6: one-warp
     KV4 g32 945 loop instructions a tile at 157 registers, 956 at 128, 16 programs an SM
-    against 12; under 3.9 at 144, 852 against 864, 14 against 12). Unmeasured on a GPU."""
+    against 12; under 3.9 at 144, 852 against 864, 14 against 12). Caps below the uncapped
+    build's registers only, so at most a few compiles more. Unmeasured on a GPU."""
     key = _build_key(batch, plan.block_tokens, plan.num_warps, plan.num_stages)
     if key not in _FITTED:
         _FITTED[key] = _lowest_cap(build, plan.num_warps, batch.q.device)
