@@ -121,8 +121,8 @@ def _decode_kernel(
     qpos = packed + tail_len - 1  # the query is the newest position
     base = tl.maximum(qpos - window + 1, 0) if WINDOW else 0  # no key before it is seen
     base = tl.maximum(base, start)  # nor a left pad: tiles read only rows the query attends
-    heads = tl.num_programs(1)  # codes to scales, in words:
-    k_md = meta_offset(h64, heads, D, K_BITS, K_G, K_SYM, K_PLANES, 4)
+    heads = tl.num_programs(1)  # grid axis 1: a program a KV head
+    k_md = meta_offset(h64, heads, D, K_BITS, K_G, K_SYM, K_PLANES, 4)  # codes to scales, in words
     v_md = meta_offset(h64, heads, D, V_BITS, V_G, V_SYM, V_PLANES, 4)
     if not HAS_TAIL or split < num_splits:
         row = tl.load(rows_ptr + b).to(tl.int64) if PAGED else b64

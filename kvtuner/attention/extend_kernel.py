@@ -82,8 +82,8 @@ def _extend_kernel(
     prefix = total - n_q  # positions from here on are the new tokens
     known = prefix if HAND else total  # positions read from the pool end here
     k_at0, v_at0 = h64 * k_sh * K_VEC, h64 * v_sh * V_VEC
-    heads = tl.num_programs(1)  # codes to scales, in words:
-    k_md = meta_offset(h64, heads, D, K_BITS, K_G, K_SYM, K_PLANES, 4)
+    heads = tl.num_programs(1)  # grid axis 1: a program a KV head
+    k_md = meta_offset(h64, heads, D, K_BITS, K_G, K_SYM, K_PLANES, 4)  # codes to scales, in words
     v_md = meta_offset(h64, heads, D, V_BITS, V_G, V_SYM, V_PLANES, 4)
     # KIVI keys: the splits read full pages' blocks, one more program the filling page's staging
     pages = (stage_ptr, srows_ptr, s_sr, s_sg, h64 * s_sh) if K_CHANNEL else 0

@@ -106,8 +106,8 @@ def _attention_kernel(
     k_base, v_base = k_ptr + b64 * k_sb + h64 * k_sh, v_ptr + b64 * v_sb + h64 * v_sh
     kt_base, vt_base = kt_ptr + b64 * kt_sb + h64 * kt_sh, vt_ptr + b64 * vt_sb + h64 * vt_sh
     ks_base = ks_ptr + h64 * ks_sh  # paged channel-axis keys: filling pages' fp values
-    heads = tl.num_programs(1)  # codes to scales, in bytes:
-    k_md = meta_offset(h64, heads, D, K_BITS, K_G, K_SYM, K_PLANES, 1)
+    heads = tl.num_programs(1)  # grid axis 1: a program a KV head
+    k_md = meta_offset(h64, heads, D, K_BITS, K_G, K_SYM, K_PLANES, 1)  # codes to scales, in bytes
     v_md = meta_offset(h64, heads, D, V_BITS, V_G, V_SYM, V_PLANES, 1)
     both = tl.minimum(k_len, v_len)  # below: K and V both packed (the split-K hot loop)
     lo = base + split * chunk

@@ -623,8 +623,12 @@ def triton_scatter_quantized(
     inside it; x is read through its strides (a copy only when its last dim is strided).
     ``plan`` None: :func:`plan_pool`'s."""
     x = _pack_input(buffer, loc, x, spec, planes)
-    if loc.shape[0] == 0:
-        return
+    if loc.shape[0]:
+        _launch_pack(buffer, loc, x, spec, planes, plan)
+
+
+def _launch_pack(buffer, loc, x, spec: QuantSpec, planes: bool, plan: PoolPlan | None) -> None:
+    """One pack launch of checked, non-empty inputs (:func:`_pack_input`)."""
     plan = plan or _pack_plan(spec, loc.shape[0], buffer.shape[1], _sms(x.device))
     grid, args = _launch_args(buffer, loc, spec, x.shape[2], plan, planes)
     kernel = _scatter_kernel if spec.is_quantized else _scatter_fp16_kernel
@@ -650,11 +654,11 @@ def triton_scatter_kv(
     v = _pack_input(v_buffer, loc, v, v_spec, planes[1])
     if k.shape[1:] != v.shape[1:]:
         raise ValueError(f"K and V differ in heads or head_dim: {k.shape} and {v.shape}")
-    if not (k_spec.is_quantized and v_spec.is_quantized):
-        triton_scatter_quantized(k_buffer, loc, k, k_spec, planes=planes[0])
-        triton_scatter_quantized(v_buffer, loc, v, v_spec, planes=planes[1])
-        return
     if loc.shape[0] == 0:
+        return
+    if not (k_spec.is_quantized and v_spec.is_quantized):  # 16-bit rows: a launch a side
+        _launch_pack(k_buffer, loc, k, k_spec, planes[0], None)
+        _launch_pack(v_buffer, loc, v, v_spec, planes[1], None)
         return
     grid, args = _kv_launch_args(k_buffer, v_buffer, loc, (k, v), (k_spec, v_spec), planes,
                                  _sms(k.device))  # fmt: skip
