@@ -382,7 +382,6 @@ def dequantized(words_ptr, half_ptr, at, meta, C0: tl.constexpr, W: tl.constexpr
     and covers whole groups or lies in one.
     ``JOINT`` and ``LANES`` as in :func:`row_meta`; ``LANES`` and ``KEY_LANES`` (keys the
     caller puts in :func:`key_lanes` order) dequantize with :func:`register_pairs_fma`."""
-    BT: tl.constexpr = at.shape[0]
     if BITS == 16:
         x = tl.load(half_ptr + 2 * at[:, None] + C0 + tl.arange(0, W)[None, :]).to(DT)
     else:
@@ -390,18 +389,27 @@ def dequantized(words_ptr, half_ptr, at, meta, C0: tl.constexpr, W: tl.constexpr
         READ: tl.constexpr = element_read(BITS, DT, LANES)
         PAIRED: tl.constexpr = (LANES or KEY_LANES) and DT == tl.float16  # noqa: SIM300
         codes = row_codes(words_ptr, at, C0, W, D, BITS, DT, READ, LANES, PAIRED)
-        codes = tl.reshape(codes, [BT, NG, W // NG])
+        codes = tl.reshape(codes, [at.shape[0], NG, W // NG])
         scale, zero = row_meta(words_ptr, half_ptr, meta, C0, W, D, BITS, G, SYM, DT, JOINT,
                                LANES)  # fmt: skip
         if READ != EXACT:  # fp16: z - s'·o is one rounding, half an ulp of |z| + s' at most
             scale = scale * code_unit(READ, BITS)
             zero = zero - scale * code_origin(READ)
-        if PAIRED:
-            x = register_pairs_fma(codes, scale[:, :, None], zero[:, :, None])
-        else:
-            x = tl.fma(codes, scale[:, :, None], zero[:, :, None])
-        x = tl.reshape(x, [BT, W])
+        x = _scaled(codes, scale, zero, PAIRED)
     return x
+
+
+@triton.jit
+def _scaled(codes, scale, zero, PAIRED: tl.constexpr = False):
+    """Codes [BT, NG, W/NG] with their groups' scales and zeros [BT, NG] -> values [BT, W]
+    (``PAIRED``: :func:`register_pairs_fma`)."""
+    BT: tl.constexpr = codes.shape[0]
+    W: tl.constexpr = codes.shape[1] * codes.shape[2]
+    if PAIRED:
+        x = register_pairs_fma(codes, scale[:, :, None], zero[:, :, None])
+    else:
+        x = tl.fma(codes, scale[:, :, None], zero[:, :, None])
+    return tl.reshape(x, [BT, W])
 
 
 @triton.jit
@@ -796,7 +804,22 @@ def code_order(W: tl.constexpr, BITS: tl.constexpr):
 def key_spans(k_words, k_half, at, meta, D: tl.constexpr, HALF: tl.constexpr, BITS: tl.constexpr,
               G: tl.constexpr, SYM: tl.constexpr, DT: tl.constexpr):  # fmt: skip
     """Packed keys at word ``at`` [BT] -> their spans ``DT`` (low half [BT, HALF], high half,
-    pass-through [BT, D - PASS0]; the last the low half again where there is none)."""
+    pass-through [BT, D - PASS0]; the last the low half again where there is none).
+
+    Keys rotated over the whole row, in groups that halve: the row's scales and zeros in one
+    copy, then each half's (one-warp decode, sm_90a, Triton 3.6, loop instructions a 16-key
+    tile: KV4 g32 1740 -> 1208, 168 -> 141 registers; KV8 g64 1515 -> 1283; KV3 g32 1987 ->
+    1447). Each half read its own: [BT, 1] words or 2-byte loads, which Triton 3.6 built as a
+    branch around each 4-byte copy (16 a load) and 271 shared-memory loads a tile."""
+    if BITS < 16 and 2 * HALF == D and (D // G) % 2 == 0:
+        BT: tl.constexpr = at.shape[0]
+        lo = tl.reshape(row_codes(k_words, at, 0, HALF, D, BITS, DT), [BT, HALF // G, G])
+        hi = tl.reshape(row_codes(k_words, at, HALF, HALF, D, BITS, DT), [BT, HALF // G, G])
+        scale, zero = row_meta(k_words, k_half, meta, 0, D, D, BITS, G, SYM, DT, True)
+        scale_lo, scale_hi = _halves(scale)
+        zero_lo, zero_hi = _halves(zero)
+        lo = _scaled(lo, scale_lo, zero_lo)
+        return lo, _scaled(hi, scale_hi, zero_hi), lo
     lo = dequantized(k_words, k_half, at, meta, 0, HALF, D, BITS, G, SYM, DT)
     hi = dequantized(k_words, k_half, at, meta, HALF, HALF, D, BITS, G, SYM, DT)
     PASS0: tl.constexpr = pass_start(D, HALF)

@@ -89,6 +89,19 @@ def test_pre_rope_and_kivi_keys_run_the_specialised_kernels_within_the_same_limi
         assert "U8" not in {**row["ldg_widths"], **row["ldgsts_widths"]}, row["label"]
 
 
+def test_keys_rotated_over_the_whole_row_take_its_scales_in_one_copy(decode_rows):
+    """Pre-RoPE keys rotated over the whole row read the row's scales and zeros once, then
+    split them between the rotary halves: not each half its own, in 2-byte loads where a half
+    is one group (KV8 g64: 64 a tile, 96.4 loop instructions a key under Triton 3.9, against
+    none and 80.6). Under Triton 3.6, the GPU machines', each half's [BT, 1] words had built a
+    branch around every 4-byte copy: one-warp KV4 g32 1740 -> 1206 loop instructions a tile,
+    168 -> 136 registers (docs/results/gpu.md)."""
+    decode = {r["label"]: r for r in decode_rows if r["kernel"] == "_decode_kernel"}
+    row = decode["decode KV8 g64 pre-RoPE"]
+    assert "U16" not in row["ldg_widths"], row["ldg_widths"]
+    assert 0 < row["token_sass"] <= 85, row["token_sass"]
+
+
 def test_rows_of_16_byte_multiples_load_codes_16_bytes_at_a_time(decode_rows):
     """KV4 g32's 80-byte rows: the codes come in 16-byte async copies, on one warp (the plan
     since the H200 sweep of 2026-11-26), 8 programs an SM."""
