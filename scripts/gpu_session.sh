@@ -130,13 +130,15 @@ case "$stage" in
       # g32 945 -> 886 loop instructions, KV3 g32 1359 -> 1300; since 2026-11-28 (session 26)
       # pack and unpack launch heads first, a token block's heads side by side, so the sectors
       # two heads' rows share are filled in L2: the quant_throughput A/B is that, at random
-      # slots; and a decode write's K and V are one launch: quant_throughput's K+V column)
+      # slots; and a decode write's K and V are one launch: quant_throughput's K+V column;
+      # since 7146468, pre-RoPE keys take a row's scales and zeros in one copy: Triton 3.6 KV4
+      # g32 pre-RoPE 1740 -> 1206 loop instructions, its branches around 4-byte copies gone)
       cat .ab/REV >>"$log" 2>/dev/null
       for tree in .ab .; do
         name=$([ "$tree" = . ] && echo this || echo ab)
-        step 25 env PYTHONPATH="/tmp/site:$PWD/$tree" python3 "$tree/benchmarks/attention_decode.py" \
+        step 30 env PYTHONPATH="/tmp/site:$PWD/$tree" python3 "$tree/benchmarks/attention_decode.py" \
           --device cuda --batch 64 --context 32768 --specs "KV4 g32" "KV8 g64" "KV4 g128" \
-          "KV3 g32" --variants decode-kernel --output "$out/ab_${name}.json"
+          "KV3 g32" "KV4 g32 pre-RoPE" --variants decode-kernel --output "$out/ab_${name}.json"
       done
       step 12 env PYTHONPATH="/tmp/site:$PWD/.ab" python3 .ab/benchmarks/quant_throughput.py \
         --device cuda --rounds 2 --shape 262144 8 128 --output "$out/ab_quant_throughput.json"
