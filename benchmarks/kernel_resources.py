@@ -19,7 +19,9 @@ registers, spills, shared memory and SASS mix; nothing runs. One row per (case, 
   warp issues per trip of the kernel's main loop: one K/V tile for attention),
   ``loop_shared_bytes`` (bytes a thread moves through shared memory per trip, the async
   copies' writes aside: layout changes and staged operands), ``loop_local`` (spill loads and
-  stores in that loop). Instructions a
+  stores in that loop), ``loop_branches`` (branches in that loop: 1 is its back edge; more
+  where a tile takes a path per lane, as Triton 3.6 built pre-RoPE keys' [BT, 1] scale loads,
+  a branch around each 4-byte copy). Instructions a
   key do not set decode's time alone: on the H200 the one-warp tile's symmetric KV4 rows issued
   25 % more of them than KV4 g32 and ran as fast, while rows read in 4-byte async copies
   (``ldgsts`` ``32``: KV4 g128, KV3 g32) ran at half the speed their instructions implied
@@ -590,6 +592,12 @@ def loop_local(sass: str) -> int:
     return sum(op.startswith(("LDL", "STL")) for _, op, _ in _loop(sass))
 
 
+def loop_branches(sass: str) -> int:
+    """Branches (``BRA``) in the largest loop: its back edge, plus any path taken per lane
+    or per warp inside a tile."""
+    return sum(op.startswith("BRA") for _, op, _ in _loop(sass))
+
+
 def row_instructions(row: dict) -> float:
     """Pack and unpack (a program: ``BLOCK`` token-head rows; a KIVI page pack: its ``G``
     token rows): SASS instructions the warps issue for one row, which compares tiles of
@@ -637,6 +645,7 @@ def collect(tool, groups: list[str]) -> list[dict]:
                     rows.append({"label": label, **row, **widths, "loop_sass": loop,
                                  "loop_shared_bytes": loop_shared_bytes(sass),
                                  "loop_local": loop_local(sass),
+                                 "loop_branches": loop_branches(sass),
                                  "warps_per_sm": row["programs_per_sm"] * row["num_warps"],
                                  "row_sass": row_instructions(row),
                                  "token_sass": token_instructions(row, loop)})  # fmt: skip

