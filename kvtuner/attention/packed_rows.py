@@ -808,9 +808,11 @@ def key_spans(k_words, k_half, at, meta, D: tl.constexpr, HALF: tl.constexpr, BI
 
     Keys rotated over the whole row, in groups that halve: the row's scales and zeros in one
     copy, then each half's (one-warp decode, sm_90a, Triton 3.6, loop instructions a 16-key
-    tile: KV4 g32 1740 -> 1208, 168 -> 141 registers; KV8 g64 1515 -> 1283; KV3 g32 1987 ->
-    1447). Each half read its own: [BT, 1] words or 2-byte loads, which Triton 3.6 built as a
-    branch around each 4-byte copy (16 a load) and 271 shared-memory loads a tile."""
+    tile: KV4 g32 1740 -> 1206, 168 -> 136 registers; KV8 g64 1515 -> 1283; KV3 g32 1987 ->
+    1446). Each half read its own: [BT, 1] words or 2-byte loads, which Triton 3.6 built as a
+    branch around each 4-byte copy (16 a load) and 271 shared-memory loads a tile. Keys
+    rotated over part of the row keep each span's own: their spans taken from the row's
+    copy built 2 % more instructions a tile under both Tritons."""
     if BITS < 16 and 2 * HALF == D and (D // G) % 2 == 0:
         BT: tl.constexpr = at.shape[0]
         lo = tl.reshape(row_codes(k_words, at, 0, HALF, D, BITS, DT), [BT, HALF // G, G])
