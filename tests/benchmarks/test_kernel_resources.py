@@ -10,8 +10,10 @@ rows: 232-246 registers and 1-2 programs an SM ran 3-4× faster on an H200 than 
 (docs/results/gpu.md), so extend is held to no spill in its loop only (KIVI's extend tile, at 128
 registers and 4 programs an SM, keeps one value across the loop in local memory: a store before it
 and a load after). The decode launcher's register cap, fitted at a build's first launch, is run
-here as a GPU runs it (the builds it tried and the one it took). A regression fails here, in CI,
-before any GPU is lent.
+here as a GPU runs it (the builds it tried and the one it took). The decode kernels are built
+a second time by the GPU machines' Triton (3.6, whose builds differ from CI's 3.9), where
+``KVTUNER_TRITON_GPU_PYTHON`` names a Python that has it (``scripts/test.sh`` installs one). A
+regression fails here, in CI, before any GPU is lent.
 
 Needs the shared ``sm90_report.py`` beside the checkout (``../shared/tools``), as CI has it."""
 
