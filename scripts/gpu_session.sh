@@ -93,6 +93,8 @@ case "$stage" in
     nvidia-smi -L >>"$log" 2>&1
     step 85 python3 benchmarks/quant_throughput.py --device cuda --plans \
       --output "$out/quant_throughput_plans.json"
+    # (pre-RoPE keys take a row's scales and zeros in one copy since 7146468: Triton 3.6 KV4
+    # g32 pre-RoPE 1740 -> 1206 loop instructions; the third lease ran it at 0.41-0.43x)
     step 65 python3 benchmarks/attention_decode.py --device cuda --batch 16 64 \
       --context 8192 32768 --specs "KV4 g32" "KV8 g64" "K8V4 (mixed)" "KV4 g128" "KV3 g32" \
       "KV4 g32 sym" "KV4 g32 pre-RoPE" "KV8 g64 pre-RoPE" --variants decode-kernel \
@@ -130,15 +132,13 @@ case "$stage" in
       # g32 945 -> 886 loop instructions, KV3 g32 1359 -> 1300; since 2026-11-28 (session 26)
       # pack and unpack launch heads first, a token block's heads side by side, so the sectors
       # two heads' rows share are filled in L2: the quant_throughput A/B is that, at random
-      # slots; and a decode write's K and V are one launch: quant_throughput's K+V column;
-      # since 7146468, pre-RoPE keys take a row's scales and zeros in one copy: Triton 3.6 KV4
-      # g32 pre-RoPE 1740 -> 1206 loop instructions, its branches around 4-byte copies gone)
+      # slots; and a decode write's K and V are one launch: quant_throughput's K+V column)
       cat .ab/REV >>"$log" 2>/dev/null
       for tree in .ab .; do
         name=$([ "$tree" = . ] && echo this || echo ab)
-        step 30 env PYTHONPATH="/tmp/site:$PWD/$tree" python3 "$tree/benchmarks/attention_decode.py" \
+        step 25 env PYTHONPATH="/tmp/site:$PWD/$tree" python3 "$tree/benchmarks/attention_decode.py" \
           --device cuda --batch 64 --context 32768 --specs "KV4 g32" "KV8 g64" "KV4 g128" \
-          "KV3 g32" "KV4 g32 pre-RoPE" --variants decode-kernel --output "$out/ab_${name}.json"
+          "KV3 g32" --variants decode-kernel --output "$out/ab_${name}.json"
       done
       step 12 env PYTHONPATH="/tmp/site:$PWD/.ab" python3 .ab/benchmarks/quant_throughput.py \
         --device cuda --rounds 2 --shape 262144 8 128 --output "$out/ab_quant_throughput.json"
@@ -166,7 +166,7 @@ case "$stage" in
       --section MemoryWorkloadAnalysis --log-file "$out/ncu_unpack_KV4g32.txt" \
       python3 benchmarks/quant_throughput.py --device cuda --rounds 1 --min-run-time 0.01 \
       --shape 65536 8 128 --output /tmp/ncu_unused.json
-    step 200 python3 -m pytest -m cuda -q -n 16 -p no:cacheprovider -rf $cuda_tests
+    step 190 python3 -m pytest -m cuda -q -n 16 -p no:cacheprovider -rf $cuda_tests
     ;;
   tune)  # what the plans still take from the sm_90a build alone, timed: decode tiles of
     # 3-bit, symmetric and 5-bit/3-bit rows (since 2c966f7 a chunk at a time, 32 tokens on 4
