@@ -381,7 +381,7 @@ def load_chunk_codes(src, row_ok, NW: tl.constexpr, NW_PAD: tl.constexpr, BITS: 
     at = w[None, :, None] + tl.arange(0, 1)[None, None, :]  # [1, NW_PAD, 1]
     ok = row_ok[:, None, None] & (at < NW)
     chunk = src.to(tl.pointer_type(chunk_type(low_bits(BITS))))
-    c = tl.load(tl.max_contiguous(chunk[:, None, None] + at, [1, 1, 1]), mask=ok, other=0)
+    c = _chunk_load(chunk[:, None, None] + at, ok)
     i = tl.arange(0, 8)[None, None, :]  # a code's place in its chunk
     if 8 % BITS:  # 3/5/6 bits: c is the low plane's chunk
         LOW: tl.constexpr = low_bits(BITS)
@@ -401,8 +401,7 @@ def _high_codes(high_src, ok, at, D: tl.constexpr, BITS: tl.constexpr):
     code 8c + i sits at the shift of code 8c plus that of code i)."""
     HIGH: tl.constexpr = BITS - low_bits(BITS)
     W: tl.constexpr = 32 // HIGH  # codes a high word
-    words = high_src.to(tl.pointer_type(tl.int32))[:, None, None] + at * HIGH // 4
-    word = tl.load(tl.max_contiguous(words, [1, 1, 1]), mask=ok, other=0)
+    word = _chunk_load(high_src.to(tl.pointer_type(tl.int32))[:, None, None] + at * HIGH // 4, ok)
     i = tl.arange(0, 8)[None, None, :]
     step = _high_shift(0, i, D, BITS)
     if D % W:  # a last word the row does not fill: its codes in channel order
@@ -419,12 +418,25 @@ def load_chunk_meta(meta_src, row_ok, NW_PAD: tl.constexpr, G: tl.constexpr, NG:
     :func:`load_chunk_codes`: a thread loads its chunk's (a group's threads read the same
     halves)."""
     g = (tl.arange(0, NW_PAD) * 8 // G)[None, :, None] + tl.arange(0, 1)[None, None, :]
-    halves = meta_src.to(tl.pointer_type(tl.int16))[:, None, None] + g
-    halves = tl.max_contiguous(halves, [1, 1, 1])  # [BLOCK, NW_PAD, 1]
+    halves = meta_src.to(tl.pointer_type(tl.int16))[:, None, None] + g  # [BLOCK, NW_PAD, 1]
     ok = row_ok[:, None, None] & (g < NG)
-    scale = fp16_value(tl.load(halves, mask=ok, other=0))
-    zero = scale if SYMMETRIC else fp16_value(tl.load(halves + NG, mask=ok, other=0))
+    scale = fp16_value(_chunk_load(halves, ok))
+    zero = scale if SYMMETRIC else fp16_value(_chunk_load(halves + NG, ok))
     return scale, zero
+
+
+@triton.jit
+def _chunk_load(ptrs, mask):
+    """Load ``ptrs`` [BLOCK, NW_PAD, 1] (a value a row's chunk; ``mask`` of the same shape or
+    broadcast to it) as one axis of BLOCK·NW_PAD, a row's chunks consecutive, -> [BLOCK, NW_PAD,
+    1]. Triton lays a load's threads along its most contiguous axis, and where two tie (here
+    the rows and the chunks) 3.6 takes the first, 3.9 the last: on one axis a warp's lanes
+    take a row's chunks in turn under both (sm_90a unpack KV4 g32, Triton 3.6: 32 rows a
+    load or store, 4 or 16 bytes of each, before)."""
+    F: tl.constexpr = ptrs.shape[0] * ptrs.shape[1]
+    at = tl.max_contiguous(tl.reshape(ptrs, [F, 1]), [1, 1])
+    ok = tl.reshape(tl.broadcast_to(mask, ptrs.shape), [F, 1])
+    return tl.reshape(tl.load(at, mask=ok, other=0), ptrs.shape)
 
 
 @triton.jit

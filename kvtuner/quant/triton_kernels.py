@@ -312,10 +312,13 @@ def _gather_block(blk, buf_ptr, loc_ptr, out_ptr, n_tokens, stride_slot, stride_
         mask = row_ok[None, :, None] & (w < D // 8)[:, None, None]
         _store_out(at + tl.arange(0, 8)[None, None, :], out, mask, OUT_BF16)
     else:
-        e = w[:, None] * 8 + tl.arange(0, 8)[None, :]  # [NW_PAD, 8]
-        mask = row_ok[:, None, None] & (w < D // 8)[None, :, None]
-        at = out_ptr + _out_rows(rows)[:, None, None] * D + e[None]
-        _store_out(at, out, mask, OUT_BF16)
+        # one axis of BLOCK·NW_PAD chunks, a row's consecutive, as the loads take them
+        # (triton_codes._chunk_load): a warp's lanes store a row's chunks in turn
+        f = tl.arange(0, BLOCK * NW_PAD)
+        token, chunk = (blk * BLOCK + f // NW_PAD).to(tl.int64), f % NW_PAD
+        at = (_out_rows(token) * D + chunk * 8)[:, None] + tl.arange(0, 8)[None, :]
+        ok = ((token < n_tokens) & (chunk < D // 8))[:, None]
+        _store_out(out_ptr + at, tl.reshape(out, [BLOCK * NW_PAD, 8]), ok, OUT_BF16)
 
 
 @triton.jit
