@@ -302,9 +302,9 @@ def _gather_block(blk, buf_ptr, loc_ptr, out_ptr, n_tokens, stride_slot, stride_
     # a chunk of 8 codes a thread, as the store takes them: where a row is stored over threads
     CHUNKS: tl.constexpr = not (ROTATE or WHOLE) and chunks_readable(BITS, G, D, ALIGN)
     out = _dequantized_rows(src, src + md, row_ok, D, G, BITS, SYMMETRIC, NW_PAD, META4, CHUNKS)
-    w = tl.arange(0, NW_PAD)
     if ROTATE or WHOLE:  # a whole row a thread: stored as [D/8, BLOCK, 8], the chunk axis
         # outermost, so each thread holds a row's chunks
+        w = tl.arange(0, NW_PAD)
         if ROTATE:  # undo the rotation (H is its own inverse)
             out = hadamard_tile(out, D)
         out = tl.permute(out, (1, 0, 2))

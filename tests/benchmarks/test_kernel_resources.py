@@ -49,7 +49,7 @@ def built(python: str, groups: list[str], out: Path) -> dict:
     if not TOOL.is_file():
         pytest.skip(f"{TOOL} (the shared sm90_report tool) is not beside this checkout")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compile, not run
-    env["PYTHONPATH"] = os.pathsep.join([str(BENCH.parent), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BENCH.parent), env.get("PYTHONPATH")]))
     cmd = [python, str(BENCH / "kernel_resources.py"), "--only", *groups, "--output", str(out)]
     # the limit only stops a hang: see the fixtures
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800, cwd=BENCH)
