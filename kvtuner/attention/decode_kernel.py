@@ -39,6 +39,7 @@ from .packed_rows import (
     dot_operand,
     keys_decodable,
     kivi_keys,
+    narrow_offsets,
     packed_part,
     page_tile,
     rope_scores,
@@ -101,6 +102,7 @@ def _decode_kernel(
     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, DOT_IEEE: tl.constexpr,
     HAS_TAIL: tl.constexpr, ROPE_HALF: tl.constexpr, K_CHANNEL: tl.constexpr,
     ONE_WARP: tl.constexpr, K_PLANES: tl.constexpr, V_PLANES: tl.constexpr,
+    NARROW: tl.constexpr,
 ):  # fmt: skip
     b, h, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b64, h64 = b.to(tl.int64), h.to(tl.int64)
@@ -136,7 +138,7 @@ def _decode_kernel(
             q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at0, k_st, v_st, k_md,
             v_md, stride_table, lo, hi, qpos, window, score_scale, cap_log2, rope, pages, D, BT,
             K_BITS, K_G, K_SYM, K_VEC, V_BITS, V_G, V_SYM, V_VEC, PAGED, WINDOW, SOFTCAP, False,
-            DOT_IEEE, ROPE_HALF, 1 if K_CHANNEL else 0, ONE_WARP,
+            DOT_IEEE, ROPE_HALF, 1 if K_CHANNEL else 0, ONE_WARP, NARROW,
         )  # fmt: skip
     elif K_CHANNEL:  # the filling page's own program: its staged values
         row = tl.load(rows_ptr + b).to(tl.int64)
@@ -144,7 +146,7 @@ def _decode_kernel(
             q, k_words, k_half, v_words, v_half, table_ptr, row, 0, h64 * v_sh * V_VEC, k_st,
             v_st, k_md, v_md, stride_table, packed // K_G * K_G, packed, qpos, window,
             score_scale, cap_log2, rope, pages, D, BT, K_BITS, K_G, K_SYM, K_VEC, V_BITS, V_G,
-            V_SYM, V_VEC, PAGED, WINDOW, SOFTCAP, False, DOT_IEEE, ROPE_HALF, 2, ONE_WARP,
+            V_SYM, V_VEC, PAGED, WINDOW, SOFTCAP, False, DOT_IEEE, ROPE_HALF, 2, ONE_WARP, NARROW,
         )  # fmt: skip
     else:  # the tail's own program, 16 tokens a tile (32 spilled 24 bytes on one warp)
         kt_base = kt_ptr + b64 * kt_sb + h64 * kt_sh
@@ -443,8 +445,8 @@ def _constexprs(batch: AttentionBatch, q: torch.Tensor, plan: DecodePlan, has_ta
         PAGED=batch.slot_table is not None, HAS_START=batch.starts is not None,
         DOT_IEEE=q.dtype == torch.float32, HAS_TAIL=has_tail, ROPE_HALF=rope_half,
         K_CHANNEL=kivi_keys(batch), ONE_WARP=plan.num_warps == 1, K_PLANES=batch.in_planes("k"),
-        V_PLANES=batch.in_planes("v"), num_warps=plan.num_warps,
-        **({"num_stages": plan.num_stages} if plan.num_stages else {}),
+        V_PLANES=batch.in_planes("v"), NARROW=narrow_offsets(batch),
+        num_warps=plan.num_warps, **({"num_stages": plan.num_stages} if plan.num_stages else {}),
     )  # fmt: skip
 
 

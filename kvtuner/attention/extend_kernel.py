@@ -33,6 +33,7 @@ from .packed_rows import (
     dot_operand,
     keys_decodable,
     kivi_keys,
+    narrow_offsets,
     packed_part,
     page_tile,
     rows_args,
@@ -55,7 +56,7 @@ def _extend_kernel(
     K_G: tl.constexpr, K_SYM: tl.constexpr, K_VEC: tl.constexpr, V_BITS: tl.constexpr,
     V_G: tl.constexpr, V_SYM: tl.constexpr, V_VEC: tl.constexpr, WINDOW: tl.constexpr,
     SOFTCAP: tl.constexpr, HAND: tl.constexpr, DOT_IEEE: tl.constexpr, K_CHANNEL: tl.constexpr,
-    K_PLANES: tl.constexpr, V_PLANES: tl.constexpr,
+    K_PLANES: tl.constexpr, V_PLANES: tl.constexpr, NARROW: tl.constexpr,
 ):  # fmt: skip
     b, h = tl.program_id(0), tl.program_id(1)
     parts = num_splits + 1 if K_CHANNEL else num_splits  # KIVI: the filling page's program last
@@ -93,14 +94,14 @@ def _extend_kernel(
             q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at0, k_st, v_st, k_md,
             v_md, stride_table, lo, tl.minimum(tl.minimum(hi, known), full), qpos, window,
             score_scale, cap_log2, 0, pages, D, BT, K_BITS, K_G, K_SYM, K_VEC, V_BITS, V_G, V_SYM,
-            V_VEC, True, WINDOW, SOFTCAP, True, DOT_IEEE, 0, 1 if K_CHANNEL else 0,
+            V_VEC, True, WINDOW, SOFTCAP, True, DOT_IEEE, 0, 1 if K_CHANNEL else 0, False, NARROW,
         )  # fmt: skip
     else:  # the filling page's program
         m, denom, acc = packed_part(
             q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at0, k_st, v_st, k_md,
             v_md, stride_table, full, tl.minimum(last + 1, known), qpos, window, score_scale,
             cap_log2, 0, pages, D, BT, K_BITS, K_G, K_SYM, K_VEC, V_BITS, V_G, V_SYM, V_VEC, True,
-            WINDOW, SOFTCAP, True, DOT_IEEE, 0, 2,
+            WINDOW, SOFTCAP, True, DOT_IEEE, 0, 2, False, NARROW,
         )  # fmt: skip
     if HAND and split < num_splits:  # row q0 + i of k_new / v_new is position prefix + i
         m, denom, acc = _hand_part(
@@ -243,7 +244,8 @@ def launch_extend(
         K_SYM=k.symmetric and k.is_quantized, K_VEC=batch.k_vec, V_BITS=v.bits, V_G=v.group_size,
         V_SYM=v.symmetric and v.is_quantized, V_VEC=batch.v_vec, HAND=new is not None,
         DOT_IEEE=q.dtype == torch.float32, K_CHANNEL=kivi, K_PLANES=batch.in_planes("k"),
-        V_PLANES=batch.in_planes("v"), num_warps=plan.num_warps, num_stages=plan.num_stages,
+        V_PLANES=batch.in_planes("v"), NARROW=narrow_offsets(batch), num_warps=plan.num_warps,
+        num_stages=plan.num_stages,
     )  # fmt: skip
     return merge_splits(partial, lse, batch.sinks, out_dtype)
 

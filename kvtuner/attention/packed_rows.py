@@ -619,7 +619,7 @@ def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at
                 PAGED: tl.constexpr, WINDOW: tl.constexpr,
                 SOFTCAP: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr,
                 ROPE_HALF: tl.constexpr, K_CHANNEL: tl.constexpr,
-                ONE_WARP: tl.constexpr = False):  # fmt: skip
+                ONE_WARP: tl.constexpr = False, NARROW: tl.constexpr = False):  # fmt: skip
     """Online softmax of q [QP, D] (channel order) over packed positions [lo, hi) -> (m, denom,
     acc [QP, D] in channel order) fp32. A row's scales start ``k_md`` / ``v_md`` words after
     its codes (:func:`~kvtuner.quant.triton_codes.meta_offset`: rows or planes). Decode:
@@ -632,7 +632,8 @@ def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at
     Channel-axis (KIVI) keys in a pool's pages of ``K_G`` slots, each tile inside one page
     (``lo`` and ``BT`` divide into pages): ``K_CHANNEL`` 1, full pages' blocks
     (:func:`page_rows`); 2, a filling page's staged values (:func:`staged_rows`, ``pages`` its
-    staging)."""
+    staging). ``NARROW`` (:func:`narrow_offsets`): a row's offset from the program's first in
+    int32."""
     QP: tl.constexpr = q.shape[0]
     # one-warp decode: the value tile in lane order (on 4 warps, d 256, it took more shared
     # memory, not less; extend, at 4-8 warps and up to 255 registers, spilled 80 bytes with it
@@ -663,21 +664,27 @@ def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at
     # the values' zeros' part, as values() returns it (a [QP, 2] carry spilled 8 bytes in
     # KV8 g64 rows padded to 16 B; [QP, 1, 1] for one group took 130-166 registers, not 128)
     acc_z = tl.zeros([QP] if V_DOTS < 2 else [QP, 2, 1], tl.float32)
+    # a row's offset (slot × stride) in int32 where it fits: Triton 3.6, the GPU machines',
+    # built it in int64 with about twice the address instructions (sm_90a, one-warp decode, loop
+    # instructions a tile: KV8 g64 930 -> 847, its IMAD 132 -> 69; KV4 g128 997 -> 850, KV4 g32
+    # 886 -> 838; Triton 3.9 805 -> 796 at KV4 g32)
+    k_sv, v_sv = _offset(k_st * K_VEC, NARROW), _offset(v_st * V_VEC, NARROW)
+    k_md, v_md = _offset(k_md, NARROW), _offset(v_md, NARROW)
     for t0 in range(lo, hi, BT):
         t = t0 + tl.arange(0, BT)
         ok = t < hi
         tok = tl.minimum(t, hi - 1)  # past the end: the last row again, read as masked
         if PAGED:
             tok = tl.load(table_ptr + row * stride_table + tok)
-        tok = tok.to(tl.int64)
+        tok = _offset(tok, NARROW)
         seen = _seen(t, ok, qpos, window, WINDOW, CAUSAL)
-        k_at, v_at = k_at0 + tok * k_st * K_VEC, v_at0 + tok * v_st * V_VEC
+        k_at, v_at = k_at0 + tok * k_sv, v_at0 + tok * v_sv
         k_meta, v_meta = k_at + k_md, v_at + v_md  # their scales' words (k_md, v_md: per head)
         if K_CHANNEL:  # the tile's page (pools only): its block, or its staged values
             slot0 = tl.load(table_ptr + row * stride_table + t0)
             page = slot0 // K_G
             j = slot0 % K_G + tl.arange(0, BT)  # the tile's rows of its page
-            block = k_at0 + page.to(tl.int64) * k_st * K_VEC  # a full page's
+            block = k_at0 + _offset(page, NARROW) * k_sv  # a full page's
             if ROPE_HALF:
                 spans = page_spans(k_words, k_half, pages, block, page, j, ok, K_CHANNEL == 2,
                                    D, ROPE_HALF, K_BITS, K_G, K_SYM, q.dtype)  # fmt: skip
@@ -712,6 +719,12 @@ def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at
     elif V_DOTS:  # each group's zeros' part on its channels
         acc = tl.reshape(tl.reshape(acc, [QP, 2, D // 2]) + acc_z, [QP, D])
     return m, denom, acc
+
+
+@triton.jit
+def _offset(x, NARROW: tl.constexpr):
+    """Integer ``x`` as a row offset: int32 where ``NARROW``, else int64."""
+    return tl.cast(x, tl.int32 if NARROW else tl.int64)
 
 
 @triton.jit
@@ -936,6 +949,17 @@ def rows_args(batch, name: str) -> tuple:
     rows, vec = getattr(batch, f"{name}_rows"), getattr(batch, f"{name}_vec")
     units = tuple(s // (4 * vec) for s in batch.row_strides(name))
     return (rows.view(torch.int32), rows.view(torch.float16), *units)
+
+
+def narrow_offsets(batch) -> bool:
+    """Whether :func:`packed_part` may take a row's offset in int32 (slot × stride, in int32
+    words): each side's rows reach under 8 GiB past their first byte."""
+    return all(_reach(getattr(batch, f"{name}_rows")) < 1 << 33 for name in ("k", "v"))
+
+
+def _reach(rows: torch.Tensor) -> int:
+    """Bytes of ``rows``' storage from its first element on."""
+    return rows.untyped_storage().nbytes() - rows.storage_offset() * rows.element_size()
 
 
 def table_rows(batch) -> torch.Tensor:

@@ -20,7 +20,7 @@ from kvtuner.attention import (
 )
 from kvtuner.attention.decode_kernel import DecodePlan, launch_decode, plan_decode, serves
 from kvtuner.attention.layout import programs_an_sm
-from kvtuner.attention.packed_rows import decodable, dotted_groups
+from kvtuner.attention.packed_rows import decodable, dotted_groups, narrow_offsets
 from kvtuner.quant import QuantSpec, quantize
 
 D = 64
@@ -332,6 +332,29 @@ def test_a_register_cap_reaches_the_decode_kernel_and_no_other():
     two = torch.randn(3, 2, 4, D, generator=gen(16))
     with pytest.raises(ValueError, match="max_registers"):
         extend_attention(two, *args, **kw, max_registers=168)
+
+
+def far_rows(rows: torch.Tensor) -> torch.Tensor:
+    """``rows`` copied to the start of a storage 8 GiB longer (allocated, never touched)."""
+    size = rows.numel()
+    storage = torch.empty(size + (1 << 33), dtype=torch.uint8)
+    return storage[:size].view(rows.shape).copy_(rows)
+
+
+def test_rows_reaching_past_8_gib_take_int64_offsets_with_the_same_result():
+    """The decode and extend kernels take row offsets in int32 where each side's rows reach
+    under 8 GiB past their first byte (:func:`narrow_offsets`), else in int64: the same rows
+    at the start of a longer storage give the same results to the bit."""
+    args, kw = pool(QuantSpec(4), QuantSpec(8, group_size=32))
+    far = (far_rows(args[0]), far_rows(args[1]), *args[2:])
+    q = torch.randn(3, 4, D, generator=gen(21))
+    for rows, narrow in ((args, True), (far, False)):
+        batch = AttentionBatch(q=q.unsqueeze(1), k_rows=rows[0], v_rows=rows[1],
+                               k_spec=rows[2], v_spec=rows[3], **kw)  # fmt: skip
+        assert narrow_offsets(batch) is narrow
+    assert torch.equal(check(q, far, kw), check(q, args, kw))
+    two = torch.randn(3, 2, 4, D, generator=gen(22))
+    assert torch.equal(extend_attention(two, *far, **kw), extend_attention(two, *args, **kw))
 
 
 def test_plans_follow_the_row_alignment_and_the_rotary_width():

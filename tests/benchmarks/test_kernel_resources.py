@@ -83,15 +83,19 @@ def launched(row: dict) -> bool:
 
 
 def holds_the_limits(row: dict) -> None:
-    """A decode or extend row: nothing spilled in its loop, no byte loads; decode also no
-    spill, registers that fit (:func:`fits`) and no path taken per lane inside a tile (a loop's
-    branches: its back edge, and a 4-warp tile's two cross-warp reductions)."""
+    """A decode or extend row: nothing spilled in its loop, no byte loads; decode also at most
+    one register spilled outside it, registers that fit (:func:`fits`) and no path taken per
+    lane inside a tile (a loop's branches: its back edge, and a 4-warp tile's two cross-warp
+    reductions). The one register: ptxas, at the 168 it keeps one-warp tiles to, may store a
+    value once before the loop and load it once after (K8V4 under Triton 3.9 since int32 row
+    offsets: a shared-memory swizzle of the epilogue); 104 bytes spilled in the loop ran at
+    0.80× on the H200."""
     where = f"{row['label']}: {row['reg']} registers, {row['spill_bytes']} B spilled"
     assert row["loop_local"] == 0, where
     widths = {**row["ldg_widths"], **row["ldgsts_widths"]}
     assert "U8" not in widths, f"{row['label']} loads bytes one at a time: {widths}"
     if row["kernel"] == "_decode_kernel":
-        assert row["spill_bytes"] == 0 and fits(row), where
+        assert row["spill_bytes"] <= 8 and fits(row), where
         assert row["loop_branches"] <= 3, (row["label"], row["loop_branches"])
 
 
@@ -108,13 +112,17 @@ def test_the_gpu_machines_triton_builds_decode_within_the_same_limits(gpu_triton
     does. Its builds differ: 3.6 rejected a construct 3.9 takes (``NG == RG == 2``), which
     failed every decode launch there; and it built pre-RoPE keys' [BT, 1] scale loads as a
     branch around each 4-byte copy, 61 branches and 1740 instructions a 16-key tile (now 1 and
-    1206, 75.4 a key: held to 80)."""
+    1206, 75.4 a key: held to 80); and a row's offset in int64 with about twice the address
+    instructions 3.9 takes (KV8 g64 29.1 -> 26.5 a key in int32, held to 27.5; KV4 g128 31.2
+    -> 26.6, held to 28)."""
     decode = [r for r in gpu_triton_rows if r["kernel"] == "_decode_kernel" and launched(r)]
     assert len(decode) >= 30, len(decode)
     for row in decode:
         holds_the_limits(row)
     by_label = {r["label"]: r for r in decode}
-    assert by_label["decode KV4 g32 pre-RoPE"]["token_sass"] <= 80
+    limits = {"decode KV4 g32 pre-RoPE": 80, "decode KV8 g64": 27.5, "decode KV4 g128": 28}
+    for label, limit in limits.items():
+        assert 0 < by_label[label]["token_sass"] <= limit, (label, by_label[label]["token_sass"])
 
 
 def test_pre_rope_and_kivi_keys_run_the_specialised_kernels_within_the_same_limits(decode_rows):
