@@ -311,10 +311,13 @@ def row_meta(words_ptr, half_ptr, meta, C0: tl.constexpr, W: tl.constexpr, D: tl
     words where they lie in them (:func:`_meta_words`), so that Triton's pipeline copies them
     ahead like the codes (an fp16 load is 2 bytes, too narrow for an async copy: KV8 g64 and
     one scale a token-head loaded theirs in the loop). Unmasked: every row a tile reads is one
-    some query of the program attends, or a re-read of one (:func:`packed_part`). ``JOINT``:
-    a row's two groups (g64 at d 128) take their scales and zeros in one 8-byte copy, not two
-    of 4 bytes (decode KV8 g64, sm_90a: 1491 -> 1323 loop instructions; the extend kernel,
-    at 255 registers, spilled 8 bytes with it). ``LANES``: each group's scale and zero read
+    some query of the program attends, or a re-read of one (:func:`packed_part`). ``JOINT``
+    (a span of the whole row): the row's scales and zeros in one copy, not a copy of scales
+    and one of zeros (sm_90a, decode, loop instructions a tile: KV8 g64, 4-byte copies to one
+    of 8 bytes, 1491 -> 1323; KV4 g32's and KV8 g32's keys, two 8-byte copies to one of 16,
+    796 -> 790 and 866 -> 853; the extend kernel, at 255 registers, spilled 8 bytes with it;
+    d 256's eight groups, two 16-byte copies, took 4-warp Gemma 3 tiles to 184 registers).
+    ``LANES``: each group's scale and zero read
     from its own whole word (:func:`_meta_halves`), for a tile in :func:`value_lanes` order,
     where a lane holds one group of a token (their join of a word's halves changed layout
     through shared memory every tile)."""
@@ -328,10 +331,12 @@ def row_meta(words_ptr, half_ptr, meta, C0: tl.constexpr, W: tl.constexpr, D: tl
         g = C0 // G + tl.arange(0, NG)
         scale = _meta_halves(words_ptr, first, g)
         zero = scale if SYM else _meta_halves(words_ptr, first, RG + g)
-    elif JOINT and NG == 2 and RG == 2 and not SYM:  # two groups' scales, then zeros
-        scale_word, zero_word = tl.split(tl.load(words_ptr + first[:, None] + tl.arange(0, 2)))
-        scale = tl.join(_fp16_half(scale_word, 0), _fp16_half(scale_word, 1))
-        zero = tl.join(_fp16_half(zero_word, 0), _fp16_half(zero_word, 1))
+    elif JOINT and NG == RG and (RG == 2 or RG == 4) and not SYM:  # scales, then zeros
+        BT: tl.constexpr = first.shape[0]
+        words = tl.load(words_ptr + first[:, None] + tl.arange(0, RG)[None, :])  # [BT, RG]
+        words = tl.permute(tl.reshape(words, [BT, 2, RG // 2]), (0, 2, 1))
+        scale_word, zero_word = tl.split(words)  # [BT, RG/2] each
+        scale, zero = _word_halves(scale_word), _word_halves(zero_word)
     elif NG % 2 == 0 and (C0 // G) % 2 == 0 and RG % 2 == 0:
         scale = _meta_words(words_ptr, first + C0 // G // 2, NG)
         zero = scale if SYM else _meta_words(words_ptr, first + (RG + C0 // G) // 2, NG)
@@ -351,9 +356,15 @@ def row_meta(words_ptr, half_ptr, meta, C0: tl.constexpr, W: tl.constexpr, D: tl
 @triton.jit
 def _meta_words(words_ptr, first, NG: tl.constexpr):
     """NG fp16 (NG even) in NG/2 int32 words from word ``first`` [BT] -> fp16 [BT, NG]."""
-    BT: tl.constexpr = first.shape[0]
-    words = tl.load(words_ptr + first[:, None] + tl.arange(0, NG // 2)[None, :])
-    return tl.reshape(tl.join(_fp16_half(words, 0), _fp16_half(words, 1)), [BT, NG])
+    return _word_halves(tl.load(words_ptr + first[:, None] + tl.arange(0, NG // 2)[None, :]))
+
+
+@triton.jit
+def _word_halves(words):
+    """int32 ``words`` [BT, N] -> the fp16 they hold [BT, 2N], each word's low half first."""
+    BT: tl.constexpr = words.shape[0]
+    N: tl.constexpr = words.shape[1]
+    return tl.reshape(tl.join(_fp16_half(words, 0), _fp16_half(words, 1)), [BT, 2 * N])
 
 
 @triton.jit
