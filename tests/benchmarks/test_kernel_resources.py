@@ -84,9 +84,9 @@ def launched(row: dict) -> bool:
 
 def holds_the_limits(row: dict) -> None:
     """A decode or extend row: nothing spilled in its loop, no byte loads; decode also at most
-    one register spilled outside it, registers that fit (:func:`fits`) and no path taken per
+    8 spilled bytes outside it, registers that fit (:func:`fits`) and no path taken per
     lane inside a tile (a loop's branches: its back edge, and a 4-warp tile's two cross-warp
-    reductions). The one register: ptxas, at the 168 it keeps one-warp tiles to, may store a
+    reductions). The 8 bytes: ptxas, at the 168 it keeps one-warp tiles to, may store a
     value once before the loop and load it once after (K8V4 under Triton 3.9 since int32 row
     offsets: a shared-memory swizzle of the epilogue); 104 bytes spilled in the loop ran at
     0.80× on the H200."""
