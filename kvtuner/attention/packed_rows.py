@@ -643,8 +643,8 @@ def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at
     Channel-axis (KIVI) keys in a pool's pages of ``K_G`` slots, each tile inside one page
     (``lo`` and ``BT`` divide into pages): ``K_CHANNEL`` 1, full pages' blocks
     (:func:`page_rows`); 2, a filling page's staged values (:func:`staged_rows`, ``pages`` its
-    staging). ``NARROW`` (:func:`narrow_offsets`): a row's offset from the program's first in
-    int32."""
+    staging). ``NARROW`` (:func:`narrow_offsets`): a row's slot × stride in int32 (the
+    program's base ``k_at0`` / ``v_at0`` stays int64)."""
     QP: tl.constexpr = q.shape[0]
     # one-warp decode: the value tile in lane order (on 4 warps, d 256, it took more shared
     # memory, not less; extend, at 4-8 warps and up to 255 registers, spilled 80 bytes with it
