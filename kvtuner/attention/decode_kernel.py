@@ -113,7 +113,7 @@ def _decode_kernel(
     q = dot_operand(tl.load(q_row + d[None, :], mask=q_ok[:, None], other=0.0), DT)  # [QP, D]
     if ROPE_HALF:  # pre-RoPE keys: q's spans, the frequencies, stored key 0's position
         pos0 = tl.load(roff_ptr + b)
-        rope = rope_query(q, freq_ptr, pos0, ROPE_HALF, K_BITS)
+        rope = rope_query(q, freq_ptr, pos0, ROPE_HALF, K_BITS, ONE_WARP)
     else:
         rope = 0
     # KIVI keys: the staging of the pool's filling pages (a tuple only Triton's frontend sees)

@@ -836,16 +836,21 @@ def key_spans(k_words, k_half, at, meta, D: tl.constexpr, HALF: tl.constexpr, BI
     1446). Each half read its own: [BT, 1] words or 2-byte loads, which Triton 3.6 built as a
     branch around each 4-byte copy (16 a load) and 271 shared-memory loads a tile. Keys
     rotated over part of the row keep each span's own: their spans taken from the row's
-    copy built 2 % more instructions a tile under both Tritons."""
+    copy built 2 % more instructions a tile under both Tritons. The whole-row branch takes a
+    word's mask and exponent in one PTX ``lop3`` and dequantizes with
+    :func:`register_pairs_fma`, as keys in key lane order do (Triton 3.6, KV4 g32: 1103 -> 1073
+    loop instructions a tile)."""
     if BITS < 16 and 2 * HALF == D and (D // G) % 2 == 0:
         BT: tl.constexpr = at.shape[0]
-        lo = tl.reshape(row_codes(k_words, at, 0, HALF, D, BITS, DT), [BT, HALF // G, G])
-        hi = tl.reshape(row_codes(k_words, at, HALF, HALF, D, BITS, DT), [BT, HALF // G, G])
+        lo = row_codes(k_words, at, 0, HALF, D, BITS, DT, PAIRED_FMA=True)
+        hi = row_codes(k_words, at, HALF, HALF, D, BITS, DT, PAIRED_FMA=True)
+        lo = tl.reshape(lo, [BT, HALF // G, G])
+        hi = tl.reshape(hi, [BT, HALF // G, G])
         scale, zero = row_meta(k_words, k_half, meta, 0, D, D, BITS, G, SYM, DT, True)
         scale_lo, scale_hi = _halves(scale)
         zero_lo, zero_hi = _halves(zero)
-        lo = _scaled(lo, scale_lo, zero_lo)
-        return lo, _scaled(hi, scale_hi, zero_hi), lo
+        lo = _scaled(lo, scale_lo, zero_lo, True)
+        return lo, _scaled(hi, scale_hi, zero_hi, True), lo
     lo = dequantized(k_words, k_half, at, meta, 0, HALF, D, BITS, G, SYM, DT)
     hi = dequantized(k_words, k_half, at, meta, HALF, HALF, D, BITS, G, SYM, DT)
     PASS0: tl.constexpr = pass_start(D, HALF)
@@ -863,17 +868,30 @@ def rope_scores(rope, spans, t, D: tl.constexpr, HALF: tl.constexpr, IEEE: tl.co
     stored at position 0 (``spans``: :func:`key_spans`) of token indices t [BT], each rotated
     forward to ``pos0 + t``: channel pair (j, j + HALF) turns by that position times f_j;
     ``KEYS_FIRST`` as in :func:`.tiles._qk`."""
-    q_lo, q_hi, q_pass, freq, pos0 = rope
+    q_rotary, q_pass, freq, pos0 = rope
     lo, hi, rest = spans
-    DT: tl.constexpr = q_lo.dtype
+    DT: tl.constexpr = q_rotary.dtype
     angle = (pos0 + t).to(tl.float32)[:, None] * freq[None, :]  # [BT, HALF]
     cos, sin = cos_sin(angle, IEEE)
     cos, sin = cos.to(DT), sin.to(DT)
-    lo, hi = lo * cos - hi * sin, hi * cos + lo * sin
-    s = _qk(q_lo, lo, IEEE, KEYS_FIRST) + _qk(q_hi, hi, IEEE, KEYS_FIRST)
+    k = rotary_tile(lo * cos - hi * sin, hi * cos + lo * sin, KEYS_FIRST)
+    s = _qk(q_rotary, k, IEEE, KEYS_FIRST)
     if pass_start(D, HALF) < D:
-        s += _qk(q_pass, rest, IEEE, KEYS_FIRST)
+        s += _qk(q_pass, key_lanes(rest) if KEYS_FIRST else rest, IEEE, KEYS_FIRST)
     return s
+
+
+@triton.jit
+def rotary_tile(lo, hi, KEYS_FIRST: tl.constexpr):
+    """A row's two rotary halves [N, HALF] -> one tile [N, 2·HALF], channel j of each half side
+    by side, in :func:`key_lanes` order where ``KEYS_FIRST``. One dot for both halves: the
+    rotation then feeds a single MMA operand, and Triton builds it in the operand's own
+    layout; with one dot a half, each half's rotation also fed the other's, and Triton 3.6
+    and 3.9 took both through shared memory (64 2-byte stores a 16-key tile)."""
+    N: tl.constexpr = lo.shape[0]
+    HALF: tl.constexpr = lo.shape[1]
+    x = tl.reshape(tl.join(lo, hi), [N, 2 * HALF])
+    return key_lanes(x) if KEYS_FIRST else x
 
 
 @triton.jit

@@ -7,11 +7,12 @@ A K tile is read as its two rotary halves, channels ``[0, R/2)`` and ``[R/2, R)`
 [BT, R/2], plus a pass-through span, each span dequantized on its own (:func:`.packed_rows.
 dequantized`). Channel j of the low half and channel j of the high half are a ``rotate_half``
 pair, so they sit at the same place of their two tensors and turn by ``pos·f_j`` element-wise:
-no lane exchanges a value (no reshape, permute or join of the tile). The scores are one dot a
-span, ``s = q_lo·k_lo' + q_hi·k_hi' + q_pass·k_pass``, with q loaded once a program in the same
-spans. A span is in the codes' order (pair order, :func:`.packed_rows.row_codes`, which keeps
-a word's codes in the word): q's spans, the frequencies and the unpacked tail's
-spans are put in that order too (:func:`spans`).
+no lane exchanges a value. The turned halves are then joined side by side into one tile
+(:func:`.packed_rows.rotary_tile`) for one dot, ``s = [q_lo, q_hi]·[k_lo', k_hi'] +
+q_pass·k_pass``, with q loaded once a program and put in the same order. A span is in the
+codes' order (pair order, :func:`.packed_rows.row_codes`, which keeps a word's codes in the
+word): q's spans, the frequencies and the unpacked tail's spans are put in that order too
+(:func:`spans`).
 
 The pass-through span is channels ``[R, D)`` where ``D - R`` is a power of two (R = D: none,
 R = D/2), else the whole row with q's rotary channels zeroed (the R rotary channels read twice,
@@ -28,21 +29,26 @@ from typing import Any
 import triton
 import triton.language as tl
 
-from .packed_rows import pair_order, pass_start
+from .packed_rows import key_lanes, pair_order, pass_start, rotary_tile
 from .rope import rope_in_kernel
 
 __all__ = ["rope_decodable"]
 
 
 @triton.jit
-def rope_query(q, freq_ptr, pos0, HALF: tl.constexpr, BITS: tl.constexpr):
-    """q [QP, D] (channel order) -> the tuple the scores take: q's spans (:func:`spans`), the
-    frequencies fp32 [HALF] in the codes' order, and ``pos0`` (the position of stored key 0)."""
+def rope_query(q, freq_ptr, pos0, HALF: tl.constexpr, BITS: tl.constexpr,
+               KEYS_FIRST: tl.constexpr = False):  # fmt: skip
+    """q [QP, D] (channel order) -> the tuple the scores take: q's rotary halves as one tile
+    and its pass-through span (:func:`spans`, :func:`.packed_rows.rotary_tile`; in key lane
+    order where ``KEYS_FIRST``), the frequencies fp32 [HALF] in the codes' order, and ``pos0``
+    (the position of stored key 0)."""
     lo, hi, rest = spans(q, HALF, BITS)
     freq = tl.load(freq_ptr + tl.arange(0, HALF))[None, :]
     if BITS < 16:
         freq = pair_order(freq, BITS)
-    return lo, hi, rest, tl.reshape(freq, [HALF]), pos0
+    rotary = rotary_tile(lo, hi, KEYS_FIRST)
+    rest = key_lanes(rest) if KEYS_FIRST else rest
+    return rotary, rest, tl.reshape(freq, [HALF]), pos0
 
 
 @triton.jit
