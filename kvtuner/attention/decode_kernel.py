@@ -44,11 +44,12 @@ from .packed_rows import (
     page_tile,
     rope_scores,
     rows_args,
+    stepped_rope,
     table_rows,
     wide_rows,
 )
 from .rope import kernel_rope
-from .rope_rows import rope_decodable, rope_query, spans
+from .rope_rows import rope_decodable, rope_query, rope_steps, spans
 from .splits import merge_splits, softmax_args, split_chunk, store_partial
 from .tiles import _pv, _qk, _softmax_step
 
@@ -80,7 +81,8 @@ def _tail_part(q, kt_base, vt_base, kt_st, vt_st, tail_len, packed, start, qpos,
             ok = ok & (t > qpos - window)
         if ROPE_HALF:  # keys rotated to their positions, read in the packed keys' spans
             k_spans = spans(k.to(q.dtype), ROPE_HALF, K_BITS)
-            s = rope_scores(rope, k_spans, t, D, ROPE_HALF, IEEE, KEYS_FIRST)
+            s = rope_scores(rope, k_spans, packed + i0, D, ROPE_HALF, IEEE, KEYS_FIRST,
+                            stepped_rope(ROPE_HALF, D, 0))  # fmt: skip
         else:
             s = _qk(q, k.to(q.dtype), IEEE, KEYS_FIRST)
         m, denom, alpha, p = _softmax_step(s, ok[None, :], m, denom, score_scale, cap_log2,
@@ -92,9 +94,9 @@ def _tail_part(q, kt_base, vt_base, kt_st, vt_st, tail_len, packed, start, qpos,
 @triton.jit
 def _decode_kernel(
     q_ptr, k_words, k_half, v_words, v_half, kt_ptr, vt_ptr, table_ptr, rows_ptr, len_ptr,
-    start_ptr, o_ptr, lse_ptr, freq_ptr, roff_ptr, stage_ptr, srows_ptr, stride_qb, stride_qh,
-    k_sb, k_st, k_sh, v_sb, v_st, v_sh, kt_sb, kt_sh, kt_st, vt_sb, vt_sh, vt_st, s_sr, s_sg,
-    s_sh, stride_table, tail_len, chunk, num_splits, window, score_scale, cap_log2,
+    start_ptr, o_ptr, lse_ptr, freq_ptr, steps_ptr, roff_ptr, stage_ptr, srows_ptr, stride_qb,
+    stride_qh, k_sb, k_st, k_sh, v_sb, v_st, v_sh, kt_sb, kt_sh, kt_st, vt_sb, vt_sh, vt_st, s_sr,
+    s_sg, s_sh, stride_table, tail_len, chunk, num_splits, window, score_scale, cap_log2,
     D: tl.constexpr, GROUP: tl.constexpr,
     QP: tl.constexpr, BT: tl.constexpr, K_BITS: tl.constexpr, K_G: tl.constexpr,
     K_SYM: tl.constexpr, K_VEC: tl.constexpr, V_BITS: tl.constexpr, V_G: tl.constexpr,
@@ -113,7 +115,7 @@ def _decode_kernel(
     q = dot_operand(tl.load(q_row + d[None, :], mask=q_ok[:, None], other=0.0), DT)  # [QP, D]
     if ROPE_HALF:  # pre-RoPE keys: q's spans, the frequencies, stored key 0's position
         pos0 = tl.load(roff_ptr + b)
-        rope = rope_query(q, freq_ptr, pos0, ROPE_HALF, K_BITS, ONE_WARP)
+        rope = rope_query(q, freq_ptr, steps_ptr, pos0, ROPE_HALF, K_BITS, ONE_WARP)
     else:
         rope = 0
     # KIVI keys: the staging of the pool's filling pages (a tuple only Triton's frontend sees)
@@ -419,11 +421,13 @@ def launch_decode(
     rows = table_rows(batch) if paged else batch.lengths
     starts = batch.starts if batch.starts is not None else batch.lengths
     freq, k_pos0, rope_half = kernel_rope(batch)
+    steps = rope_steps(batch, max(plan.block_tokens, 16), q.dtype)  # a tail's tiles: 16 keys
+    steps = freq if steps is None else steps  # none read: any pointer
     stage = batch.k_stage if batch.k_stage is not None else empty  # [rows, G, Hkv, D]
     stage_rows = batch.k_stage_rows if batch.k_stage is not None else batch.lengths
     args = (
         q, k_args[0], k_args[1], v_args[0], v_args[1], k_tail, v_tail, table, rows,
-        batch.lengths, starts, partial, lse, freq, k_pos0, stage, stage_rows, q.stride(0),
+        batch.lengths, starts, partial, lse, freq, steps, k_pos0, stage, stage_rows, q.stride(0),
         q.stride(2), *k_args[2:], *v_args[2:], *k_tail.stride()[:3], *v_tail.stride()[:3],
         *stage.stride()[:3], table.stride(0) if paged else 0, tail_len, chunk, splits,
     )  # fmt: skip

@@ -699,7 +699,7 @@ def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at
             if ROPE_HALF:
                 spans = page_spans(k_words, k_half, pages, block, page, j, ok, K_CHANNEL == 2,
                                    D, ROPE_HALF, K_BITS, K_G, K_SYM, q.dtype)  # fmt: skip
-                s = rope_scores(rope, spans, t, D, ROPE_HALF, IEEE, ONE_WARP)
+                s = rope_scores(rope, spans, t0, D, ROPE_HALF, IEEE, ONE_WARP)
             elif K_CHANNEL == 1:
                 k = page_rows(k_words, k_half, block, j, 0, D, D, K_BITS, K_G, K_SYM, q.dtype)
                 s = _qk(q, k, IEEE, ONE_WARP)
@@ -709,7 +709,8 @@ def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at
         elif ROPE_HALF:  # each key rotated forward to its position: element-wise tiles
             spans = key_spans(k_words, k_half, k_at, k_meta, D, ROPE_HALF, K_BITS, K_G, K_SYM,
                               q.dtype)  # fmt: skip
-            s = rope_scores(rope, spans, t, D, ROPE_HALF, IEEE, ONE_WARP)
+            s = rope_scores(rope, spans, t0, D, ROPE_HALF, IEEE, ONE_WARP,
+                            stepped_rope(ROPE_HALF, D, 0))  # fmt: skip
         else:
             s = scores(q, q_sum, k_words, k_half, k_at, k_meta, D, K_BITS, K_G, K_SYM, IEEE,
                        not CAUSAL, ONE_WARP, K_DOTS, K_LANES)  # fmt: skip
@@ -862,23 +863,64 @@ def key_spans(k_words, k_half, at, meta, D: tl.constexpr, HALF: tl.constexpr, BI
 
 
 @triton.jit
-def rope_scores(rope, spans, t, D: tl.constexpr, HALF: tl.constexpr, IEEE: tl.constexpr,
-                KEYS_FIRST: tl.constexpr = False):  # fmt: skip
-    """Raw scores fp32 [QP, BT] of q (``rope``: :func:`.rope_rows.rope_query`'s tuple) against keys
-    stored at position 0 (``spans``: :func:`key_spans`) of token indices t [BT], each rotated
-    forward to ``pos0 + t``: channel pair (j, j + HALF) turns by that position times f_j;
-    ``KEYS_FIRST`` as in :func:`.tiles._qk`."""
-    q_rotary, q_pass, freq, pos0 = rope
+def rope_scores(rope, spans, t0, D: tl.constexpr, HALF: tl.constexpr, IEEE: tl.constexpr,
+                KEYS_FIRST: tl.constexpr = False, STEPS: tl.constexpr = False):  # fmt: skip
+    """Raw scores fp32 [QP, BT] of q (``rope``: :func:`.rope_rows.rope_query`'s tuple) against
+    keys stored at position 0 (``spans``: :func:`key_spans`) of token indices t0 + i (i < BT),
+    each rotated forward to ``pos0 + t0 + i``: channel pair (j, j + HALF) turns by that
+    position times f_j. ``STEPS`` (:func:`stepped_rope`): the turn split in two, the keys by
+    i·f_j, read from the launch's table (:func:`~.rope.rotary_steps`), and q back by
+    (pos0 + t0)·f_j once a tile, whose cos and sin are then the tile's only ones. ``KEYS_FIRST``
+    as in :func:`.tiles._qk`."""
+    q_lo, q_hi, q, q_pass, freq, pos0, steps = rope
     lo, hi, rest = spans
-    DT: tl.constexpr = q_rotary.dtype
-    angle = (pos0 + t).to(tl.float32)[:, None] * freq[None, :]  # [BT, HALF]
-    cos, sin = cos_sin(angle, IEEE)
-    cos, sin = cos.to(DT), sin.to(DT)
+    DT: tl.constexpr = q.dtype
+    BT: tl.constexpr = lo.shape[0]
+    if STEPS:
+        cos, sin = cos_sin((pos0 + t0).to(tl.float32) * freq, IEEE)  # [HALF]
+        q = _turned_back(q_lo, q_hi, cos[None, :], sin[None, :], KEYS_FIRST)
+        at = tl.arange(0, BT)[:, None] * (2 * HALF) + tl.arange(0, HALF)[None, :] + _in_loop(t0)
+        cos, sin = tl.load(steps + at).to(DT), tl.load(steps + HALF + at).to(DT)
+    else:
+        t = t0 + tl.arange(0, BT)
+        angle = (pos0 + t).to(tl.float32)[:, None] * freq[None, :]
+        cos, sin = cos_sin(angle, IEEE)  # [BT, HALF]
+        cos, sin = cos.to(DT), sin.to(DT)
     k = rotary_tile(lo * cos - hi * sin, hi * cos + lo * sin, KEYS_FIRST)
-    s = _qk(q_rotary, k, IEEE, KEYS_FIRST)
+    s = _qk(q, k, IEEE, KEYS_FIRST)
     if pass_start(D, HALF) < D:
         s += _qk(q_pass, key_lanes(rest) if KEYS_FIRST else rest, IEEE, KEYS_FIRST)
     return s
+
+
+@triton.jit
+def _turned_back(lo, hi, cos, sin, KEYS_FIRST: tl.constexpr):
+    """q's rotary halves [QP, HALF] turned back by the angles of ``cos``, ``sin`` (in fp32, once
+    rounded to q's dtype) -> :func:`rotary_tile`."""
+    DT: tl.constexpr = lo.dtype
+    lo, hi = lo.to(tl.float32), hi.to(tl.float32)
+    return rotary_tile((lo * cos + hi * sin).to(DT), (hi * cos - lo * sin).to(DT), KEYS_FIRST)
+
+
+@triton.jit
+def _in_loop(t0):
+    """0 for a tile's first token index t0 (>= 0), in a form the compiler cannot fold: added to
+    a load's offsets that would not otherwise change from tile to tile, it keeps that load in
+    the loop, where it is copied ahead through shared memory, not hoisted out of it into
+    registers held across the loop (the rotary steps of a 16-key tile: 32 registers; Triton
+    3.6, one-warp KV4 g32, 168 -> 231)."""
+    return tl.minimum(t0, 0)
+
+
+@triton.constexpr_function
+def stepped_rope(half: int, head_dim: int, channel: int) -> bool:
+    """Whether pre-RoPE keys turn by the launch's rotary steps (:func:`rope_scores`' ``STEPS``):
+    token rows rotated over the whole row. sm_90a, one-warp 16-key tiles, Triton 3.6, loop
+    instructions a tile: KV4 g32 1073 -> 904, KV8 g32 1136 -> 974, KV3 g32 1313 -> 1120, KV8 g64
+    1018 -> 972. Where the rotation covers part of the row (32-key tiles), q's turn and the
+    table cost more than they save (R = D/2: 1521 -> 1614 and 168 -> 236 registers); KIVI
+    pages, 1094 -> 1104 (K4), 1352 -> 1405 (K3)."""
+    return 2 * half == head_dim and not channel
 
 
 @triton.jit

@@ -6,9 +6,9 @@ and ``rope_offset`` (an int, or int32 [B]: the position of each request's stored
 the key at token index t (packed or tail) is rotated forward to position ``offset + t`` in
 transformers' ``rotate_half`` layout: channel pair (j, j + R/2) turns by that position times
 f_j, channels >= R pass. The general kernel does it per dequantized K tile
-(``.tiles._rope_tile``), the decode kernel per span of a tile (:mod:`.rope_rows`); the torch
-reference with :func:`rope_forward`. Kept free of triton: :mod:`.layout` and
-:mod:`.reference` import it.
+(``.tiles._rope_tile``), the decode kernel per span of a tile (:mod:`.rope_rows`, with a
+table of a tile's turns: :func:`rotary_steps`); the torch reference with
+:func:`rope_forward`. Kept free of triton: :mod:`.layout` and :mod:`.reference` import it.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 __all__ = [
     "check_rope",
@@ -24,7 +25,11 @@ __all__ = [
     "rope_in_kernel",
     "rope_rotate",
     "rope_rotate_at",
+    "rotary_steps",
 ]
+
+# rotary_steps' tables, kept per frequency tensor: (its version when built, {key: table})
+_STEPS = WeakIdKeyDictionary()
 
 
 def rope_rotate(x: torch.Tensor, freq: torch.Tensor, start: int, *, forward: bool) -> torch.Tensor:
@@ -109,3 +114,27 @@ def kernel_rope(batch: Any) -> tuple[torch.Tensor, torch.Tensor, int]:
     if isinstance(off, int):  # a device fill, no host sync
         off = torch.full((batch.batch_size,), off, dtype=torch.int32, device=batch.q.device)
     return freq, off, half
+
+
+def rotary_steps(freq: torch.Tensor, tokens: int, word: int, dtype: torch.dtype) -> torch.Tensor:
+    """cos and sin of i·f_j for i < ``tokens``: ``dtype`` [tokens, 2, R/2]: how far key i of a
+    tile turns past the tile's first key (the decode kernel turns q back by that key's position
+    instead, once a tile). Columns in the order a kernel holds packed codes: in each ``word``
+    of codes (32 / their low bits; 0: channel order), code j of each half side by side
+    (:func:`.packed_rows.pair_order`). Kept per ``freq`` tensor and rebuilt once it is written
+    to; built afresh while a CUDA graph is captured (its kernels run only at replay)."""
+    capturing = freq.is_cuda and torch.cuda.is_current_stream_capturing()
+    version = -1 if freq.is_inference() else freq._version
+    kept = None if capturing else _STEPS.get(freq)
+    if kept is None or kept[0] != version:
+        kept = (version, {})
+    key = (tokens, word, dtype)
+    if key not in kept[1]:
+        pos = torch.arange(tokens, device=freq.device, dtype=torch.float32)
+        angle = pos[:, None] * freq.float()[None, :]  # [tokens, R/2]
+        if word:  # [.., words, 2, word/2] -> [.., words, word/2, 2]
+            angle = angle.unflatten(-1, (-1, 2, word // 2)).transpose(-1, -2).flatten(-3)
+        kept[1][key] = torch.stack([angle.cos(), angle.sin()], dim=1).to(dtype).contiguous()
+        if not capturing:
+            _STEPS[freq] = kept
+    return kept[1][key]

@@ -1,7 +1,8 @@
 """Pre-RoPE keys (:mod:`.rope`) in the decode kernel (:mod:`.decode_kernel`): q and the
 unpacked tail read in spans (Triton device functions), and the host check of which batches the
-kernel rotates. The packed rows' spans and the rotated scores are :mod:`.packed_rows`'
-(``key_spans``, ``rope_scores``), inside its loop over tiles.
+kernel rotates, and the launch's table of rotary steps (:func:`rope_steps`). The packed rows'
+spans and the rotated scores are :mod:`.packed_rows`' (``key_spans``, ``rope_scores``), inside
+its loop over tiles.
 
 A K tile is read as its two rotary halves, channels ``[0, R/2)`` and ``[R/2, R)``, each
 [BT, R/2], plus a pass-through span, each span dequantized on its own (:func:`.packed_rows.
@@ -9,10 +10,12 @@ dequantized`). Channel j of the low half and channel j of the high half are a ``
 pair, so they sit at the same place of their two tensors and turn by ``pos·f_j`` element-wise:
 no lane exchanges a value. The turned halves are then joined side by side into one tile
 (:func:`.packed_rows.rotary_tile`) for one dot, ``s = [q_lo, q_hi]·[k_lo', k_hi'] +
-q_pass·k_pass``, with q loaded once a program and put in the same order. A span is in the
-codes' order (pair order, :func:`.packed_rows.row_codes`, which keeps a word's codes in the
-word): q's spans, the frequencies and the unpacked tail's spans are put in that order too
-(:func:`spans`).
+q_pass·k_pass``, with q loaded once a program and put in the same order. Keys rotated over
+the whole row split their turn: key i of a tile turns by i·f_j past the tile's first key (the
+table), and q back by that key's position, once a tile (:func:`.packed_rows.stepped_rope`).
+A span is in the codes' order (pair order, :func:`.packed_rows.row_codes`, which keeps a
+word's codes in the word): q's spans, the frequencies, the unpacked tail's spans and the
+table are put in that order too (:func:`spans`, :func:`rope_steps`).
 
 The pass-through span is channels ``[R, D)`` where ``D - R`` is a power of two (R = D: none,
 R = D/2), else the whole row with q's rotary channels zeroed (the R rotary channels read twice,
@@ -26,29 +29,39 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 import triton
 import triton.language as tl
 
-from .packed_rows import key_lanes, pair_order, pass_start, rotary_tile
-from .rope import rope_in_kernel
+from ..quant.packing import split_bits
+from .packed_rows import (
+    key_lanes,
+    kivi_keys,
+    pair_order,
+    pass_start,
+    rotary_tile,
+    stepped_rope,
+)
+from .rope import rope_in_kernel, rotary_steps
 
-__all__ = ["rope_decodable"]
+__all__ = ["rope_decodable", "rope_steps"]
 
 
 @triton.jit
-def rope_query(q, freq_ptr, pos0, HALF: tl.constexpr, BITS: tl.constexpr,
+def rope_query(q, freq_ptr, steps_ptr, pos0, HALF: tl.constexpr, BITS: tl.constexpr,
                KEYS_FIRST: tl.constexpr = False):  # fmt: skip
-    """q [QP, D] (channel order) -> the tuple the scores take: q's rotary halves as one tile
-    and its pass-through span (:func:`spans`, :func:`.packed_rows.rotary_tile`; in key lane
-    order where ``KEYS_FIRST``), the frequencies fp32 [HALF] in the codes' order, and ``pos0``
-    (the position of stored key 0)."""
+    """q [QP, D] (channel order) -> the tuple the scores take: q's spans (:func:`spans`), its
+    rotary halves as one tile too (:func:`.packed_rows.rotary_tile`) and its pass-through in
+    key lane order where ``KEYS_FIRST``, the frequencies fp32 [HALF] in the codes' order,
+    ``pos0`` (the position of stored key 0) and the launch's rotary steps
+    (:func:`~.rope.rotary_steps`, in the codes' order too)."""
     lo, hi, rest = spans(q, HALF, BITS)
     freq = tl.load(freq_ptr + tl.arange(0, HALF))[None, :]
     if BITS < 16:
         freq = pair_order(freq, BITS)
     rotary = rotary_tile(lo, hi, KEYS_FIRST)
     rest = key_lanes(rest) if KEYS_FIRST else rest
-    return rotary, rest, tl.reshape(freq, [HALF]), pos0
+    return lo, hi, rotary, rest, tl.reshape(freq, [HALF]), pos0, steps_ptr
 
 
 @triton.jit
@@ -105,3 +118,16 @@ def rope_decodable(batch: Any) -> bool:
     start = pass_start(dim, half)
     spans = [(0, half), (half, half)] + ([(start, dim - start)] if start < dim else [])
     return all(_span_fits(spec, c0, w) for c0, w in spans)
+
+
+def rope_steps(batch: Any, tokens: int, q_dtype: torch.dtype) -> torch.Tensor | None:
+    """The decode kernel's rotary steps (:func:`~.rope.rotary_steps`) for tiles of up to
+    ``tokens`` keys, in the codes' order of the batch's keys and the dots' dtype (fp16, or fp32
+    where q is: the interpreter); None where the kernel reads none (:func:`.packed_rows.
+    stepped_rope`)."""
+    freq, bits = batch.rope_freq, batch.k_spec.bits
+    if freq is None or not stepped_rope(freq.shape[0], batch.head_dim, kivi_keys(batch)):
+        return None
+    word = 0 if bits >= 16 else 32 // (bits if 8 % bits == 0 else split_bits(bits)[0])
+    dtype = torch.float32 if q_dtype == torch.float32 else torch.float16
+    return rotary_steps(freq, tokens, word, dtype)

@@ -15,7 +15,7 @@ from test_decode_kernel import pool as token_pool
 
 from kvtuner.attention import AttentionBatch, decode_attention, decode_attention_reference
 from kvtuner.attention.decode_kernel import serves
-from kvtuner.attention.rope import rope_forward
+from kvtuner.attention.rope import rope_forward, rotary_steps
 from kvtuner.quant import QuantSpec, quantize
 from kvtuner.runtime_loader.hf.rope import KeyRope
 
@@ -120,6 +120,27 @@ def llama_freq(half: int) -> torch.Tensor:
 
 
 OFFSETS = torch.tensor([0, 1000, 45], dtype=torch.int32)  # per request: pool tokens dropped
+
+
+def test_rotary_steps_are_a_tiles_turns_in_the_codes_order_kept_per_frequencies():
+    """The decode kernel's table of how far key i of a tile turns past its first key: cos and
+    sin of i·f_j, columns in the 4-bit codes' pair order (place 8w + 2j + h holds channel 8w +
+    j + 4h), kept while the frequencies are unchanged and rebuilt once they are written to."""
+    freq = llama_freq(32)
+    steps = rotary_steps(freq, 16, 8, torch.float32)
+    order = [c - c % 8 + c % 8 // 2 + (c % 2) * 4 for c in range(32)]
+    angle = torch.arange(16, dtype=torch.float32)[:, None] * freq[order]
+    assert steps.shape == (16, 2, 32) and steps.is_contiguous()
+    torch.testing.assert_close(steps[:, 0], angle.cos(), rtol=0, atol=0)
+    torch.testing.assert_close(steps[:, 1], angle.sin(), rtol=0, atol=0)
+    assert rotary_steps(freq, 16, 8, torch.float32) is steps
+    plain = rotary_steps(freq, 16, 0, torch.float16)  # 16-bit keys: channel order
+    assert plain.dtype == torch.float16
+    torch.testing.assert_close(plain[3, 1], (3 * freq).sin().half())
+    freq.mul_(2)
+    again = rotary_steps(freq, 16, 8, torch.float32)
+    assert again is not steps
+    torch.testing.assert_close(again[:, 0], (2 * angle).cos())
 
 
 @pytest.mark.parametrize(
