@@ -205,13 +205,17 @@ def plan_decode(batch: AttentionBatch, *, sms: int | None = None) -> DecodePlan:
       rotated over part of the row (build-predicted: 52-62 against 69-95). KV4 g128 and KV3
       g32 (rows read in 4-byte copies) ran at 0.58× and 0.36× there, against 0.54× and 0.34×
       at their best tile of 2-4 warps (64 × 32768); KV3 g32 rows of format v3 (two planes)
-      read in 16-byte copies, 41.7 instructions a key against 60.5 (build-predicted);
+      read in 16-byte copies, 41.7 instructions a key against 60.5 (build-predicted); and
+      token rows of keys rotated over the whole row since a tile's keys turn by a table
+      (:func:`.packed_rows.stepped_rope`; build-predicted, Triton 3.6: KV4 g32 46.0
+      instructions a key against 56.5 on 16 tokens, KV8 g32 48.2 against 60.9, KV3 g32 57.9
+      against 70.0, at 8 programs an SM against 12; the H200 issued a 16-token tile at 12
+      warps an SM as fast as a 32-token one at 8);
     - 16 tokens for KIVI pages of pre-RoPE keys (build-predicted: 69-104 instructions a key
-      against 112; 3 bits: 98 against 120) and token rows of keys rotated over the whole row
-      (2, 4, 8 or 16 bits: KV4 g32 and KV8 g64 timed at 0.41-0.43× bf16 SDPA, against
-      0.36-0.39× on 64 tokens × 4 warps; 3 and 6 bits build-predicted: 99-102 instructions a
-      key against 249-265 on 16 tokens × 8 warps, which they took while one warp spilled).
-    Those builds: 122-244 registers, 8-16 programs an SM, no spill (keys dotted first,
+      against 112; 3 bits: 98 against 120) and token rows of 8-bit keys in groups of 64
+      rotated over the whole row (KV8 g64 timed at 0.41-0.43× bf16 SDPA, against 0.36-0.39×
+      on 64 tokens × 4 warps; on 32 tokens Triton 3.9 spilled 16-24 bytes).
+    Those builds: 122-255 registers, 8-16 programs an SM, no spill (keys dotted first,
     :func:`.tiles._qk`). The rest, d > 128 or
     pre-RoPE keys with a tail: 64 tokens on 4 warps where K and V are
     :func:`.packed_rows.wide_rows` at d <= 128 and the keys not pre-RoPE or of 4 bits (3 stages
@@ -336,7 +340,9 @@ def _one_warp_tile(batch: AttentionBatch) -> dict | None:
     if batch.rope_freq is None:
         return dict(block_tokens=32, num_warps=1, num_stages=2)
     partial = 2 * batch.rope_freq.shape[0] < batch.head_dim
-    if not kivi and partial and batch.k_tail is None:
+    k = batch.k_spec  # 8-bit keys in groups of 64 over the whole row: 32 keys spilled (3.9)
+    spilled = not partial and k.bits == 8 and k.group_size == 64
+    if not kivi and batch.k_tail is None and not spilled:
         return dict(block_tokens=32, num_warps=1, num_stages=2)
     if kivi or batch.k_tail is None:
         return dict(block_tokens=16, num_warps=1, num_stages=2)

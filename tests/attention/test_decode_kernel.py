@@ -359,11 +359,11 @@ def test_rows_reaching_past_8_gib_take_int64_offsets_with_the_same_result():
 
 def test_plans_follow_the_row_alignment_and_the_rotary_width():
     """Keys stored after RoPE (pool rows, the HF cache's with a tail, KIVI pages) and pre-RoPE
-    keys rotated over part of the row: 32 tokens on one warp, 2 stages, at any row (the H200's
-    fastest, 2026-11-26; the rest by the sm_90a build). Keys rotated over the whole row: 16
-    tokens on one warp, 3-bit keys too since keys are dotted first (they spilled there before
-    and took 8 warps); pre-RoPE 4-bit keys with an HF tail 64 tokens on 4 warps; KIVI pages of
-    3-bit codes one warp as well."""
+    keys in token rows: 32 tokens on one warp, 2 stages, at any row (the H200's fastest,
+    2026-11-26; the rest by the sm_90a build: keys rotated over the whole row since a tile's
+    keys turn by a table), 3-bit keys too; but 8-bit keys in groups of 64 rotated over the
+    whole row 16 (on 32, 24 bytes spilled under Triton 3.9); pre-RoPE 4-bit keys with an HF
+    tail 64 tokens on 4 warps; KIVI pages of 3-bit codes one warp as well."""
     spec, rope = QuantSpec(4, 16), QuantSpec(4, 16, pre_rope=True)
     sym, sym_rope = QuantSpec(4, 8, symmetric=True), QuantSpec(4, 8, symmetric=True, pre_rope=True)
 
@@ -379,10 +379,11 @@ def test_plans_follow_the_row_alignment_and_the_rotary_width():
                            (sym, sym), (QuantSpec(3), QuantSpec(3))):  # fmt: skip
         assert plan(k_spec, v_spec) == (32, 1, 2), (k_spec, v_spec)
     for k_spec, v_spec in ((rope, spec), (sym_rope, sym)):
-        assert plan(k_spec, v_spec, rotary=D) == (16, 1, 2), k_spec
-        for rotary in (D // 2, D // 4):
+        for rotary in (D, D // 2, D // 4):
             assert plan(k_spec, v_spec, rotary=rotary) == (32, 1, 2), (k_spec, rotary)
-    assert plan(QuantSpec(3, pre_rope=True), QuantSpec(3), rotary=D) == (16, 1, 2)
+    assert plan(QuantSpec(3, pre_rope=True), QuantSpec(3), rotary=D) == (32, 1, 2)
+    assert plan(QuantSpec(8, 64, pre_rope=True), QuantSpec(8, 64), rotary=D) == (16, 1, 2)
+    assert plan(QuantSpec(8, 32, pre_rope=True), QuantSpec(8), rotary=D) == (32, 1, 2)
     args, tails = stored_rows(rope, spec, 40, 40, 48)  # the HF cache's, head_dim 32
     hf = AttentionBatch(q=torch.randn(2, 1, 4, 32), k_rows=args[0], v_rows=args[1], k_spec=rope,
                         v_spec=spec, rope_freq=torch.ones(16), **tails)  # fmt: skip
