@@ -222,7 +222,7 @@ def fitted_cases(labels=tuple(FITTED), table: dict | None = None) -> dict:
 
     def fit(batch):
         def launch() -> dict:
-            launch_decode(batch, batch.q, None, None, plan_decode(batch, sms=SMS))
+            launch_decode(batch, batch.q, batch.k_tail, batch.v_tail, plan_decode(batch, sms=SMS))
             return {"fitted_cap": plan_decode(batch, sms=SMS).max_registers}
 
         return launch
@@ -231,7 +231,10 @@ def fitted_cases(labels=tuple(FITTED), table: dict | None = None) -> dict:
         base = label.removesuffix(" planes")
         return paged_batch(base, table=table, planes=base != label)
 
-    return {f"decode {label} fitted": fit(batch(label)) for label in labels}
+    cases = {f"decode {label} fitted": fit(batch(label)) for label in labels}
+    if table is None:  # the HF cache's pre-RoPE decode too: rows and a tail, 64 keys on 4 warps
+        cases["decode KV4 g32 pre-RoPE HF (tail) fitted"] = fit(pre_rope(hf_batch("KV4 g32"), D))
+    return cases
 
 
 # the shipped profiles' common mixed rows (exported_configs/: K3 g32 and 2-bit values lead)

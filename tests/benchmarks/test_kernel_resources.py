@@ -78,8 +78,8 @@ def gpu_triton_rows(tmp_path_factory) -> list[dict]:
 
 
 def launched(row: dict) -> bool:
-    """Not a cap on registers the decode launcher tried and left (``fitted`` rows)."""
-    return row.get("maxnreg") is None or row.get("fitted_cap") == row["maxnreg"]
+    """Not a build the decode launcher tried and left (``fitted`` rows: a cap, or none)."""
+    return row.get("fitted_cap", row.get("maxnreg")) == row.get("maxnreg")
 
 
 def holds_the_limits(row: dict) -> None:
@@ -261,15 +261,18 @@ def test_the_launcher_caps_registers_where_the_build_then_spills_nothing(decode_
     the uncapped build, else none (one-warp KV4 g32, sm_90a: 162 registers and 12 programs
     uncapped, 16 bytes spilled at 128, none at 144 and 14 programs, under Triton 3.9; under
     3.6 none spilled at 128: 16 programs against 13). KV8 g64 in planes, SGLang's layout for
-    its 136-byte rows, spills at 128 and 144 and fits 152 (3.9: 13 programs against 9)."""
+    its 136-byte rows, spills at 128 and 144 and fits 152 (3.9: 13 programs against 9). The
+    HF cache's pre-RoPE decode (64 keys on 4 warps, built only here): 223 registers and 2
+    programs an SM uncapped under 3.9, none spilled at 168 and 3."""
     fitted: dict[str, list[dict]] = {}
     for row in decode_rows:
         if row["label"].endswith(" fitted") and row["kernel"] == "_decode_kernel":
             fitted.setdefault(row["label"], []).append(row)
-    assert len(fitted) == 6, sorted(fitted)
+    assert len(fitted) == 7, sorted(fitted)
     uncapped = {r["label"]: r for r in decode_rows if r["kernel"] == "_decode_kernel"}
     for label, rows in fitted.items():
-        base = uncapped[label.removesuffix(" fitted")]
+        own = [r for r in rows if r["maxnreg"] is None]  # where the decode group has none
+        base = uncapped.get(label.removesuffix(" fitted")) or own[0]
         cap = rows[0]["fitted_cap"]
         for row in rows:
             if row["maxnreg"] is not None and (cap is None or row["maxnreg"] < cap):
