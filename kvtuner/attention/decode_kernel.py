@@ -82,7 +82,7 @@ def _tail_part(q, kt_base, vt_base, kt_st, vt_st, tail_len, packed, start, qpos,
         if ROPE_HALF:  # keys rotated to their positions, read in the packed keys' spans
             k_spans = spans(k.to(q.dtype), ROPE_HALF, K_BITS)
             s = rope_scores(rope, k_spans, packed + i0, D, ROPE_HALF, IEEE, KEYS_FIRST,
-                            stepped_rope(ROPE_HALF, D, 0))  # fmt: skip
+                            stepped_rope(ROPE_HALF, D, 0, BT))  # fmt: skip
         else:
             s = _qk(q, k.to(q.dtype), IEEE, KEYS_FIRST)
         m, denom, alpha, p = _softmax_step(s, ok[None, :], m, denom, score_scale, cap_log2,
@@ -211,8 +211,12 @@ def plan_decode(batch: AttentionBatch, *, sms: int | None = None) -> DecodePlan:
       instructions a key against 56.5 on 16 tokens, KV8 g32 48.2 against 60.9, KV3 g32 57.9
       against 70.0, at 8 programs an SM against 12; the H200 issued a 16-token tile at 12
       warps an SM as fast as a 32-token one at 8);
-    - 16 tokens for KIVI pages of pre-RoPE keys (build-predicted: 69-104 instructions a key
-      against 112; 3 bits: 98 against 120) and token rows of 8-bit keys in groups of 64
+    - 32 tokens for KIVI pages of 4-bit pre-RoPE keys rotated over the whole row, turned by
+      the table (build-predicted, Triton 3.6: 58.9 instructions a key against 68.4 on 16, at
+      255 registers and 8 programs an SM; 3.9: 53.9 against 72.1);
+    - 16 tokens for other KIVI pages of pre-RoPE keys (build-predicted: 69-104 instructions a
+      key against 112; 3 bits: 98 against 120; on 32, 3.9 spilled 48 bytes at 3 bits) and
+      token rows of 8-bit keys in groups of 64
       rotated over the whole row (KV8 g64 timed at 0.41-0.43× bf16 SDPA, against 0.36-0.39×
       on 64 tokens × 4 warps; on 32 tokens Triton 3.9 spilled 16-24 bytes).
     Those builds: 122-255 registers, 8-16 programs an SM, no spill (keys dotted first,
@@ -344,6 +348,8 @@ def _one_warp_tile(batch: AttentionBatch) -> dict | None:
     spilled = not partial and k.bits == 8 and k.group_size == 64
     if not kivi and batch.k_tail is None and not spilled:
         return dict(block_tokens=32, num_warps=1, num_stages=2)
+    if kivi and not partial and k.bits == 4:  # 32-key pages turn by a table (3 bits spilled)
+        return dict(block_tokens=32, num_warps=1, num_stages=2)
     if kivi or batch.k_tail is None:
         return dict(block_tokens=16, num_warps=1, num_stages=2)
     return None
@@ -427,7 +433,7 @@ def launch_decode(
     rows = table_rows(batch) if paged else batch.lengths
     starts = batch.starts if batch.starts is not None else batch.lengths
     freq, k_pos0, rope_half = kernel_rope(batch)
-    steps = rope_steps(batch, max(plan.block_tokens, 16), q.dtype)  # a tail's tiles: 16 keys
+    steps = rope_steps(batch, plan.block_tokens, q.dtype)
     steps = freq if steps is None else steps  # none read: any pointer
     stage = batch.k_stage if batch.k_stage is not None else empty  # [rows, G, Hkv, D]
     stage_rows = batch.k_stage_rows if batch.k_stage is not None else batch.lengths

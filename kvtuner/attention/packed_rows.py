@@ -699,7 +699,8 @@ def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at
             if ROPE_HALF:
                 spans = page_spans(k_words, k_half, pages, block, page, j, ok, K_CHANNEL == 2,
                                    D, ROPE_HALF, K_BITS, K_G, K_SYM, q.dtype)  # fmt: skip
-                s = rope_scores(rope, spans, t0, D, ROPE_HALF, IEEE, ONE_WARP)
+                s = rope_scores(rope, spans, t0, D, ROPE_HALF, IEEE, ONE_WARP,
+                                stepped_rope(ROPE_HALF, D, 1, BT))  # fmt: skip
             elif K_CHANNEL == 1:
                 k = page_rows(k_words, k_half, block, j, 0, D, D, K_BITS, K_G, K_SYM, q.dtype)
                 s = _qk(q, k, IEEE, ONE_WARP)
@@ -710,7 +711,7 @@ def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at
             spans = key_spans(k_words, k_half, k_at, k_meta, D, ROPE_HALF, K_BITS, K_G, K_SYM,
                               q.dtype)  # fmt: skip
             s = rope_scores(rope, spans, t0, D, ROPE_HALF, IEEE, ONE_WARP,
-                            stepped_rope(ROPE_HALF, D, 0))  # fmt: skip
+                            stepped_rope(ROPE_HALF, D, 0, BT))  # fmt: skip
         else:
             s = scores(q, q_sum, k_words, k_half, k_at, k_meta, D, K_BITS, K_G, K_SYM, IEEE,
                        not CAUSAL, ONE_WARP, K_DOTS, K_LANES)  # fmt: skip
@@ -913,14 +914,16 @@ def _in_loop(t0):
 
 
 @triton.constexpr_function
-def stepped_rope(half: int, head_dim: int, channel: int) -> bool:
+def stepped_rope(half: int, head_dim: int, channel: int, tokens: int) -> bool:
     """Whether pre-RoPE keys turn by the launch's rotary steps (:func:`rope_scores`' ``STEPS``):
-    token rows rotated over the whole row. sm_90a, one-warp 16-key tiles, Triton 3.6, loop
-    instructions a tile: KV4 g32 1073 -> 904, KV8 g32 1136 -> 974, KV3 g32 1313 -> 1120, KV8 g64
-    1018 -> 972. Where the rotation covers part of the row (32-key tiles), q's turn and the
-    table cost more than they save (R = D/2: 1521 -> 1614 and 168 -> 236 registers); KIVI
-    pages, 1094 -> 1104 (K4), 1352 -> 1405 (K3)."""
-    return 2 * half == head_dim and not channel
+    keys rotated over the whole row, in token rows, or in KIVI pages (``channel``) on tiles of
+    32 ``tokens``. sm_90a, one-warp 16-key tiles, Triton 3.6, loop instructions a tile: KV4 g32
+    1073 -> 904, KV8 g32 1136 -> 974, KV3 g32 1313 -> 1120, KV8 g64 1018 -> 972; KIVI K4 pages
+    on 32-key tiles 58.9 a key against 68.4 on 16 without (3.9: 53.9 against 72.1). Where the
+    rotation covers part of the row (32-key tiles), q's turn and the table cost more than they
+    save (R = D/2: 1521 -> 1614 and 168 -> 236 registers); so do KIVI pages of 16-key tiles
+    (1094 -> 1104 at K4, 1352 -> 1405 at K3)."""
+    return 2 * half == head_dim and (not channel or tokens >= 32)
 
 
 @triton.jit

@@ -121,13 +121,14 @@ def rope_decodable(batch: Any) -> bool:
 
 
 def rope_steps(batch: Any, tokens: int, q_dtype: torch.dtype) -> torch.Tensor | None:
-    """The decode kernel's rotary steps (:func:`~.rope.rotary_steps`) for tiles of up to
-    ``tokens`` keys, in the codes' order of the batch's keys and the dots' dtype (fp16, or fp32
-    where q is: the interpreter); None where the kernel reads none (:func:`.packed_rows.
-    stepped_rope`)."""
+    """The decode kernel's rotary steps (:func:`~.rope.rotary_steps`) for its tiles of
+    ``tokens`` keys (and a tail's of 16), in the codes' order of the batch's keys and the dots'
+    dtype (fp16, or fp32 where q is: the interpreter); None where the kernel reads none
+    (:func:`.packed_rows.stepped_rope`)."""
     freq, bits = batch.rope_freq, batch.k_spec.bits
-    if freq is None or not stepped_rope(freq.shape[0], batch.head_dim, kivi_keys(batch)):
+    kivi = kivi_keys(batch)
+    if freq is None or not stepped_rope(freq.shape[0], batch.head_dim, kivi, tokens):
         return None
     word = 0 if bits >= 16 else 32 // (bits if 8 % bits == 0 else split_bits(bits)[0])
     dtype = torch.float32 if q_dtype == torch.float32 else torch.float16
-    return rotary_steps(freq, tokens, word, dtype)
+    return rotary_steps(freq, max(tokens, 16), word, dtype)

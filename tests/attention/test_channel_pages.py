@@ -32,16 +32,17 @@ LENGTHS = [40, 9, 23, 33]  # full and filling pages; request 1 has only a fillin
 PAGE_OF = [[3, 7, 1], [5], [9, 0], [2, 11, 4]]  # each request's pages, in order
 
 
-def pool(k_spec, v_spec, seed=0):
-    """(key pages, V rows [slots, Hkv, R], slot table): each request written in two chunks."""
+def pool(k_spec, v_spec, seed=0, page=G):
+    """(key pages, V rows [slots, Hkv, R], slot table): each request written in two chunks,
+    in pages of ``page`` slots (``k_spec``'s group)."""
     g = gen(seed)
-    geometry = PoolGeometry(PAGES * G, G, HEADS, D, torch.float32, "cpu", stage_pages=8)
+    geometry = PoolGeometry(PAGES * page, page, HEADS, D, torch.float32, "cpu", stage_pages=8)
     keys = ChannelPages(k_spec, geometry)
-    slots = PAGES * G
+    slots = PAGES * page
     v_rows = quantize(torch.randn(slots, HEADS, D, generator=g), v_spec)
     table = torch.zeros(len(LENGTHS), max(LENGTHS), dtype=torch.int32)
     for b, (n, pages) in enumerate(zip(LENGTHS, PAGE_OF, strict=True)):
-        loc = torch.cat([torch.arange(p * G, p * G + G) for p in pages])[:n]
+        loc = torch.cat([torch.arange(p * page, p * page + page) for p in pages])[:n]
         table[b, :n] = loc.int()
         k = torch.randn(n, HEADS, D, generator=g) * 2
         cut = n // 2  # a page filled across two writes is packed on the second

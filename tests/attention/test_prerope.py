@@ -14,8 +14,9 @@ from test_decode_kernel import check
 from test_decode_kernel import pool as token_pool
 
 from kvtuner.attention import AttentionBatch, decode_attention, decode_attention_reference
-from kvtuner.attention.decode_kernel import serves
+from kvtuner.attention.decode_kernel import plan_decode, serves
 from kvtuner.attention.rope import rope_forward, rotary_steps
+from kvtuner.attention.rope_rows import rope_steps
 from kvtuner.quant import QuantSpec, quantize
 from kvtuner.runtime_loader.hf.rope import KeyRope
 
@@ -112,6 +113,21 @@ def test_paged_channel_pages_full_and_staged(freq, decode_kernel):
     assert serves(batch) == decode_kernel
     both(q, *rows, **index, **rope, block_tokens=16)
     both(q, *rows, **index, **rope)  # the launchers' own plans
+
+
+@pytest.mark.parametrize("page", [32, 64])
+def test_kivi_pages_turn_by_the_table_on_the_plans_32_key_tiles(page):
+    """4-bit KIVI pages of 32 or 64 slots rotated over the whole row: the plan's tiles are 32
+    keys of a page, which turn by the launch's rotary steps (full pages and the filling one)."""
+    k_spec, v_spec = QuantSpec(4, group_size=page, axis="channel"), QuantSpec(4)
+    rows, index = args(*pool(k_spec, v_spec, page=page), k_spec, v_spec)
+    q = torch.randn(len(LENGTHS), 4, D, generator=gen(27))
+    rope = dict(rope_freq=FULL, rope_offset=torch.tensor([2, 0, 7, 300], dtype=torch.int32))
+    batch = AttentionBatch(q=q.unsqueeze(1), k_rows=rows[0], v_rows=rows[1], k_spec=k_spec,
+                           v_spec=v_spec, **index, **rope)  # fmt: skip
+    assert serves(batch) and plan_decode(batch).block_tokens == 32
+    assert rope_steps(batch, 32, q.dtype) is not None and rope_steps(batch, 16, q.dtype) is None
+    both(q, *rows, **index, **rope)
 
 
 def llama_freq(half: int) -> torch.Tensor:
