@@ -216,9 +216,9 @@ def plan_decode(batch: AttentionBatch, *, sms: int | None = None) -> DecodePlan:
       255 registers and 8 programs an SM; 3.9: 53.9 against 72.1);
     - 16 tokens for other KIVI pages of pre-RoPE keys (build-predicted: 69-104 instructions a
       key against 112; 3 bits: 98 against 120; on 32, 3.9 spilled 48 bytes at 3 bits) and
-      token rows of 8-bit keys in groups of 64
-      rotated over the whole row (KV8 g64 timed at 0.41-0.43× bf16 SDPA, against 0.36-0.39×
-      on 64 tokens × 4 warps; on 32 tokens Triton 3.9 spilled 16-24 bytes).
+      token rows of 8-bit keys in groups of 64 rotated over the whole row (KV8 g64 timed at
+      0.41-0.43× bf16 SDPA, against 0.36-0.39× on 64 tokens × 4 warps; on 32 tokens Triton
+      3.9 spilled 16-24 bytes).
     Those builds: 122-255 registers, 8-16 programs an SM, no spill (keys dotted first,
     :func:`.tiles._qk`). The rest, d > 128 or
     pre-RoPE keys with a tail: 64 tokens on 4 warps where K and V are

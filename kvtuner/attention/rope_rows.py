@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..quant.packing import split_bits
+from ..quant.triton_codes import low_bits
 from .packed_rows import (
     key_lanes,
     kivi_keys,
@@ -129,6 +129,6 @@ def rope_steps(batch: Any, tokens: int, q_dtype: torch.dtype) -> torch.Tensor | 
     kivi = kivi_keys(batch)
     if freq is None or not stepped_rope(freq.shape[0], batch.head_dim, kivi, tokens):
         return None
-    word = 0 if bits >= 16 else 32 // (bits if 8 % bits == 0 else split_bits(bits)[0])
+    word = 0 if bits >= 16 else 32 // low_bits(bits)
     dtype = torch.float32 if q_dtype == torch.float32 else torch.float16
     return rotary_steps(freq, max(tokens, 16), word, dtype)
