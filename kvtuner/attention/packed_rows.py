@@ -33,7 +33,7 @@ from triton.language.extra import libdevice
 from ..quant.packing import split_bits
 from ..quant.spec import QuantSpec
 from ..quant.triton_codes import low_bits
-from ..quant.triton_kernels import interpreted
+from ..quant.triton_kernels import interpreted, triton_version
 from .tiles import _pv, _qk, _softmax_step
 
 __all__ = [
@@ -56,6 +56,11 @@ FP16_MAX = tl.constexpr(65504.0)  # q is clamped to fp16's range before it becom
 EXACT = tl.constexpr(0)  # c: 1024 + c by the exponent trick, the 1024 subtracted
 TOP = tl.constexpr(1)  # 1 + c/2**BITS: c at the top of the mantissa under 1.0's exponent
 BIASED = tl.constexpr(2)  # 1024 + c, the 1024 left for the caller to take off
+# channels a lane holds side by side in a k-step of the MMA's key operand (Triton's kWidth): its
+# build of the keys' dot, codes made in registers, takes 4 under Triton 3.6 and 2 under 3.9
+# (:func:`key_lanes`)
+K_WIDTH = tl.constexpr(4 if triton_version() < (3, 7) else 2)
+IN_BYTE = tl.constexpr(3)  # c: read at bit m of its byte (1024 + 2**m·c), one fp16 fma to c
 
 
 @triton.jit
@@ -104,7 +109,10 @@ def row_codes(words_ptr, at, C0: tl.constexpr, W: tl.constexpr, D: tl.constexpr,
     if TOKEN_PAIRS and BITS == 4 and READ == TOP:
         return pair_order(_token_paired(words, AT, EXPONENT), BITS)
     LOP3: tl.constexpr = PAIRED_FMA or READ == BIASED
-    pairs = _pairs(words, tl.arange(0, P // 2) * LOW, LOW, AT, EXPONENT, LOP3)
+    start = tl.arange(0, P // 2) * LOW
+    if READ == IN_BYTE:
+        return tl.reshape(_in_byte_codes(words, start, BITS), [BT, W])
+    pairs = _pairs(words, start, LOW, AT, EXPONENT, LOP3)
     if LOW < BITS:  # the high plane's word k holds the high bits of low words E·k .. E·k+E-1
         HIGH: tl.constexpr = BITS - LOW
         E: tl.constexpr = LOW // HIGH
@@ -136,6 +144,31 @@ def _pairs(words, start, BITS: tl.constexpr, AT: tl.constexpr, EXPONENT: tl.cons
     if LOP3:
         return and_or(pairs, MASK2, EXPONENT)
     return (pairs.to(tl.int32, bitcast=True) & MASK2) | EXPONENT
+
+
+@triton.jit
+def _in_byte_codes(words, start, BITS: tl.constexpr):
+    """2/4-bit codes read ``IN_BYTE``: int32 words [BT, N] -> fp16 [BT, N, P/2, 2], code
+    pair j (bits ``start`` [P/2] and ``start + 16``) as :func:`_pairs` gives it, exact. Each
+    word is shifted down only to pair j's byte (one shift a word at 4 bits, none for its low
+    byte) and masked where the pair sits in it, m bits up: 1024 + 2**m·c by the exponent
+    trick, which one fp16 fma, ·2**-m - 2**(10-m), takes to c (where :func:`_pairs` shifted
+    each pair down and subtracted 1024). One-warp KV4 g32 decode, sm_90a: one shift a word of
+    keys, not three (:func:`element_read`)."""
+    MASK2: tl.constexpr = ((1 << BITS) - 1) * 0x10001
+    m = start % 8  # [P/2]
+    pairs = words.to(tl.uint32, bitcast=True)[:, :, None] >> (start - m).to(tl.uint32)
+    masks = tl.broadcast_to((MASK2 << m)[None, None, :], pairs.shape)
+    pairs = and_masks(pairs, masks, 0x64006400)  # [BT, N, P/2]: 1024 + 2**m·c a half
+    unit = tl.broadcast_to(((15 - m) * 0x4000400)[None, None, :], pairs.shape)  # 2**-m a half
+    # -2**(10-m) a half: its exponent, and the sign bits (0x80008000 as an int32)
+    bias = tl.broadcast_to(((25 - m) * 0x4000400 - 0x7FFF8000)[None, None, :], pairs.shape)
+    if PTX:
+        pairs = tl.inline_asm_elementwise("fma.rn.f16x2 $0, $1, $2, $3;", "=r,r,r,r",
+                                          [pairs, unit, bias], dtype=tl.int32, is_pure=True,
+                                          pack=1)  # fmt: skip
+        return _fp16_pairs(pairs, False)
+    return tl.fma(_fp16_pairs(pairs, False), _fp16_pairs(unit, False), _fp16_pairs(bias, False))
 
 
 @triton.jit
@@ -186,6 +219,23 @@ def and_or(x, MASK: tl.constexpr, BITS: tl.constexpr):
 
 
 @triton.constexpr_function
+def _lop3_masks(bits: int) -> str:
+    return f"lop3.b32 $0, $1, $2, {bits:#x}, 0xEA;"  # ($1 & $2) | bits
+
+
+@triton.jit
+def and_masks(x, masks, BITS: tl.constexpr):
+    """:func:`and_or` with a mask each element (int32 ``masks`` shaped as x): one ``LOP3``, the
+    mask a register where it differs between lanes."""
+    x = x.to(tl.int32, bitcast=True)
+    masks = masks.to(tl.int32, bitcast=True)
+    if PTX:
+        return tl.inline_asm_elementwise(_lop3_masks(BITS), "=r,r,r", [x, masks],
+                                         dtype=tl.int32, is_pure=True, pack=1)  # fmt: skip
+    return (x & masks) | BITS
+
+
+@triton.constexpr_function
 def code_unit(read: int, bits: int) -> int:
     """Code steps a unit of the codes as :func:`row_codes` reads them (``TOP``: 2**bits): the
     factor a scale takes to apply to the codes as read."""
@@ -215,15 +265,20 @@ def after_dot_read(bits: int, dtype) -> int:
 
 
 @triton.constexpr_function
-def element_read(bits: int, dtype, lanes: bool) -> int:
+def element_read(bits: int, dtype, lanes: bool, key_lanes: bool = False) -> int:
     """How a tile dequantized element-wise reads its codes (:func:`row_codes`' ``READ``):
     ``TOP`` for 4-bit codes in fp16 read in a lane order where each register's pair of codes
     has a shift of its own (:func:`value_lanes`; in pair order the shift is the lane's, and
     moving codes up or down by a lane's amount took two shifts). One-warp decode, sm_90a:
     KV4 g32 1025 -> 967 loop instructions a tile, the `HADD2`s of its values gone; KV2 g32
     spilled 40 bytes with it, and 8-bit codes would lose an eighth of a step to the folded
-    zero. Else ``EXACT``."""
-    return TOP if lanes and dtype == tl.float16 and bits == 4 else EXACT
+    zero. ``IN_BYTE`` for 2/4-bit keys in fp16 in :func:`key_lanes` order (``key_lanes``):
+    exact codes, one shift a word (:func:`_in_byte_codes`). Else ``EXACT``."""
+    if dtype != tl.float16:
+        return EXACT
+    if lanes and bits == 4:
+        return TOP
+    return IN_BYTE if key_lanes and (bits == 2 or bits == 4) else EXACT
 
 
 @triton.jit
@@ -279,23 +334,29 @@ def value_channels(x, BITS: tl.constexpr, SPANS: tl.constexpr = 1):
 
 
 @triton.jit
-def key_lanes(x, SPANS: tl.constexpr = 1):
+def key_lanes(x, SPANS: tl.constexpr = 1, WIDTH: tl.constexpr = 0):
     """Raw key codes (or q) x [R, D] in pair order -> *key lane order*, each of its ``SPANS``
     equal spans of channels on its own (the groups dotted apart: :func:`dotted_groups`). The
     fp16 MMA's A operand (the key tile, [BT, D], keys dotted first: :func:`.tiles._qk`) gives
-    lane t of each 4 the column pairs 4r + t (r < D/8); in this order they are pairs (D/8)·t
-    + r of the pair order, so each lane reads D/4 channels of whole words of its own (one
-    16-byte load a row at 4 bits, d 128), not one pair of every word of the row, and each
-    register's shift is a constant. Raw codes (groups dotted apart, :func:`scores`), or 2/4/8-bit
-    keys dequantized with :func:`register_pairs_fma` (with ``tl.fma`` LLVM left the fp16
-    ``fma`` unpaired and ptxas swapped each pair's halves before and after it: one-warp KV4
+    lane t of each 4 runs of K side-by-side columns, run 4r + t (r < D/4K), K its kWidth
+    (``WIDTH``; 0: :data:`K_WIDTH`, the building Triton's); in this order they are runs
+    (D/4K)·t + r of the pair order, so each lane reads D/4 channels of whole words of its own
+    (one 16-byte load a row at 4 bits, d 128), not one pair of every word of the row, and each
+    register's shift is a constant. Raw codes (groups dotted apart, :func:`scores`), or
+    2/4/8-bit keys dequantized with :func:`register_pairs_fma` (with ``tl.fma`` LLVM left the
+    fp16 ``fma`` unpaired and ptxas swapped each pair's halves before and after it: one-warp KV4
     g32, sm_90a, 967 -> 1053 loop instructions). Identity where a span is not a multiple of
-    32 channels."""
+    32 channels. Under Triton 3.6 (K 4) the order for K 2 gave a lane half the pairs of twice
+    the words, a shift of the lane's own for each (one-warp decode, sm_90a, loop instructions a
+    tile: KV8 g64 847 -> 808, K8V4 884 -> 840, KV4 g32 sym 872 -> 847, KV4 g128 850 -> 838 at
+    138 registers against 164). Rotary tiles keep K 2 (:func:`rotary_tile`): at 4, 3.6 built
+    KIVI K4 pre-RoPE pages in 2014 against 1884."""
     R: tl.constexpr = x.shape[0]
     D: tl.constexpr = x.shape[1]
     W: tl.constexpr = D // SPANS
     if W % 32 == 0:
-        x = tl.permute(tl.reshape(x, [R * SPANS, 4, W // 8, 2]), (0, 2, 1, 3))
+        K: tl.constexpr = WIDTH if WIDTH else K_WIDTH
+        x = tl.permute(tl.reshape(x, [R * SPANS, 4, W // (4 * K), K]), (0, 2, 1, 3))
         x = tl.reshape(x, [R, D])
     return x
 
@@ -397,13 +458,13 @@ def dequantized(words_ptr, half_ptr, at, meta, C0: tl.constexpr, W: tl.constexpr
         x = tl.load(half_ptr + 2 * at[:, None] + C0 + tl.arange(0, W)[None, :]).to(DT)
     else:
         NG: tl.constexpr = (W + G - 1) // G
-        READ: tl.constexpr = element_read(BITS, DT, LANES)
+        READ: tl.constexpr = element_read(BITS, DT, LANES, KEY_LANES)
         PAIRED: tl.constexpr = (LANES or KEY_LANES) and DT == tl.float16  # noqa: SIM300
         codes = row_codes(words_ptr, at, C0, W, D, BITS, DT, READ, LANES, PAIRED)
         codes = tl.reshape(codes, [at.shape[0], NG, W // NG])
         scale, zero = row_meta(words_ptr, half_ptr, meta, C0, W, D, BITS, G, SYM, DT, JOINT,
                                LANES)  # fmt: skip
-        if READ != EXACT:  # fp16: z - s'·o is one rounding, half an ulp of |z| + s' at most
+        if READ == TOP:  # fp16: z - s'·o is one rounding, half an ulp of |z| + s' at most
             scale = scale * code_unit(READ, BITS)
             zero = zero - scale * code_origin(READ)
         x = _scaled(codes, scale, zero, PAIRED)
@@ -709,7 +770,7 @@ def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at
                 s = _qk(q, k, IEEE, ONE_WARP)
         elif ROPE_HALF:  # each key rotated forward to its position: element-wise tiles
             spans = key_spans(k_words, k_half, k_at, k_meta, D, ROPE_HALF, K_BITS, K_G, K_SYM,
-                              q.dtype)  # fmt: skip
+                              q.dtype, ONE_WARP)  # fmt: skip
             s = rope_scores(rope, spans, t0, D, ROPE_HALF, IEEE, ONE_WARP,
                             stepped_rope(ROPE_HALF, D, 0, BT))  # fmt: skip
         else:
@@ -828,7 +889,8 @@ def code_order(W: tl.constexpr, BITS: tl.constexpr):
 
 @triton.jit
 def key_spans(k_words, k_half, at, meta, D: tl.constexpr, HALF: tl.constexpr, BITS: tl.constexpr,
-              G: tl.constexpr, SYM: tl.constexpr, DT: tl.constexpr):  # fmt: skip
+              G: tl.constexpr, SYM: tl.constexpr, DT: tl.constexpr,
+              ONE_WARP: tl.constexpr = False):  # fmt: skip
     """Packed keys at word ``at`` [BT] -> their spans ``DT`` (low half [BT, HALF], high half,
     pass-through [BT, D - PASS0]; the last the low half again where there is none).
 
@@ -841,11 +903,14 @@ def key_spans(k_words, k_half, at, meta, D: tl.constexpr, HALF: tl.constexpr, BI
     copy built 2 % more instructions a tile under both Tritons. The whole-row branch takes a
     word's mask and exponent in one PTX ``lop3`` and dequantizes with
     :func:`register_pairs_fma`, as keys in key lane order do (Triton 3.6, KV4 g32: 1103 -> 1073
-    loop instructions a tile)."""
+    loop instructions a tile); on ``ONE_WARP`` tiles 2/4-bit codes read ``IN_BYTE`` (3.6, KV4
+    g32: 1473 -> 1445, 230 -> 224 registers; the HF cache's 4-warp tile took 234 registers
+    with it, against 168)."""
     if BITS < 16 and 2 * HALF == D and (D // G) % 2 == 0:
         BT: tl.constexpr = at.shape[0]
-        lo = row_codes(k_words, at, 0, HALF, D, BITS, DT, PAIRED_FMA=True)
-        hi = row_codes(k_words, at, HALF, HALF, D, BITS, DT, PAIRED_FMA=True)
+        READ: tl.constexpr = element_read(BITS, DT, False, ONE_WARP)
+        lo = row_codes(k_words, at, 0, HALF, D, BITS, DT, READ, PAIRED_FMA=True)
+        hi = row_codes(k_words, at, HALF, HALF, D, BITS, DT, READ, PAIRED_FMA=True)
         lo = tl.reshape(lo, [BT, HALF // G, G])
         hi = tl.reshape(hi, [BT, HALF // G, G])
         scale, zero = row_meta(k_words, k_half, meta, 0, D, D, BITS, G, SYM, DT, True)
@@ -890,7 +955,7 @@ def rope_scores(rope, spans, t0, D: tl.constexpr, HALF: tl.constexpr, IEEE: tl.c
     k = rotary_tile(lo * cos - hi * sin, hi * cos + lo * sin, KEYS_FIRST)
     s = _qk(q, k, IEEE, KEYS_FIRST)
     if pass_start(D, HALF) < D:
-        s += _qk(q_pass, key_lanes(rest) if KEYS_FIRST else rest, IEEE, KEYS_FIRST)
+        s += _qk(q_pass, key_lanes(rest, 1, 2) if KEYS_FIRST else rest, IEEE, KEYS_FIRST)
     return s
 
 
@@ -936,7 +1001,7 @@ def rotary_tile(lo, hi, KEYS_FIRST: tl.constexpr):
     N: tl.constexpr = lo.shape[0]
     HALF: tl.constexpr = lo.shape[1]
     x = tl.reshape(tl.join(lo, hi), [N, 2 * HALF])
-    return key_lanes(x) if KEYS_FIRST else x
+    return key_lanes(x, 1, 2) if KEYS_FIRST else x
 
 
 @triton.jit

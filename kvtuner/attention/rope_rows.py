@@ -60,7 +60,7 @@ def rope_query(q, freq_ptr, steps_ptr, pos0, HALF: tl.constexpr, BITS: tl.conste
     if BITS < 16:
         freq = pair_order(freq, BITS)
     rotary = rotary_tile(lo, hi, KEYS_FIRST)
-    rest = key_lanes(rest) if KEYS_FIRST else rest
+    rest = key_lanes(rest, 1, 2) if KEYS_FIRST else rest
     return lo, hi, rotary, rest, tl.reshape(freq, [HALF]), pos0, steps_ptr
 
 

@@ -23,7 +23,7 @@ import triton.language as tl
 from .intmath import next_power_of_2
 from .spec import QuantSpec
 from .triton_codes import grid_codes, hadamard_tile, store_codes, store_fp16
-from .triton_kernels import interpreted
+from .triton_kernels import interpreted, triton_version
 
 __all__ = ["triton_pack_channel_pages"]
 
@@ -130,11 +130,4 @@ def _warps(rotate: bool) -> int:
     built clean on 8 warps, 112-116 registers; Hadamard pages 4 warps, 56 under both)."""
     if rotate:
         return 4
-    return 1 if _triton_version() >= (3, 7) else 8
-
-
-def _triton_version() -> tuple[int, int]:
-    """(major, minor) of the Triton building the kernel: a plan read off one Triton's sm_90a
-    build can spill under another's (docs/results/gpu.md › Triton 3.6)."""
-    major, minor = triton.__version__.split(".")[:2]
-    return int(major), int(minor)
+    return 1 if triton_version() >= (3, 7) else 8

@@ -64,6 +64,7 @@ __all__ = [
     "triton_gather_dequantized",
     "triton_scatter_kv",
     "triton_scatter_quantized",
+    "triton_version",
 ]
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
@@ -431,6 +432,13 @@ def _gather_fp16_block(blk, buf_ptr, loc_ptr, out_ptr, n_tokens, stride_slot, st
     x = tl.load(halves[:, None] + e[None], mask=mask, other=0)
     x = x.to(tl.float16, bitcast=True).to(tl.float32)
     _store_out(out_ptr + _out_rows(rows)[:, None] * D + e[None], x, mask, OUT_BF16)
+
+
+def triton_version() -> tuple[int, int]:
+    """(major, minor) of the Triton building the kernels: a plan read off one Triton's sm_90a
+    build can spill under another's (docs/results/gpu.md › Triton 3.6)."""
+    major, minor = triton.__version__.split(".")[:2]
+    return int(major), int(minor)
 
 
 def interpreted() -> bool:

@@ -9,6 +9,8 @@ import dataclasses
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from test_decode import scattered_table, stored_rows
 
 from kvtuner.attention import (
@@ -17,6 +19,7 @@ from kvtuner.attention import (
     decode_attention,
     decode_attention_reference,
     extend_attention,
+    packed_rows,
 )
 from kvtuner.attention.decode_kernel import DecodePlan, launch_decode, plan_decode, serves
 from kvtuner.attention.layout import programs_an_sm
@@ -229,6 +232,58 @@ def test_a_rows_two_groups_are_dotted_apart_on_one_warp(k_spec, v_spec, dots, dt
     want = decode_attention_reference(q.float(), *args, **kw)
     tol = 2e-5 if dtype == torch.float32 else 3e-3
     torch.testing.assert_close(got, want, atol=tol, rtol=tol if dtype == torch.float32 else 0)
+
+
+@triton.jit
+def _lane_order_kernel(out_ptr, D: tl.constexpr):
+    x = tl.arange(0, 2 * D).reshape(2, D)
+    tl.store(out_ptr + tl.arange(0, 2 * D).reshape(2, D), packed_rows.key_lanes(x))
+
+
+@pytest.mark.parametrize("k_width", [2, 4])
+def test_key_lane_order_gives_each_lane_runs_of_the_operands_width(k_width, monkeypatch):
+    """Position k of a row in key lane order holds pair-order position (D/4)·t + K·r + i, for k =
+    4K·r + K·t + i (lane t of an MMA quad, runs of K = the key operand's kWidth): each lane
+    reads a quarter of the row's words, whichever width the building Triton takes."""
+    monkeypatch.setattr(packed_rows, "K_WIDTH", tl.constexpr(k_width))
+    out = torch.empty(2, 128, dtype=torch.int32)
+    _lane_order_kernel[(1,)](out, 128)
+    k = torch.arange(128)
+    r, t, i = k // (4 * k_width), k // k_width % 4, k % k_width
+    want = 32 * t + k_width * r + i
+    assert torch.equal(out, torch.stack([want, want + 128]).int())
+
+
+LANE_ORDERED = [  # head_dim 128: keys dequantized in key lane order, or raw codes dotted in it
+    (QuantSpec(4), QuantSpec(4)),
+    (QuantSpec(2), QuantSpec(2)),
+    (QuantSpec(4, symmetric=True), QuantSpec(4)),
+    (QuantSpec(8, group_size=64), QuantSpec(4)),
+    (QuantSpec(4, group_size=128), QuantSpec(4, group_size=128)),
+]
+
+
+@pytest.mark.parametrize("k_spec,v_spec", LANE_ORDERED, ids=lambda s: s.short())
+@pytest.mark.parametrize("k_width", [2, 4])
+def test_keys_in_lane_order_at_either_operand_width_match_the_reference(
+    k_spec, v_spec, k_width, monkeypatch
+):
+    """Keys and q in key lane order for a key operand of kWidth 2 (Triton 3.9's build) or 4
+    (3.6's, the GPU machines'); fp16 q takes the GPU's path, its 2/4-bit keys read in place in
+    their byte (``IN_BYTE``: 1024 + 2**m·c, one fp16 fma to c). Within 2e-5 of the reference
+    for fp32 q and 1e-2 for fp16 (3.3e-3 at most here); keys 16 times too large at one code in
+    two, or q and keys in orders of different widths, are off by more than 0.1."""
+    monkeypatch.setattr(packed_rows, "K_WIDTH", tl.constexpr(k_width))
+    args, kw = pool(k_spec, v_spec, lengths=[100, 40, 1], dim=128)
+    q = torch.randn(3, 8, 128, generator=gen(9)) * 2
+    for dtype, tol in ((torch.float32, 2e-5), (torch.float16, 1e-2)):
+        batch = AttentionBatch(q=q.to(dtype).unsqueeze(1), k_rows=args[0], v_rows=args[1],
+                               k_spec=k_spec, v_spec=v_spec, **kw)  # fmt: skip
+        plan = plan_decode(batch)
+        assert serves(batch) and plan.num_warps == 1
+        got = launch_decode(batch, batch.q, None, None, plan).squeeze(1).float()
+        want = decode_attention_reference(q.to(dtype).float(), *args, **kw)
+        torch.testing.assert_close(got, want, atol=tol, rtol=0)
 
 
 @pytest.mark.parametrize(
