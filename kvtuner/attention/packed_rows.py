@@ -653,8 +653,8 @@ def _token_paired(words, AT: tl.constexpr, EXPONENT: tl.constexpr):
     words = tl.permute(tl.reshape(words.to(tl.uint32, bitcast=True), [BT // 2, 2, W // 8]),
                        (0, 2, 1))  # fmt: skip
     even, odd = tl.split(words)  # [BT/2, W/8]
-    low = (even & 0xFFFF) | (odd << 16)  # codes 0-3 of both rows at bits 4j of each half
-    high = (even >> 16) | (odd & 0xFFFF0000)  # codes 4-7
+    low = halves_joined(even, odd, 0)  # codes 0-3 of both rows at bits 4j of each half
+    high = halves_joined(even, odd, 1)  # codes 4-7
     up = tl.join(low, high)  # [BT/2, W/8, 2]: codes 4h + j of both rows at bits 4j
     x = tl.join(tl.join(up << AT, up << (AT - 4)), tl.join(up >> (8 - AT), up >> (12 - AT)))
     x = tl.reshape(tl.permute(x, (0, 1, 2, 4, 3)), [BT // 2, W // 8, 2, 4])  # code j: j%2, j//2
@@ -662,6 +662,23 @@ def _token_paired(words, AT: tl.constexpr, EXPONENT: tl.constexpr):
     tokens = _fp16_pairs(x.to(tl.int32, bitcast=True), False)  # [BT/2, W/8, 2, 4, 2]
     codes = tl.permute(tokens, (0, 4, 1, 2, 3))  # [BT/2, 2, W/8, 2, 4]
     return tl.reshape(codes, [BT, W])
+
+
+@triton.constexpr_function
+def _prmt(high: bool) -> str:
+    return f"prmt.b32 $0, $1, $2, {0x7632 if high else 0x5410:#x};"  # bytes of $1, then $2
+
+
+@triton.jit
+def halves_joined(a, b, HIGH: tl.constexpr):
+    """uint32 words a, b -> their low (``HIGH``: high) 16-bit halves in one word, a's below:
+    one PTX ``prmt`` on the GPU (where its build took two integer instructions a half)."""
+    if PTX:
+        return tl.inline_asm_elementwise(_prmt(HIGH), "=r,r,r", [a, b], dtype=tl.uint32,
+                                         is_pure=True, pack=1)  # fmt: skip
+    if HIGH:
+        return (a >> 16) | (b & 0xFFFF0000)
+    return (a & 0xFFFF) | (b << 16)
 
 
 @triton.jit
