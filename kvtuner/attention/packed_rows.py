@@ -50,7 +50,8 @@ __all__ = [
 ]
 
 # the GPU build's lines of PTX (:func:`register_pairs_fma`, :func:`and_or`); none interpreted
-PTX = tl.constexpr(not interpreted())
+INTERPRETED = tl.constexpr(interpreted())
+PTX = tl.constexpr(not INTERPRETED)
 FP16_MAX = tl.constexpr(65504.0)  # q is clamped to fp16's range before it becomes fp16
 # how :func:`row_codes` reads a code c on the fp16 path (:func:`code_unit`, :func:`code_origin`)
 EXACT = tl.constexpr(0)  # c: 1024 + c by the exponent trick, the 1024 subtracted
@@ -1023,10 +1024,11 @@ def rotary_tile(lo, hi, KEYS_FIRST: tl.constexpr):
 
 @triton.jit
 def cos_sin(angle, IEEE: tl.constexpr):
-    """cos and sin of fp32 angles (radians, any size). ``IEEE`` (fp32 q, the interpreter):
-    exact; else the hardware's approximations after reducing to [-π, π] (2^-21 off there, where
-    the exact ones keep a slow path for large angles in local memory and ~40 instructions)."""
-    if IEEE:
+    """cos and sin of fp32 angles (radians, any size). ``IEEE`` (fp32 q), and under the
+    interpreter (no libdevice there): exact; else the hardware's approximations after reducing
+    to [-π, π] (2^-21 off there, where the exact ones keep a slow path for large angles in local
+    memory and ~40 instructions)."""
+    if IEEE or INTERPRETED:
         cos, sin = tl.cos(angle), tl.sin(angle)
     else:
         turns = libdevice.rint(angle * 0.15915494309189535)  # angle / 2π
