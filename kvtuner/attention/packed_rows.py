@@ -62,6 +62,10 @@ BIASED = tl.constexpr(2)  # 1024 + c, the 1024 left for the caller to take off
 # (:func:`key_lanes`)
 K_WIDTH = tl.constexpr(4 if triton_version() < (3, 7) else 2)
 IN_BYTE = tl.constexpr(3)  # c: read at bit m of its byte (1024 + 2**m·c), one fp16 fma to c
+# KIVI pages' 2/4-bit keys read IN_BYTE (:func:`page_rows`): under Triton 3.6 one-warp KIVI K4 g32
+# V4 g32 decode built 1092 -> 1014 loop instructions a tile and 218 -> 168 registers (9 -> 12
+# programs an SM, sm_90a); 3.9 spilled 96 bytes with it, 26 loads and stores in the loop
+PAGES_IN_BYTE = tl.constexpr(triton_version() < (3, 7))
 
 
 @triton.jit
@@ -837,9 +841,11 @@ def page_rows(k_words, k_half, block, j, C0: tl.constexpr, W: tl.constexpr, D: t
               DT: tl.constexpr):  # fmt: skip
     """Channels [C0, C0 + W) of rows j [BT] of one full page's channel-axis block at word
     ``block`` (G code rows, D scales, D zeros) -> ``DT`` [BT, W] in the codes' order: one fma
-    an element with the page's scale and zero of each channel, as a token row's groups."""
+    an element with the page's scale and zero of each channel, as a token row's groups; 2/4-bit
+    codes read in place in their byte where :data:`PAGES_IN_BYTE`."""
     order = C0 + code_order(W, BITS)  # scales and zeros in the codes' order
-    codes = row_codes(k_words, block + j * (D * BITS // 32), C0, W, D, BITS, DT)
+    READ: tl.constexpr = element_read(BITS, DT, False, PAGES_IN_BYTE)
+    codes = row_codes(k_words, block + j * (D * BITS // 32), C0, W, D, BITS, DT, READ)
     first = 2 * (block + G * D * BITS // 32) + order  # fp16 index of the span's scales
     scale = tl.load(k_half + first)
     if SYM:  # (code - HALF)·scale/HALF

@@ -13,6 +13,10 @@ import pytest
 import torch
 import triton.language as tl
 from ptx_subset import create_inline_asm, lop3, prmt, run
+from test_channel_pages import LENGTHS
+from test_channel_pages import args as pages_args
+from test_channel_pages import pool as pages_pool
+from test_decode import D
 from test_decode_kernel import gen, pool
 from test_prerope import OFFSETS, llama_freq
 from triton.runtime.interpreter import InterpreterBuilder
@@ -50,10 +54,24 @@ ROWS = [  # head_dim 128: every branch with inline PTX, and the instructions eac
 ]
 
 
-def _decode(k_spec, v_spec, q, args, kw):
-    batch = AttentionBatch(q=q.unsqueeze(1), k_rows=args[0], v_rows=args[1], k_spec=k_spec,
+def _decode(k_spec, v_spec, q, rows, kw):
+    batch = AttentionBatch(q=q.unsqueeze(1), k_rows=rows[0], v_rows=rows[1], k_spec=k_spec,
                            v_spec=v_spec, **kw)  # fmt: skip
     return launch_decode(batch, batch.q, None, None, plan_decode(batch)).squeeze(1).float()
+
+
+def _gpu_branches(monkeypatch) -> set:
+    """``packed_rows.PTX`` set, the interpreter's inline assembly run by ``ptx_subset``: the
+    instructions taken are collected in the set returned."""
+    seen = set()
+
+    def asm(builder, text, *rest):
+        seen.update(re.findall(r"(lop3|prmt|sub|fma)\.", text))
+        return create_inline_asm(builder, text, *rest)
+
+    monkeypatch.setattr(packed_rows, "PTX", tl.constexpr(True))
+    monkeypatch.setattr(InterpreterBuilder, "create_inline_asm", asm)
+    return seen
 
 
 @pytest.mark.parametrize("k_spec,v_spec,ops", ROWS, ids=lambda s: getattr(s, "short", str)())
@@ -68,16 +86,26 @@ def test_the_gpu_branches_give_the_interpreters_results(k_spec, v_spec, ops, mon
         kw |= dict(rope_freq=llama_freq(64), rope_offset=OFFSETS)
     q = (torch.randn(3, 8, 128, generator=gen(11)) * 2).half()
     plain = _decode(k_spec, v_spec, q, args, kw)
-    monkeypatch.setattr(packed_rows, "PTX", tl.constexpr(True))
-    seen = set()
-
-    def asm(builder, text, *rest):
-        seen.update(re.findall(r"(lop3|prmt|sub|fma)\.", text))
-        return create_inline_asm(builder, text, *rest)
-
-    monkeypatch.setattr(InterpreterBuilder, "create_inline_asm", asm)
+    seen = _gpu_branches(monkeypatch)
     gpu = _decode(k_spec, v_spec, q, args, kw)
     assert seen == ops
     want = decode_attention_reference(q.float(), *args, **kw)
+    torch.testing.assert_close(gpu, plain, atol=2e-3, rtol=0)
+    torch.testing.assert_close(gpu, want, atol=1e-2, rtol=0)
+
+
+def test_kivi_pages_read_in_place_on_the_gpu_branches(monkeypatch):
+    """KIVI pages of 4-bit keys (32 slots) as Triton 3.6 builds them (``PAGES_IN_BYTE``: codes
+    read in place in their byte, ``lop3`` and ``fma``), with 4-bit value rows (``prmt``):
+    within 2e-3 of the interpreter's branches and 1e-2 of the reference."""
+    k_spec, v_spec = QuantSpec(4, group_size=32, axis="channel"), QuantSpec(4)
+    rows, index = pages_args(*pages_pool(k_spec, v_spec, page=32), k_spec, v_spec)
+    q = (torch.randn(len(LENGTHS), 4, D, generator=gen(12)) * 2).half()
+    plain = _decode(k_spec, v_spec, q, rows, index)
+    seen = _gpu_branches(monkeypatch)
+    monkeypatch.setattr(packed_rows, "PAGES_IN_BYTE", tl.constexpr(True))
+    gpu = _decode(k_spec, v_spec, q, rows, index)
+    assert seen == {"lop3", "fma", "prmt"}
+    want = decode_attention_reference(q.float(), *rows, **index)
     torch.testing.assert_close(gpu, plain, atol=2e-3, rtol=0)
     torch.testing.assert_close(gpu, want, atol=1e-2, rtol=0)
