@@ -270,20 +270,21 @@ def after_dot_read(bits: int, dtype) -> int:
 
 
 @triton.constexpr_function
-def element_read(bits: int, dtype, lanes: bool, key_lanes: bool = False) -> int:
+def element_read(bits: int, dtype, lanes: bool, in_byte: bool = False) -> int:
     """How a tile dequantized element-wise reads its codes (:func:`row_codes`' ``READ``):
     ``TOP`` for 4-bit codes in fp16 read in a lane order where each register's pair of codes
     has a shift of its own (:func:`value_lanes`; in pair order the shift is the lane's, and
     moving codes up or down by a lane's amount took two shifts). One-warp decode, sm_90a:
     KV4 g32 1025 -> 967 loop instructions a tile, the `HADD2`s of its values gone; KV2 g32
     spilled 40 bytes with it, and 8-bit codes would lose an eighth of a step to the folded
-    zero. ``IN_BYTE`` for 2/4-bit keys in fp16 in :func:`key_lanes` order (``key_lanes``):
-    exact codes, one shift a word (:func:`_in_byte_codes`). Else ``EXACT``."""
+    zero. ``IN_BYTE`` for other 2/4-bit codes in fp16 where ``in_byte`` (keys in
+    :func:`key_lanes` order, whole-row pre-RoPE spans on one warp, KIVI pages under Triton
+    3.6): exact codes, one shift a word (:func:`_in_byte_codes`). Else ``EXACT``."""
     if dtype != tl.float16:
         return EXACT
     if lanes and bits == 4:
         return TOP
-    return IN_BYTE if key_lanes and (bits == 2 or bits == 4) else EXACT
+    return IN_BYTE if in_byte and (bits == 2 or bits == 4) else EXACT
 
 
 @triton.jit
