@@ -278,8 +278,10 @@ def element_read(bits: int, dtype, lanes: bool, in_byte: bool = False) -> int:
     KV4 g32 1025 -> 967 loop instructions a tile, the `HADD2`s of its values gone; KV2 g32
     spilled 40 bytes with it, and 8-bit codes would lose an eighth of a step to the folded
     zero. ``IN_BYTE`` for other 2/4-bit codes in fp16 where ``in_byte`` (keys in
-    :func:`key_lanes` order, whole-row pre-RoPE spans on one warp, KIVI pages under Triton
-    3.6): exact codes, one shift a word (:func:`_in_byte_codes`). Else ``EXACT``."""
+    :func:`key_lanes` order, 2-bit values in :func:`value_lanes` order, whole-row pre-RoPE spans
+    on one warp, KIVI pages under Triton 3.6): exact codes, one shift a word
+    (:func:`_in_byte_codes`; one-warp KV2 g32 decode, sm_90a, 2-bit values: 857 -> 813 loop
+    instructions a tile under 3.6, 816 -> 773 under 3.9). Else ``EXACT``."""
     if dtype != tl.float16:
         return EXACT
     if lanes and bits == 4:
@@ -464,7 +466,7 @@ def dequantized(words_ptr, half_ptr, at, meta, C0: tl.constexpr, W: tl.constexpr
         x = tl.load(half_ptr + 2 * at[:, None] + C0 + tl.arange(0, W)[None, :]).to(DT)
     else:
         NG: tl.constexpr = (W + G - 1) // G
-        READ: tl.constexpr = element_read(BITS, DT, LANES, KEY_LANES)
+        READ: tl.constexpr = element_read(BITS, DT, LANES, LANES or KEY_LANES)
         PAIRED: tl.constexpr = (LANES or KEY_LANES) and DT == tl.float16  # noqa: SIM300
         codes = row_codes(words_ptr, at, C0, W, D, BITS, DT, READ, LANES, PAIRED)
         codes = tl.reshape(codes, [at.shape[0], NG, W // NG])

@@ -46,7 +46,7 @@ def test_the_ptx_subset_follows_the_isa():
 
 ROWS = [  # head_dim 128: every branch with inline PTX, and the instructions each takes
     (QuantSpec(4), QuantSpec(4), {"lop3", "fma", "prmt"}),  # keys in place, value rows paired
-    (QuantSpec(2), QuantSpec(2), {"lop3", "sub", "fma"}),  # 2-bit values: less 1024 in a word
+    (QuantSpec(2), QuantSpec(2), {"lop3", "fma"}),  # 2-bit values read in place too
     (QuantSpec(4, symmetric=True), QuantSpec(4, symmetric=True), {"lop3", "fma", "prmt"}),
     (QuantSpec(8, group_size=64), QuantSpec(4), {"lop3", "sub", "fma", "prmt"}),  # K8V4
     (QuantSpec(8, group_size=64), QuantSpec(8, group_size=64), {"lop3"}),  # dotted 1024 + c
