@@ -207,8 +207,10 @@ def exponent_bits(read: int, dtype) -> int:
 
 
 @triton.constexpr_function
-def _lop3(mask: int, bits: int) -> str:
-    return f"lop3.b32 $0, $1, {mask & 0xFFFFFFFF:#x}, {bits:#x}, 0xEA;"  # (a & b) | c
+def _lop3(mask: int | None, bits: int) -> str:
+    """PTX ``($1 & mask) | bits``: the mask a constant, or None for operand ``$2``."""
+    b = "$2" if mask is None else f"{mask & 0xFFFFFFFF:#x}"
+    return f"lop3.b32 $0, $1, {b}, {bits:#x}, 0xEA;"  # (a & b) | c
 
 
 @triton.jit
@@ -223,11 +225,6 @@ def and_or(x, MASK: tl.constexpr, BITS: tl.constexpr):
     return (x & MASK) | BITS
 
 
-@triton.constexpr_function
-def _lop3_masks(bits: int) -> str:
-    return f"lop3.b32 $0, $1, $2, {bits:#x}, 0xEA;"  # ($1 & $2) | bits
-
-
 @triton.jit
 def and_masks(x, masks, BITS: tl.constexpr):
     """:func:`and_or` with a mask each element (int32 ``masks`` shaped as x): one ``LOP3``, the
@@ -235,7 +232,7 @@ def and_masks(x, masks, BITS: tl.constexpr):
     x = x.to(tl.int32, bitcast=True)
     masks = masks.to(tl.int32, bitcast=True)
     if PTX:
-        return tl.inline_asm_elementwise(_lop3_masks(BITS), "=r,r,r", [x, masks],
+        return tl.inline_asm_elementwise(_lop3(None, BITS), "=r,r,r", [x, masks],
                                          dtype=tl.int32, is_pure=True, pack=1)  # fmt: skip
     return (x & masks) | BITS
 
