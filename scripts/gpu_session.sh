@@ -88,7 +88,7 @@ case "$stage" in
     # plan), the decode plans against bf16 SDPA, the same decode from the tree in .ab/
     # (another commit, where carried) interleaved with this one, rows padded and as planes,
     # pack and unpack as planes, HF generate at batch 1 x 16k with the static packed cache,
-    # Nsight Compute on KV4 g32's unpack, then the GPU-only tests (step limits: 599 s; pytest
+    # Nsight Compute on KV4 g32's one-warp decode, then the GPU-only tests (step limits: 579 s; pytest
     # -m cuda took 147-175 s on the H200 with 219 tests, 228 now)
     nvidia-smi -L >>"$log" 2>&1
     step 85 python3 benchmarks/quant_throughput.py --device cuda --plans \
@@ -155,18 +155,24 @@ case "$stage" in
     # HF generate at batch 1 x 16k: the static packed cache (decode compiled into CUDA graphs,
     # as StaticCache's) against StaticCache, DynamicCache and the eager packed cache (rows print
     # as they land: the two compiled caches first)
-    step 90 python3 benchmarks/hf_decode.py --device cuda --batch 1 --context 16384 \
+    step 75 python3 benchmarks/hf_decode.py --device cuda --batch 1 --context 16384 \
       --new-tokens 64 --caches "KV4 g32 static" static dynamic "KV4 g32" \
       --output "$out/hf_decode_static.json"
-    # unpack KV4 g32 a chunk a thread: the third lease's profile of the same launch (a warp
-    # waited on the MIO queue 28.3 of every 87.5 cycles, its layout changes through shared
-    # memory; h200-2026-11-26-lease3/ncu_unpack_KV4g32.txt), again
-    step 20 ncu --target-processes all -k regex:_gather_kernel --launch-skip 2 --launch-count 1 \
+    # where the one-warp decode tile waits, instruction by instruction: its time has followed
+    # its instructions a key at 0.34 issues a cycle a scheduler (docs/results/gpu.md), and
+    # only the 4-warp tile's stall reasons were ever read; the source page pairs each SASS
+    # line of the loop with its stall samples (the CPU's build of the same kernel names them)
+    step 35 ncu --target-processes all -k regex:_decode_kernel --launch-skip 2 --launch-count 1 \
       --section SpeedOfLight --section Occupancy --section WarpStateStats \
-      --section MemoryWorkloadAnalysis --log-file "$out/ncu_unpack_KV4g32.txt" \
-      python3 benchmarks/quant_throughput.py --device cuda --rounds 1 --min-run-time 0.01 \
-      --shape 65536 8 128 --output /tmp/ncu_unused.json
-    step 190 python3 -m pytest -m cuda -q -n 16 -p no:cacheprovider -rf $cuda_tests
+      --section SchedulerStats --section SourceCounters --section MemoryWorkloadAnalysis \
+      --import-source no -f -o "$out/ncu_decode_KV4g32" \
+      python3 benchmarks/attention_decode.py --device cuda --batch 16 --context 8192 \
+      --specs "KV4 g32" --variants decode-kernel --output /tmp/ncu_unused.json
+    step 10 ncu --import "$out/ncu_decode_KV4g32.ncu-rep" --print-details all \
+      --log-file "$out/ncu_decode_KV4g32.txt"
+    step 10 sh -c "ncu --import '$out/ncu_decode_KV4g32.ncu-rep' --page source --csv \
+      --print-source sass > '$out/ncu_decode_KV4g32_sass.csv'"
+    step 175 python3 -m pytest -m cuda -q -n 16 -p no:cacheprovider -rf $cuda_tests
     ;;
   tune)  # what the plans still take from the sm_90a build alone, timed: decode tiles of
     # 3-bit, symmetric and 5-bit/3-bit rows (since 2c966f7 a chunk at a time, 32 tokens on 4
