@@ -43,6 +43,7 @@ from .packed_rows import (
     packed_part,
     page_tile,
     rope_scores,
+    rotary_pairs,
     rows_args,
     stepped_rope,
     table_rows,
@@ -61,9 +62,10 @@ def _tail_part(q, kt_base, vt_base, kt_st, vt_st, tail_len, packed, start, qpos,
                score_scale, cap_log2, rope, D: tl.constexpr, BT: tl.constexpr,
                HAS_START: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
                IEEE: tl.constexpr, ROPE_HALF: tl.constexpr, K_BITS: tl.constexpr,
-               KEYS_FIRST: tl.constexpr):  # fmt: skip
+               KEYS_FIRST: tl.constexpr, ROPE_PAIRS: tl.constexpr):  # fmt: skip
     """Online softmax over the unpacked tail ([Tt, D] rows after ``packed`` positions);
-    pre-RoPE keys read in spans and rotated as the packed ones (:mod:`.rope_rows`)."""
+    pre-RoPE keys read in spans and rotated as the packed ones (:mod:`.rope_rows`; their
+    rotary tiles' order ``ROPE_PAIRS``, q's)."""
     QP: tl.constexpr = q.shape[0]
     m = tl.full([QP], -float("inf"), tl.float32)
     denom = tl.zeros([QP], tl.float32)
@@ -82,7 +84,7 @@ def _tail_part(q, kt_base, vt_base, kt_st, vt_st, tail_len, packed, start, qpos,
         if ROPE_HALF:  # keys rotated to their positions, read in the packed keys' spans
             k_spans = spans(k.to(q.dtype), ROPE_HALF, K_BITS)
             s = rope_scores(rope, k_spans, packed + i0, D, ROPE_HALF, IEEE, KEYS_FIRST,
-                            stepped_rope(ROPE_HALF, D, 0, BT))  # fmt: skip
+                            stepped_rope(ROPE_HALF, D, 0, BT), ROPE_PAIRS)  # fmt: skip
         else:
             s = _qk(q, k.to(q.dtype), IEEE, KEYS_FIRST)
         m, denom, alpha, p = _softmax_step(s, ok[None, :], m, denom, score_scale, cap_log2,
@@ -113,9 +115,11 @@ def _decode_kernel(
     q_ok = r < GROUP
     q_row = q_ptr + b64 * stride_qb + (h64 * GROUP + r)[:, None] * stride_qh  # [QP, 1]
     q = dot_operand(tl.load(q_row + d[None, :], mask=q_ok[:, None], other=0.0), DT)  # [QP, D]
+    # pre-RoPE keys' rotary tiles in channel pairs (the packed rows' and the tail's alike)
+    ROPE_PAIRS: tl.constexpr = rotary_pairs(K_BITS, ROPE_HALF, D, ONE_WARP, K_CHANNEL)
     if ROPE_HALF:  # pre-RoPE keys: q's spans, the frequencies, stored key 0's position
         pos0 = tl.load(roff_ptr + b)
-        rope = rope_query(q, freq_ptr, steps_ptr, pos0, ROPE_HALF, K_BITS, ONE_WARP)
+        rope = rope_query(q, freq_ptr, steps_ptr, pos0, ROPE_HALF, K_BITS, ONE_WARP, ROPE_PAIRS)
     else:
         rope = 0
     # KIVI keys: the staging of the pool's filling pages (a tuple only Triton's frontend sees)
@@ -156,7 +160,7 @@ def _decode_kernel(
         m, denom, acc = _tail_part(
             q, kt_base, vt_base, kt_st, vt_st, tail_len, packed, start, qpos, window,
             score_scale, cap_log2, rope, D, 16, HAS_START, WINDOW, SOFTCAP, DOT_IEEE, ROPE_HALF,
-            K_BITS, ONE_WARP,
+            K_BITS, ONE_WARP, ROPE_PAIRS,
         )  # fmt: skip
     at = ((b64 * tl.num_programs(1) + h64) * GROUP + r) * tl.num_programs(2) + split
     store_partial(o_ptr, lse_ptr, at, m, denom, acc, q_ok)  # [B, Hq, parts] partials

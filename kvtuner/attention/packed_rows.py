@@ -794,7 +794,8 @@ def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at
             spans = key_spans(k_words, k_half, k_at, k_meta, D, ROPE_HALF, K_BITS, K_G, K_SYM,
                               q.dtype, ONE_WARP)  # fmt: skip
             s = rope_scores(rope, spans, t0, D, ROPE_HALF, IEEE, ONE_WARP,
-                            stepped_rope(ROPE_HALF, D, 0, BT))  # fmt: skip
+                            stepped_rope(ROPE_HALF, D, 0, BT),
+                            rotary_pairs(K_BITS, ROPE_HALF, D, ONE_WARP, 0))  # fmt: skip
         else:
             s = scores(q, q_sum, k_words, k_half, k_at, k_meta, D, K_BITS, K_G, K_SYM, IEEE,
                        not CAUSAL, ONE_WARP, K_DOTS, K_LANES)  # fmt: skip
@@ -954,21 +955,22 @@ def key_spans(k_words, k_half, at, meta, D: tl.constexpr, HALF: tl.constexpr, BI
 
 @triton.jit
 def rope_scores(rope, spans, t0, D: tl.constexpr, HALF: tl.constexpr, IEEE: tl.constexpr,
-                KEYS_FIRST: tl.constexpr = False, STEPS: tl.constexpr = False):  # fmt: skip
+                KEYS_FIRST: tl.constexpr = False, STEPS: tl.constexpr = False,
+                PAIRS: tl.constexpr = False):  # fmt: skip
     """Raw scores fp32 [QP, BT] of q (``rope``: :func:`.rope_rows.rope_query`'s tuple) against
     keys stored at position 0 (``spans``: :func:`key_spans`) of token indices t0 + i (i < BT),
     each rotated forward to ``pos0 + t0 + i``: channel pair (j, j + HALF) turns by that
     position times f_j. ``STEPS`` (:func:`stepped_rope`): the turn split in two, the keys by
     i·f_j, read from the launch's table (:func:`~.rope.rotary_steps`), and q back by
     (pos0 + t0)·f_j once a tile, whose cos and sin are then the tile's only ones. ``KEYS_FIRST``
-    as in :func:`.tiles._qk`."""
+    as in :func:`.tiles._qk`; ``PAIRS`` as in :func:`rotary_tile` (q's tile in ``rope`` too)."""
     q_lo, q_hi, q, q_pass, freq, pos0, steps = rope
     lo, hi, rest = spans
     DT: tl.constexpr = q.dtype
     BT: tl.constexpr = lo.shape[0]
     if STEPS:
         cos, sin = cos_sin((pos0 + t0).to(tl.float32) * freq, IEEE)  # [HALF]
-        q = _turned_back(q_lo, q_hi, cos[None, :], sin[None, :], KEYS_FIRST)
+        q = _turned_back(q_lo, q_hi, cos[None, :], sin[None, :], KEYS_FIRST, PAIRS)
         at = tl.arange(0, BT)[:, None] * (2 * HALF) + tl.arange(0, HALF)[None, :] + _in_loop(t0)
         cos, sin = tl.load(steps + at).to(DT), tl.load(steps + HALF + at).to(DT)
     else:
@@ -976,7 +978,7 @@ def rope_scores(rope, spans, t0, D: tl.constexpr, HALF: tl.constexpr, IEEE: tl.c
         angle = (pos0 + t).to(tl.float32)[:, None] * freq[None, :]
         cos, sin = cos_sin(angle, IEEE)  # [BT, HALF]
         cos, sin = cos.to(DT), sin.to(DT)
-    k = rotary_tile(lo * cos - hi * sin, hi * cos + lo * sin, KEYS_FIRST)
+    k = rotary_tile(lo * cos - hi * sin, hi * cos + lo * sin, KEYS_FIRST, PAIRS)
     s = _qk(q, k, IEEE, KEYS_FIRST)
     if pass_start(D, HALF) < D:
         s += _qk(q_pass, key_lanes(rest, 1, 2) if KEYS_FIRST else rest, IEEE, KEYS_FIRST)
@@ -984,12 +986,13 @@ def rope_scores(rope, spans, t0, D: tl.constexpr, HALF: tl.constexpr, IEEE: tl.c
 
 
 @triton.jit
-def _turned_back(lo, hi, cos, sin, KEYS_FIRST: tl.constexpr):
+def _turned_back(lo, hi, cos, sin, KEYS_FIRST: tl.constexpr, PAIRS: tl.constexpr):
     """q's rotary halves [QP, HALF] turned back by the angles of ``cos``, ``sin`` (in fp32, once
     rounded to q's dtype) -> :func:`rotary_tile`."""
     DT: tl.constexpr = lo.dtype
     lo, hi = lo.to(tl.float32), hi.to(tl.float32)
-    return rotary_tile((lo * cos + hi * sin).to(DT), (hi * cos - lo * sin).to(DT), KEYS_FIRST)
+    turned_lo, turned_hi = (lo * cos + hi * sin).to(DT), (hi * cos - lo * sin).to(DT)
+    return rotary_tile(turned_lo, turned_hi, KEYS_FIRST, PAIRS)
 
 
 @triton.jit
@@ -1016,16 +1019,35 @@ def stepped_rope(half: int, head_dim: int, channel: int, tokens: int) -> bool:
 
 
 @triton.jit
-def rotary_tile(lo, hi, KEYS_FIRST: tl.constexpr):
+def rotary_tile(lo, hi, KEYS_FIRST: tl.constexpr, PAIRS: tl.constexpr = False):
     """A row's two rotary halves [N, HALF] -> one tile [N, 2·HALF], channel j of each half side
-    by side, in :func:`key_lanes` order where ``KEYS_FIRST``. One dot for both halves: the
-    rotation then feeds a single MMA operand, and Triton builds it in the operand's own
-    layout; with one dot a half, each half's rotation also fed the other's, and Triton 3.6
-    and 3.9 took both through shared memory (64 2-byte stores a 16-key tile)."""
+    by side (``PAIRS``: channels j and j + 1 of each, :func:`rotary_pairs`), in
+    :func:`key_lanes` order where ``KEYS_FIRST``. One dot for both halves: the rotation then
+    feeds a single MMA operand, and Triton builds it in the operand's own layout; with one dot
+    a half, each half's rotation also fed the other's, and Triton 3.6 and 3.9 took both
+    through shared memory (64 2-byte stores a 16-key tile)."""
     N: tl.constexpr = lo.shape[0]
     HALF: tl.constexpr = lo.shape[1]
-    x = tl.reshape(tl.join(lo, hi), [N, 2 * HALF])
+    if PAIRS:  # [N, HALF/2, 2 halves, 2 channels]
+        x = tl.join(tl.reshape(lo, [N, HALF // 2, 2]), tl.reshape(hi, [N, HALF // 2, 2]))
+        x = tl.reshape(tl.permute(x, (0, 1, 3, 2)), [N, 2 * HALF])
+    else:
+        x = tl.reshape(tl.join(lo, hi), [N, 2 * HALF])
     return key_lanes(x, 1, 2) if KEYS_FIRST else x
+
+
+@triton.constexpr_function
+def rotary_pairs(bits: int, half: int, head_dim: int, one_warp: bool, channel: int) -> bool:
+    """Whether a rotary tile puts each half's channel *pairs* side by side (:func:`rotary_tile`'s
+    ``PAIRS``), not single channels: a register of a rotated half holds two of its channels
+    (j, j + 1), and the MMA's operand takes a register of consecutive columns, so with single
+    channels side by side each register was split and re-paired. One-warp decode of 4/8-bit
+    token rows rotated over the whole row, sm_90a, loop instructions a tile, Triton 3.9: KV4
+    g32 1337 -> 1145 (its ``PRMT`` 221 -> 28), KV8 g32 1439 -> 1248, KV8 g64 984 -> 827;
+    Triton 3.6: 1428 -> 1358, 1544 -> 1479, 972 -> 926. Elsewhere it built longer: a rotary
+    half of the row (R = D/2, 3.6: 1507 -> 1599), 3-bit keys (1853 -> 1878), KIVI K3 pages
+    (1352 -> 1394), the HF cache's 4-warp tile (3.9 at its cap of 168: 1197 -> 1337)."""
+    return one_warp and 2 * half == head_dim and (bits == 4 or bits == 8) and not channel
 
 
 @triton.jit

@@ -49,17 +49,18 @@ __all__ = ["rope_decodable", "rope_steps"]
 
 @triton.jit
 def rope_query(q, freq_ptr, steps_ptr, pos0, HALF: tl.constexpr, BITS: tl.constexpr,
-               KEYS_FIRST: tl.constexpr = False):  # fmt: skip
+               KEYS_FIRST: tl.constexpr = False, PAIRS: tl.constexpr = False):  # fmt: skip
     """q [QP, D] (channel order) -> the tuple the scores take: q's spans (:func:`spans`), its
-    rotary halves as one tile too (:func:`.packed_rows.rotary_tile`) and its pass-through in
-    key lane order where ``KEYS_FIRST``, the frequencies fp32 [HALF] in the codes' order,
+    rotary halves as one tile too (:func:`.packed_rows.rotary_tile`, ``PAIRS`` as there) and
+    its pass-through in key lane order where ``KEYS_FIRST``, the frequencies fp32 [HALF] in
+    the codes' order,
     ``pos0`` (the position of stored key 0) and the launch's rotary steps
     (:func:`~.rope.rotary_steps`, in the codes' order too)."""
     lo, hi, rest = spans(q, HALF, BITS)
     freq = tl.load(freq_ptr + tl.arange(0, HALF))[None, :]
     if BITS < 16:
         freq = pair_order(freq, BITS)
-    rotary = rotary_tile(lo, hi, KEYS_FIRST)
+    rotary = rotary_tile(lo, hi, KEYS_FIRST, PAIRS)
     rest = key_lanes(rest, 1, 2) if KEYS_FIRST else rest
     return lo, hi, rotary, rest, tl.reshape(freq, [HALF]), pos0, steps_ptr
 

@@ -117,13 +117,14 @@ def test_the_gpu_machines_triton_builds_decode_within_the_same_limits(gpu_triton
     29.1 -> 26.5 a key in int32; KV4 g128 31.2 -> 26.6). Keys in the key lane order of its
     4-wide MMA operand and 2/4-bit keys read in place in their byte: KV8 g64 26.5 -> 25.3 a key
     (held to 26.5), K8V4 27.6 -> 26.3 (27.5), KV4 g128 26.6 -> 26.2 (27), KV4 g32 26.1 -> 25.1
-    (26); 4-bit value rows paired by a PTX ``prmt``: KV4 g32 24.6."""
+    (26); 4-bit value rows paired by a PTX ``prmt``: KV4 g32 24.6; pre-RoPE rotary tiles in
+    channel pairs: KV4 g32 pre-RoPE 44.6 -> 42.4 (held to 44)."""
     decode = [r for r in gpu_triton_rows if r["kernel"] == "_decode_kernel" and launched(r)]
     assert len(decode) >= 30, len(decode)
     for row in decode:
         holds_the_limits(row)
     by_label = {r["label"]: r for r in decode}
-    limits = {"decode KV4 g32 pre-RoPE": 50, "decode KV8 g64": 26.5, "decode KV4 g128": 27,
+    limits = {"decode KV4 g32 pre-RoPE": 44, "decode KV8 g64": 26.5, "decode KV4 g128": 27,
               "decode K8V4 g64/g32": 27.5, "decode KV4 g32": 26}  # fmt: skip
     for label, limit in limits.items():
         assert 0 < by_label[label]["token_sass"] <= limit, (label, by_label[label]["token_sass"])
@@ -167,6 +168,18 @@ def test_keys_rotated_over_the_whole_row_take_a_tiles_cos_and_sin_once(decode_ro
     decode = {r["label"]: r for r in decode_rows if r["kernel"] == "_decode_kernel"}
     for label in labels:
         assert decode[label]["sass"]["mufu"] <= 32, (label, decode[label]["sass"])
+
+
+def test_rotary_tiles_keep_each_halfs_channel_pairs_in_one_register(decode_rows):
+    """One-warp pre-RoPE keys of 4/8-bit token rows rotated over the whole row: each rotary
+    half's channels j and j + 1, one register, stay side by side in the tile the MMA takes, so
+    no register is split and re-paired (``packed_rows.rotary_pairs``; loop instructions a key,
+    before: KV4 g32 41.8, its ``PRMT`` 221 a tile, KV8 g32 45.0, KV8 g64 61.5)."""
+    decode = {r["label"]: r for r in decode_rows if r["kernel"] == "_decode_kernel"}
+    limits = {"decode KV4 g32 pre-RoPE": 38, "decode KV8 g32 pre-RoPE": 42,
+              "decode KV8 g64 pre-RoPE": 55}  # fmt: skip
+    for label, limit in limits.items():
+        assert 0 < decode[label]["token_sass"] <= limit, (label, decode[label]["token_sass"])
 
 
 def test_rows_of_16_byte_multiples_load_codes_16_bytes_at_a_time(decode_rows):
