@@ -88,7 +88,7 @@ case "$stage" in
     # plan), the decode plans against bf16 SDPA, the same decode from the tree in .ab/
     # (another commit, where carried) interleaved with this one, rows padded and as planes,
     # pack and unpack as planes, HF generate at batch 1 x 16k with the static packed cache,
-    # Nsight Compute on KV4 g32's one-warp decode, then the GPU-only tests (step limits: 579 s; pytest
+    # Nsight Compute on KV4 g32's one-warp decode, then the GPU-only tests (step limits: 594 s; pytest
     # -m cuda took 147-175 s on the H200 with 219 tests, 228 now)
     nvidia-smi -L >>"$log" 2>&1
     step 85 python3 benchmarks/quant_throughput.py --device cuda --plans \
@@ -108,6 +108,14 @@ case "$stage" in
     # 12-14; KV4 g64 and K8V4 144) against none (255, ptxas' own limit); KV8 g64 in rows fits
     # none (128-152 spill, 168 holds no more): the control; KV8 g64 in planes (SGLang's
     # layout for it) fits 152, 13 programs against 12 (3.9: against 9)
+    # one warp on 64-key tiles against the plan's 32: the per-tile work (the softmax's
+    # reductions, the rescale, the table's offsets) spread over twice the keys; sm_90a, Triton
+    # 3.6, loop instructions a key: KV4 g32 24.6 -> 22.7 at 168 registers, KV8 g64 25.2 -> 23.5
+    # at 197 (the second lease timed older builds: 64 won at 16 x 8k, 32 at 32 x 8k)
+    step 25 python3 benchmarks/attention_decode.py --device cuda --batch 16 64 \
+      --context 8192 32768 --specs "KV4 g32" "KV8 g64" --variants decode-kernel \
+      --block-tokens 32 64 --num-warps 1 --num-stages 2 \
+      --output "$out/attention_decode_bt64.json"
     step 18 python3 benchmarks/attention_decode.py --device cuda --batch 64 --context 32768 \
       --specs "KV4 g32" "KV4 g32 sym" "KV4 g64" "K8V4 (mixed)" "KV8 g64" \
       --variants decode-kernel --max-registers none 255 \
@@ -155,7 +163,7 @@ case "$stage" in
     # HF generate at batch 1 x 16k: the static packed cache (decode compiled into CUDA graphs,
     # as StaticCache's) against StaticCache, DynamicCache and the eager packed cache (rows print
     # as they land: the two compiled caches first)
-    step 75 python3 benchmarks/hf_decode.py --device cuda --batch 1 --context 16384 \
+    step 65 python3 benchmarks/hf_decode.py --device cuda --batch 1 --context 16384 \
       --new-tokens 64 --caches "KV4 g32 static" static dynamic "KV4 g32" \
       --output "$out/hf_decode_static.json"
     # where the one-warp decode tile waits, instruction by instruction: its time has followed
