@@ -88,8 +88,8 @@ case "$stage" in
     # plan), the decode plans against bf16 SDPA, the same decode from the tree in .ab/
     # (another commit, where carried) interleaved with this one, rows padded and as planes,
     # pack and unpack as planes, HF generate at batch 1 x 16k with the static packed cache,
-    # Nsight Compute on KV4 g32's one-warp decode, then the GPU-only tests (step limits: 594 s; pytest
-    # -m cuda took 147-175 s on the H200 with 219 tests, 228 now)
+    # Nsight Compute on KV4 g32's one-warp decode, then the GPU-only tests (step limits:
+    # 594 s; pytest -m cuda took 147-175 s on the H200 with 219 tests, 228 now)
     nvidia-smi -L >>"$log" 2>&1
     step 85 python3 benchmarks/quant_throughput.py --device cuda --plans \
       --output "$out/quant_throughput_plans.json"

@@ -53,8 +53,7 @@ def rope_query(q, freq_ptr, steps_ptr, pos0, HALF: tl.constexpr, BITS: tl.conste
     """q [QP, D] (channel order) -> the tuple the scores take: q's spans (:func:`spans`), its
     rotary halves as one tile too (:func:`.packed_rows.rotary_tile`, ``PAIRS`` as there) and
     its pass-through in key lane order where ``KEYS_FIRST``, the frequencies fp32 [HALF] in
-    the codes' order,
-    ``pos0`` (the position of stored key 0) and the launch's rotary steps
+    the codes' order, ``pos0`` (the position of stored key 0) and the launch's rotary steps
     (:func:`~.rope.rotary_steps`, in the codes' order too)."""
     lo, hi, rest = spans(q, HALF, BITS)
     freq = tl.load(freq_ptr + tl.arange(0, HALF))[None, :]
