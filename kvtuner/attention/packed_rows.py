@@ -739,12 +739,14 @@ def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at
     K_DOTS: tl.constexpr = 0 if K_CHANNEL else dotted_groups(K_BITS, K_G, D, ONE_WARP,
                                                              V_ELEMENTWISE)  # fmt: skip
     K_SPANS: tl.constexpr = max(K_DOTS, 1)
-    # 2/4/8-bit keys dequantized element-wise, one warp: in key lane order (constant shifts,
-    # whole words a lane; sm_90a loop instructions a tile: KV4 g32 sym 1108 -> 936, K8V4 1007
-    # -> 911), codes exact (the top's folded zero rounds once for a whole group's Σq: K4 g32
-    # V16 1.7e-3 -> 8.8e-3 off the reference)
+    # keys dequantized element-wise, one warp: in key lane order (constant shifts, whole words
+    # a lane; sm_90a loop instructions a tile: KV4 g32 sym 1108 -> 936, K8V4 1007 -> 911; 3/5/6
+    # bits too, a lane's quarter of the row whole words of both planes, Triton 3.6: KV3 g32
+    # 1265 -> 1165, KV6 g32 1312 -> 1180, K5V3 1317 -> 1173; 3.9: 1224 -> 1123, 1285 -> 1138,
+    # 1284 -> 1125), codes exact (the top's folded zero rounds once for a whole group's Σq: K4
+    # g32 V16 1.7e-3 -> 8.8e-3 off the reference)
     K_LANES: tl.constexpr = (ONE_WARP and not K_DOTS and not K_CHANNEL and not ROPE_HALF
-                             and (K_BITS == 2 or K_BITS == 4 or K_BITS == 8))  # fmt: skip
+                             and K_BITS < 16)  # fmt: skip
     V_SPANS: tl.constexpr = max(V_DOTS, 1)  # the value tile's spans in lane order
     if not ROPE_HALF:
         q_sum = tl.sum(tl.reshape(q.to(tl.float32), [QP, K_SPANS, D // K_SPANS]), 2)  # a group

@@ -260,6 +260,9 @@ LANE_ORDERED = [  # head_dim 128: keys dequantized in key lane order, or raw cod
     (QuantSpec(4, symmetric=True), QuantSpec(4)),
     (QuantSpec(8, group_size=64), QuantSpec(4)),
     (QuantSpec(4, group_size=128), QuantSpec(4, group_size=128)),
+    (QuantSpec(3), QuantSpec(3)),  # two planes: a lane's quarter is whole words of both
+    (QuantSpec(5, group_size=64), QuantSpec(3)),
+    (QuantSpec(6), QuantSpec(2)),
 ]
 
 

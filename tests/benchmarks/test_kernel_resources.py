@@ -118,14 +118,15 @@ def test_the_gpu_machines_triton_builds_decode_within_the_same_limits(gpu_triton
     4-wide MMA operand and 2/4-bit keys read in place in their byte: KV8 g64 26.5 -> 25.3 a key
     (held to 26.5), K8V4 27.6 -> 26.3 (27.5), KV4 g128 26.6 -> 26.2 (27), KV4 g32 26.1 -> 25.1
     (26); 4-bit value rows paired by a PTX ``prmt``: KV4 g32 24.6; pre-RoPE rotary tiles in
-    channel pairs: KV4 g32 pre-RoPE 44.6 -> 42.4 (held to 44)."""
+    channel pairs: KV4 g32 pre-RoPE 44.6 -> 42.4 (held to 44); 3-bit keys in key lane order:
+    KV3 g32 39.5 -> 36.4 (held to 38)."""
     decode = [r for r in gpu_triton_rows if r["kernel"] == "_decode_kernel" and launched(r)]
     assert len(decode) >= 30, len(decode)
     for row in decode:
         holds_the_limits(row)
     by_label = {r["label"]: r for r in decode}
     limits = {"decode KV4 g32 pre-RoPE": 44, "decode KV8 g64": 26.5, "decode KV4 g128": 27,
-              "decode K8V4 g64/g32": 27.5, "decode KV4 g32": 26}  # fmt: skip
+              "decode K8V4 g64/g32": 27.5, "decode KV4 g32": 26, "decode KV3 g32": 38}  # fmt: skip
     for label, limit in limits.items():
         assert 0 < by_label[label]["token_sass"] <= limit, (label, by_label[label]["token_sass"])
 
@@ -178,6 +179,17 @@ def test_rotary_tiles_keep_each_halfs_channel_pairs_in_one_register(decode_rows)
     decode = {r["label"]: r for r in decode_rows if r["kernel"] == "_decode_kernel"}
     limits = {"decode KV4 g32 pre-RoPE": 38, "decode KV8 g32 pre-RoPE": 42,
               "decode KV8 g64 pre-RoPE": 55}  # fmt: skip
+    for label, limit in limits.items():
+        assert 0 < decode[label]["token_sass"] <= limit, (label, decode[label]["token_sass"])
+
+
+def test_keys_of_two_planes_are_read_in_key_lane_order(decode_rows):
+    """3/5/6-bit keys (a low and a high plane) in key lane order on one warp: a lane's quarter
+    of the row is whole words of both planes, each shift a constant (loop instructions a key,
+    before: KV3 g32 38.3, KV6 g32 40.2, K5V3 40.1)."""
+    decode = {r["label"]: r for r in decode_rows if r["kernel"] == "_decode_kernel"}
+    limits = {"decode KV3 g32": 36.5, "decode KV6 g32": 37,
+              "decode K5V3 g64/g32 (had keys)": 37}  # fmt: skip
     for label, limit in limits.items():
         assert 0 < decode[label]["token_sass"] <= limit, (label, decode[label]["token_sass"])
 
