@@ -51,6 +51,7 @@ ROWS = [  # head_dim 128: every branch with inline PTX, and the instructions eac
     (QuantSpec(8, group_size=64), QuantSpec(4), {"lop3", "sub", "fma", "prmt"}),  # K8V4
     (QuantSpec(8, group_size=64), QuantSpec(8, group_size=64), {"lop3"}),  # dotted 1024 + c
     (QuantSpec(4, pre_rope=True), QuantSpec(4), {"lop3", "fma", "prmt"}),  # whole-row spans
+    (QuantSpec(3), QuantSpec(3), {"lop3", "sub", "fma"}),  # two planes, keys in key lane order
 ]
 
 
