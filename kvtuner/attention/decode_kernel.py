@@ -144,7 +144,7 @@ def _decode_kernel(
             q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at0, k_st, v_st, k_md,
             v_md, stride_table, lo, hi, qpos, window, score_scale, cap_log2, rope, pages, D, BT,
             K_BITS, K_G, K_SYM, K_VEC, V_BITS, V_G, V_SYM, V_VEC, PAGED, WINDOW, SOFTCAP, False,
-            DOT_IEEE, ROPE_HALF, 1 if K_CHANNEL else 0, ONE_WARP, NARROW,
+            DOT_IEEE, ROPE_HALF, 1 if K_CHANNEL else 0, ONE_WARP, NARROW, ROPE_PAIRS,
         )  # fmt: skip
     elif K_CHANNEL:  # the filling page's own program: its staged values
         row = tl.load(rows_ptr + b).to(tl.int64)
@@ -153,6 +153,7 @@ def _decode_kernel(
             v_st, k_md, v_md, stride_table, packed // K_G * K_G, packed, qpos, window,
             score_scale, cap_log2, rope, pages, D, BT, K_BITS, K_G, K_SYM, K_VEC, V_BITS, V_G,
             V_SYM, V_VEC, PAGED, WINDOW, SOFTCAP, False, DOT_IEEE, ROPE_HALF, 2, ONE_WARP, NARROW,
+            ROPE_PAIRS,
         )  # fmt: skip
     else:  # the tail's own program, 16 tokens a tile (32 spilled 24 bytes on one warp)
         kt_base = kt_ptr + b64 * kt_sb + h64 * kt_sh

@@ -713,7 +713,8 @@ def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at
                 PAGED: tl.constexpr, WINDOW: tl.constexpr,
                 SOFTCAP: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr,
                 ROPE_HALF: tl.constexpr, K_CHANNEL: tl.constexpr,
-                ONE_WARP: tl.constexpr = False, NARROW: tl.constexpr = False):  # fmt: skip
+                ONE_WARP: tl.constexpr = False, NARROW: tl.constexpr = False,
+                ROPE_PAIRS: tl.constexpr = False):  # fmt: skip
     """Online softmax of q [QP, D] (channel order) over packed positions [lo, hi) -> (m, denom,
     acc [QP, D] in channel order) fp32. A row's scales start ``k_md`` / ``v_md`` words after
     its codes (:func:`~kvtuner.quant.triton_codes.meta_offset`: rows or planes). Decode:
@@ -727,7 +728,8 @@ def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at
     (``lo`` and ``BT`` divide into pages): ``K_CHANNEL`` 1, full pages' blocks
     (:func:`page_rows`); 2, a filling page's staged values (:func:`staged_rows`, ``pages`` its
     staging). ``NARROW`` (:func:`narrow_offsets`): a row's slot × stride in int32 (the
-    program's base ``k_at0`` / ``v_at0`` stays int64)."""
+    program's base ``k_at0`` / ``v_at0`` stays int64). ``ROPE_PAIRS``: the rotary tiles'
+    order (:func:`rotary_pairs`), the one ``rope``'s q tile was built in."""
     QP: tl.constexpr = q.shape[0]
     # one-warp decode: the value tile in lane order (on 4 warps, d 256, it took more shared
     # memory, not less; extend, at 4-8 warps and up to 255 registers, spilled 80 bytes with it
@@ -796,8 +798,7 @@ def packed_part(q, k_words, k_half, v_words, v_half, table_ptr, row, k_at0, v_at
             spans = key_spans(k_words, k_half, k_at, k_meta, D, ROPE_HALF, K_BITS, K_G, K_SYM,
                               q.dtype, ONE_WARP)  # fmt: skip
             s = rope_scores(rope, spans, t0, D, ROPE_HALF, IEEE, ONE_WARP,
-                            stepped_rope(ROPE_HALF, D, 0, BT),
-                            rotary_pairs(K_BITS, ROPE_HALF, D, ONE_WARP, 0))  # fmt: skip
+                            stepped_rope(ROPE_HALF, D, 0, BT), ROPE_PAIRS)  # fmt: skip
         else:
             s = scores(q, q_sum, k_words, k_half, k_at, k_meta, D, K_BITS, K_G, K_SYM, IEEE,
                        not CAUSAL, ONE_WARP, K_DOTS, K_LANES)  # fmt: skip
